@@ -1,0 +1,82 @@
+"""One server interceptor that turns typed domain errors into gRPC status codes.
+
+Servicers stay free of status-code plumbing: they raise accelmesh.errors types (or let a bug
+escape) and this maps them. Anything untyped is a bug: the caller gets INTERNAL with a generic
+message and an incident id, the log gets the traceback under the same id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import grpc
+
+from accelmesh import errors
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    for error_type, code in STATUS_BY_ERROR.items():
+        if isinstance(exc, error_type):
+            return code, str(exc)
+    incident = uuid.uuid4().hex[:12]
+    log.error("unexpected error (incident %s)", incident, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); the service log has the details"
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
+    if context.code() is not None:
+        # The handler already chose a status with context.abort(); keep it.
+        raise exc
+    code, message = status_for(exc)
+    context.abort(code, message)
+
+
+def _wrap_unary(behavior):
+    def handle(request, context):
+        try:
+            return behavior(request, context)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            _abort(context, exc)
+
+    return handle
+
+
+def _wrap_streaming(behavior):
+    def handle(request, context):
+        try:
+            yield from behavior(request, context)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            _abort(context, exc)
+
+    return handle
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            make, behavior, wrap = grpc.unary_unary_rpc_method_handler, handler.unary_unary, _wrap_unary
+        elif handler.stream_unary:
+            make, behavior, wrap = grpc.stream_unary_rpc_method_handler, handler.stream_unary, _wrap_unary
+        elif handler.unary_stream:
+            make, behavior, wrap = grpc.unary_stream_rpc_method_handler, handler.unary_stream, _wrap_streaming
+        else:
+            make, behavior, wrap = grpc.stream_stream_rpc_method_handler, handler.stream_stream, _wrap_streaming
+        return make(
+            wrap(behavior),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,145 @@
+"""Tensor codec: numpy/JAX arrays <-> accelmesh.common.v1 Tensor messages, whole or chunked.
+
+Bytes are row-major little-endian; bfloat16 travels as its 2-byte pattern (ml_dtypes, which
+JAX depends on). Chunking keeps every message below the channel limit, so a tensor of any
+size crosses a stream without raising grpc.max_receive_message_length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
+
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+_DTYPES: dict[int, np.dtype] = {
+    common_pb2.DATA_TYPE_FLOAT32: np.dtype("<f4"),
+    common_pb2.DATA_TYPE_FLOAT16: np.dtype("<f2"),
+    common_pb2.DATA_TYPE_BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+    common_pb2.DATA_TYPE_FLOAT64: np.dtype("<f8"),
+    common_pb2.DATA_TYPE_INT8: np.dtype("i1"),
+    common_pb2.DATA_TYPE_INT16: np.dtype("<i2"),
+    common_pb2.DATA_TYPE_INT32: np.dtype("<i4"),
+    common_pb2.DATA_TYPE_INT64: np.dtype("<i8"),
+    common_pb2.DATA_TYPE_UINT8: np.dtype("u1"),
+    common_pb2.DATA_TYPE_UINT32: np.dtype("<u4"),
+    common_pb2.DATA_TYPE_BOOL: np.dtype("?"),
+}
+_CODES: dict[np.dtype, int] = {dtype.newbyteorder("="): code for code, dtype in _DTYPES.items()}
+
+
+def dtype_code(dtype) -> int:
+    dtype = np.dtype(dtype).newbyteorder("=")
+    try:
+        return _CODES[dtype]
+    except KeyError:
+        known = ", ".join(str(d) for d in _CODES)
+        raise errors.InvalidArgument(f"dtype {dtype} cannot travel as a tensor; use one of {known}") from None
+
+
+def numpy_dtype(code: int, field: str = "dtype") -> np.dtype:
+    try:
+        return _DTYPES[code]
+    except KeyError:
+        raise errors.InvalidArgument(f"{field}: {code} is not a supported DataType; set a DATA_TYPE_* value") from None
+
+
+def _little_endian(array) -> np.ndarray:
+    array = np.asarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+def _expected_bytes(dtype: np.dtype, shape, field: str) -> int:
+    if any(d < 0 for d in shape):
+        raise errors.InvalidArgument(f"{field}.shape {list(shape)} has a negative dimension")
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def to_proto(array) -> common_pb2.Tensor:
+    array = _little_endian(array)
+    return common_pb2.Tensor(dtype=dtype_code(array.dtype), shape=array.shape, data=array.tobytes())
+
+
+def from_proto(tensor: common_pb2.Tensor, field: str = "tensor") -> np.ndarray:
+    dtype = numpy_dtype(tensor.dtype, f"{field}.dtype")
+    expected = _expected_bytes(dtype, tensor.shape, field)
+    if len(tensor.data) != expected:
+        raise errors.InvalidArgument(
+            f"{field}.data has {len(tensor.data)} bytes but dtype {dtype} and shape {list(tensor.shape)} need {expected}"
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
+
+
+def split(
+    name: str, array, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> tuple[common_pb2.TensorHeader, Iterator[common_pb2.TensorChunk]]:
+    """A header announcing the tensor, and its chunks (at least one, so empty tensors arrive too)."""
+    if chunk_bytes <= 0:
+        raise errors.InvalidArgument(f"chunk_bytes must be positive, got {chunk_bytes}")
+    array = _little_endian(array)
+    header = common_pb2.TensorHeader(
+        name=name, dtype=dtype_code(array.dtype), shape=array.shape, total_bytes=array.nbytes
+    )
+    view = memoryview(array.reshape(-1).view(np.uint8))
+
+    def chunks() -> Iterator[common_pb2.TensorChunk]:
+        offset = 0
+        while True:
+            piece = view[offset : offset + chunk_bytes]
+            yield common_pb2.TensorChunk(name=name, offset=offset, data=piece.tobytes())
+            offset += len(piece)
+            if offset >= len(view):
+                return
+
+    return header, chunks()
+
+
+class TensorAssembler:
+    """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow."""
+
+    def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
+        self.name = header.name
+        self.field = field
+        self.dtype = numpy_dtype(header.dtype, f"{field}.dtype")
+        self.shape = tuple(header.shape)
+        expected = _expected_bytes(self.dtype, self.shape, field)
+        if header.total_bytes != expected:
+            raise errors.InvalidArgument(
+                f"{field} '{self.name}': total_bytes {header.total_bytes} does not match dtype {self.dtype} "
+                f"and shape {list(self.shape)} ({expected} bytes)"
+            )
+        self._buffer = bytearray(expected)
+        self._received = 0
+
+    @property
+    def complete(self) -> bool:
+        return self._received == len(self._buffer)
+
+    def add(self, chunk: common_pb2.TensorChunk) -> None:
+        if chunk.name != self.name:
+            raise errors.InvalidArgument(f"{self.field}: chunk for '{chunk.name}' arrived while '{self.name}' is open")
+        if chunk.offset != self._received:
+            raise errors.InvalidArgument(
+                f"{self.field} '{self.name}': chunk offset {chunk.offset}, expected {self._received}; send chunks in order"
+            )
+        end = self._received + len(chunk.data)
+        if end > len(self._buffer):
+            raise errors.InvalidArgument(
+                f"{self.field} '{self.name}': chunks carry more than the declared {len(self._buffer)} bytes"
+            )
+        self._buffer[self._received : end] = chunk.data
+        self._received = end
+
+    def result(self) -> np.ndarray:
+        if not self.complete:
+            raise errors.InvalidArgument(
+                f"{self.field} '{self.name}': stream ended after {self._received} of {len(self._buffer)} bytes"
+            )
+        return np.frombuffer(self._buffer, dtype=self.dtype).reshape(self.shape)

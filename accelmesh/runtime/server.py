@@ -118,9 +118,7 @@ def create_server(
 
 
 def serve_until_signal(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Start, then stop gracefully on SIGTERM or SIGINT (the main thread waits)."""
-    server.start()
-
+    """Block until SIGTERM or SIGINT, then stop gracefully; the caller has started the server."""
     def shutdown(signum, _frame):
         log.info("signal %s: stopping with %.1f s grace", signal.Signals(signum).name, grace_s)
         threading.Thread(target=server.stop, args=(grace_s,), daemon=True).start()

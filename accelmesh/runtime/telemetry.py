@@ -3,8 +3,8 @@
 - OTEL_SDK_DISABLED=true: off.
 - OTEL_TRACES_EXPORTER: comma list of `otlp`, `console`, `none`. When unset, `otlp` if
   OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, otherwise off.
-- OTEL_SERVICE_NAME overrides the service name; the OTLP exporter reads its own variables
-  (endpoint, headers, insecure).
+- OTEL_SERVICE_NAME overrides the service name. The endpoint comes from `env`; the OTLP exporter
+  reads its other variables (headers, insecure, timeout) from the process environment.
 
 Off means no interceptors at all, so an untraced mesh pays nothing. Tests pass their own
 provider (with an in-memory exporter) instead of touching global state.
@@ -33,7 +33,8 @@ def configure_telemetry(service_name: str, env: Mapping[str, str] = os.environ) 
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
-    if not names and (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not names and endpoint:
         names = ["otlp"]
     unknown = sorted(set(names) - set(EXPORTERS))
     if unknown:
@@ -48,7 +49,8 @@ def configure_telemetry(service_name: str, env: Mapping[str, str] = os.environ) 
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            # The exporter would read os.environ for the endpoint; `env` must decide where spans go.
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None)))
         else:
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     return provider

@@ -7,6 +7,7 @@ size crosses a stream without raising grpc.max_receive_message_length.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import ml_dtypes
@@ -33,13 +34,13 @@ _DTYPES: dict[int, np.dtype] = {
 _CODES: dict[np.dtype, int] = {dtype.newbyteorder("="): code for code, dtype in _DTYPES.items()}
 
 
-def dtype_code(dtype) -> int:
+def dtype_code(dtype, field: str = "tensor") -> int:
     dtype = np.dtype(dtype).newbyteorder("=")
     try:
         return _CODES[dtype]
     except KeyError:
         known = ", ".join(str(d) for d in _CODES)
-        raise errors.InvalidArgument(f"dtype {dtype} cannot travel as a tensor; use one of {known}") from None
+        raise errors.InvalidArgument(f"{field}: dtype {dtype} cannot travel as a tensor; use one of {known}") from None
 
 
 def numpy_dtype(code: int, field: str = "dtype") -> np.dtype:
@@ -53,18 +54,20 @@ def _little_endian(array) -> np.ndarray:
     array = np.asarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array)
+    # Not np.ascontiguousarray: it turns a 0-d scalar into shape (1,).
+    return np.asarray(array, order="C")
 
 
 def _expected_bytes(dtype: np.dtype, shape, field: str) -> int:
     if any(d < 0 for d in shape):
         raise errors.InvalidArgument(f"{field}.shape {list(shape)} has a negative dimension")
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python ints: numpy's int64 product wraps silently, letting a huge shape pass as 0 bytes.
+    return math.prod(int(d) for d in shape) * dtype.itemsize
 
 
-def to_proto(array) -> common_pb2.Tensor:
+def to_proto(array, field: str = "tensor") -> common_pb2.Tensor:
     array = _little_endian(array)
-    return common_pb2.Tensor(dtype=dtype_code(array.dtype), shape=array.shape, data=array.tobytes())
+    return common_pb2.Tensor(dtype=dtype_code(array.dtype, field), shape=array.shape, data=array.tobytes())
 
 
 def from_proto(tensor: common_pb2.Tensor, field: str = "tensor") -> np.ndarray:
@@ -85,7 +88,7 @@ def split(
         raise errors.InvalidArgument(f"chunk_bytes must be positive, got {chunk_bytes}")
     array = _little_endian(array)
     header = common_pb2.TensorHeader(
-        name=name, dtype=dtype_code(array.dtype), shape=array.shape, total_bytes=array.nbytes
+        name=name, dtype=dtype_code(array.dtype, f"tensor '{name}'"), shape=array.shape, total_bytes=array.nbytes
     )
     view = memoryview(array.reshape(-1).view(np.uint8))
 
@@ -107,9 +110,10 @@ class TensorAssembler:
     def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
         self.name = header.name
         self.field = field
-        self.dtype = numpy_dtype(header.dtype, f"{field}.dtype")
+        label = f"{field} '{self.name}'"
+        self.dtype = numpy_dtype(header.dtype, f"{label} dtype")
         self.shape = tuple(header.shape)
-        expected = _expected_bytes(self.dtype, self.shape, field)
+        expected = _expected_bytes(self.dtype, self.shape, label)
         if header.total_bytes != expected:
             raise errors.InvalidArgument(
                 f"{field} '{self.name}': total_bytes {header.total_bytes} does not match dtype {self.dtype} "

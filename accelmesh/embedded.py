@@ -1,0 +1,66 @@
+"""The embedded default: every mesh process on this machine, on loopback, state under one folder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accelmesh.runtime.launcher import ServiceProcess, start_service
+
+DEFAULT_DATA_DIR = ".accelmesh"
+# Two bf16-capable accelerators and two without bf16: the smallest pool where rules must differ.
+DEFAULT_EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "v100-32gb")
+
+
+@dataclass
+class EmbeddedMesh:
+    data_dir: Path
+    inventory: ServiceProcess
+    workers: list[ServiceProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.inventory]:
+            process.terminate()
+
+    def __enter__(self) -> EmbeddedMesh:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_worker(
+    inventory_address: str, *, devices: int, emulate: Sequence[str] = (), listen: str = "127.0.0.1:0",
+    echo: bool = False, name: str = "worker",
+) -> ServiceProcess:
+    args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address]
+    if emulate:
+        args += ["--emulate", ",".join(emulate)]
+    return start_service(name, "dispatch_svc.worker", args, echo=echo)
+
+
+def start_embedded_mesh(
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    *,
+    devices: int = 4,
+    emulate: Sequence[str] = DEFAULT_EMULATE,
+    inventory_listen: str = "127.0.0.1:0",
+    poll_interval_s: float = 5.0,
+    echo: bool = False,
+) -> EmbeddedMesh:
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    inventory = start_service(
+        "inventory",
+        "inventory_svc",
+        ["--listen", inventory_listen, "--db", str(data_dir / "inventory.db"), "--poll-interval", str(poll_interval_s)],
+        echo=echo,
+    )
+    mesh = EmbeddedMesh(data_dir, inventory)
+    try:
+        mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo))
+    except BaseException:
+        mesh.stop()
+        raise
+    return mesh

@@ -1,0 +1,63 @@
+"""The node agent's domain side: what this node holds, described by the inventory probes."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+
+from accelmesh import errors
+from accelmesh.hardware.model import NodeDescription
+from inventory_svc.probes.node import describe_node
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        node_ip: str,
+        *,
+        emulate: Sequence[str] = (),
+        jax_devices: Sequence | None = None,
+        nvml=None,
+        proc_root: str = "/proc",
+        hostname: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        if jax_devices is None:
+            import jax  # imported here: XLA_FLAGS must be final before the first import
+
+            jax_devices = jax.devices("cpu")
+        self.node_ip = node_ip
+        self.hostname = hostname or socket.gethostname()
+        self._jax_devices = list(jax_devices)
+        self._emulate = tuple(emulate)
+        self._nvml = nvml
+        self._proc_root = proc_root
+        self._clock = clock
+        self.describe()  # fail at start, not at the first poll, if a profile is unknown
+
+    def describe(self, device_ids: Sequence[str] = ()) -> NodeDescription:
+        node = describe_node(
+            self.node_ip,
+            self.hostname,
+            jax_devices=self._jax_devices,
+            emulate=self._emulate,
+            nvml=self._nvml,
+            proc_root=self._proc_root,
+            clock=self._clock,
+        )
+        if not device_ids:
+            return node
+        owned = {d.id for d in node.devices}
+        missing = [d for d in device_ids if d not in owned]
+        if missing:
+            raise errors.NotFound(
+                f"device_ids: {', '.join(missing)} not on node {self.node_ip}; it holds {', '.join(sorted(owned))}"
+            )
+        wanted = set(device_ids)
+        return NodeDescription(
+            ip=node.ip,
+            hostname=node.hostname,
+            devices=tuple(d for d in node.devices if d.id in wanted),
+            samples=tuple(s for s in node.samples if s.device_id in wanted),
+        )

@@ -1,0 +1,77 @@
+"""Worker (node agent) configuration: one frozen dataclass from flags, defaults beside each field."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+
+from accelmesh import errors
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_int, env_str
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    listen: str = "127.0.0.1:50070"  # ACCELMESH_WORKER_LISTEN: where the worker serves gRPC
+    advertise_ip: str = ""  # ACCELMESH_NODE_IP: IP in device ids; default from `listen` or the host name
+    cpu_devices: int = 1  # ACCELMESH_CPU_DEVICES: split the host CPU into this many XLA devices
+    emulate: tuple[str, ...] = ()  # ACCELMESH_EMULATE: catalog profiles mapped onto the CPU devices
+    inventory: str = ""  # ACCELMESH_INVENTORY: inventory address to register with at start
+    proc_root: str = "/proc"  # where CPU and memory facts are read
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+
+    @property
+    def node_ip(self) -> str:
+        if self.advertise_ip:
+            return self.advertise_ip
+        host = self.listen.rsplit(":", 1)[0].strip("[]")
+        try:
+            if not ipaddress.ip_address(host).is_unspecified:
+                return host
+        except ValueError:
+            pass
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+
+def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
+    parser = argparse.ArgumentParser(prog="accelmesh-worker", description="accelmesh node agent")
+    parser.add_argument("--listen", default=env_str("ACCELMESH_WORKER_LISTEN", WorkerConfig.listen, env))
+    parser.add_argument("--advertise-ip", default=env_str("ACCELMESH_NODE_IP", "", env))
+    parser.add_argument(
+        "--devices", type=int, default=env_int("ACCELMESH_CPU_DEVICES", 1, env, minimum=1),
+        help="split the host CPU into N XLA devices",
+    )
+    parser.add_argument(
+        "--emulate", default=env_str("ACCELMESH_EMULATE", "", env),
+        help="comma list of catalog types (e.g. a100-80gb,v100-32gb) emulated on the CPU devices",
+    )
+    parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", "", env))
+    parser.add_argument("--proc-root", default="/proc")
+    args = parser.parse_args(argv)
+    emulate = tuple(p.strip() for p in args.emulate.split(",") if p.strip())
+    if args.devices < 1:
+        raise errors.InvalidArgument(f"--devices must be at least 1, got {args.devices}")
+    if len(emulate) > args.devices:
+        raise errors.InvalidArgument(
+            f"--emulate names {len(emulate)} profiles but --devices is {args.devices}; raise --devices to at least {len(emulate)}"
+        )
+    return WorkerConfig(
+        listen=args.listen,
+        advertise_ip=args.advertise_ip,
+        cpu_devices=args.devices,
+        emulate=emulate,
+        inventory=args.inventory,
+        proc_root=args.proc_root,
+        max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),
+    )
+
+
+def xla_flags_for(cpu_devices: int, current: str = "") -> str:
+    """XLA_FLAGS with the host device count set; must be in the environment before jax is imported."""
+    kept = [f for f in current.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={cpu_devices}"])

@@ -1,0 +1,46 @@
+"""Build and run the worker (node agent) server."""
+
+from __future__ import annotations
+
+import logging
+
+from accelmesh.inventory.v1 import inventory_service_pb2, inventory_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.server import MeshServer, Service, create_server
+from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.worker.v1 import worker_service_pb2_grpc
+from dispatch_svc.worker.agent import NodeAgent
+from dispatch_svc.worker.config import WorkerConfig
+from dispatch_svc.worker.servicer import WorkerServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
+REGISTER_TIMEOUT_S = 10.0
+
+
+def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, tracer_provider=None) -> MeshServer:
+    agent = agent or NodeAgent(config.node_ip, emulate=config.emulate, proc_root=config.proc_root)
+    if tracer_provider is None:
+        tracer_provider = configure_telemetry("accelmesh-worker")
+    return create_server(
+        [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(agent))],
+        address=config.listen,
+        max_message_bytes=config.max_message_bytes,
+        tracer_provider=tracer_provider,
+    )
+
+
+def advertised_address(config: WorkerConfig, port: int) -> str:
+    return f"{config.node_ip}:{port}"
+
+
+def register_with_inventory(config: WorkerConfig, port: int, tracer_provider=None) -> None:
+    """Tell the inventory where this node is; it polls the node from then on."""
+    with open_channel(config.inventory, tracer_provider=tracer_provider) as channel:
+        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
+        response = stub.RegisterNode(
+            inventory_service_pb2.RegisterNodeRequest(address=advertised_address(config, port)),
+            timeout=REGISTER_TIMEOUT_S,
+        )
+    log.info("registered %s with %s: %d devices", response.node.address, config.inventory, len(response.devices))

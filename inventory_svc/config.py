@@ -1,0 +1,56 @@
+"""Inventory configuration: one frozen dataclass from flags and environment, defaults documented."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from accelmesh import errors
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+
+
+@dataclass(frozen=True)
+class InventoryConfig:
+    listen: str = "127.0.0.1:50051"  # ACCELMESH_INVENTORY_LISTEN
+    db: str = ".accelmesh/inventory.db"  # ACCELMESH_INVENTORY_DB: SQLite file path
+    poll_interval_s: float = 5.0  # ACCELMESH_POLL_INTERVAL_S: time between poll cycles
+    poll_timeout_s: float = 2.0  # ACCELMESH_POLL_TIMEOUT_S: deadline of one DescribeNode
+    lost_after_polls: int = 3  # ACCELMESH_LOST_AFTER_POLLS: missed polls in a row before a node is lost
+    max_samples_per_device: int = 720  # ACCELMESH_MAX_SAMPLES: status history kept per device
+    sample_retention_s: float = 3600.0  # ACCELMESH_SAMPLE_RETENTION_S: status history age limit
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+
+
+def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig:
+    d = InventoryConfig()
+    parser = argparse.ArgumentParser(prog="accelmesh-inventory", description="accelmesh inventory service")
+    parser.add_argument("--listen", default=env_str("ACCELMESH_INVENTORY_LISTEN", d.listen, env))
+    parser.add_argument("--db", default=env_str("ACCELMESH_INVENTORY_DB", d.db, env))
+    parser.add_argument(
+        "--poll-interval", type=float,
+        default=env_float("ACCELMESH_POLL_INTERVAL_S", d.poll_interval_s, env, minimum=0.01),
+    )
+    parser.add_argument(
+        "--poll-timeout", type=float, default=env_float("ACCELMESH_POLL_TIMEOUT_S", d.poll_timeout_s, env, minimum=0.01)
+    )
+    parser.add_argument(
+        "--lost-after", type=int, default=env_int("ACCELMESH_LOST_AFTER_POLLS", d.lost_after_polls, env, minimum=1)
+    )
+    args = parser.parse_args(argv)
+    if args.db.startswith(("postgres://", "postgresql://")):
+        raise errors.InvalidArgument(
+            "ACCELMESH_INVENTORY_DB names PostgreSQL, which this version does not support yet; use a SQLite file path"
+        )
+    if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1:
+        raise errors.InvalidArgument("--poll-interval and --poll-timeout must be positive and --lost-after >= 1")
+    return InventoryConfig(
+        listen=args.listen,
+        db=args.db,
+        poll_interval_s=args.poll_interval,
+        poll_timeout_s=args.poll_timeout,
+        lost_after_polls=args.lost_after,
+        max_samples_per_device=env_int("ACCELMESH_MAX_SAMPLES", d.max_samples_per_device, env, minimum=1),
+        sample_retention_s=env_float("ACCELMESH_SAMPLE_RETENTION_S", d.sample_retention_s, env, minimum=1),
+        max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
+    )

@@ -1,0 +1,214 @@
+"""The inventory's behaviour, apart from gRPC: registration, polling, refresh, listing, scoring,
+reservations. The servicer translates protos to calls on `Inventory`; the poller drives
+`poll_all`; nodes are reached through an injected `describe(address, device_ids)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from accelmesh import errors
+from accelmesh.hardware.model import NodeDescription, parse_device_id
+from inventory_svc import events as ev
+from inventory_svc.filtering import DeviceFilter, parse_filter
+from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
+from inventory_svc.store import DeviceRecord, NodeRecord, Reservation, Store
+
+log = logging.getLogger(__name__)
+
+Describe = Callable[[str, Sequence[str]], NodeDescription]
+
+ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+DEFAULT_RESERVATION_TTL_S = 300.0
+MAX_RESERVATION_TTL_S = 24 * 3600.0
+POLL_WORKERS = 32
+
+
+@dataclass(frozen=True)
+class Claim:
+    device_id: str
+    memory_bytes: int
+    compute_fraction: float
+
+
+@dataclass(frozen=True)
+class Ranking:
+    devices: list[ScoredDevice]
+    weights: Weights
+    rule: str
+
+
+class Inventory:
+    def __init__(
+        self,
+        store: Store,
+        describe: Describe,
+        *,
+        lost_after_polls: int = 3,
+        hub: ev.EventHub | None = None,
+        clock: Callable[[], float] = time.time,
+        poll_workers: int = POLL_WORKERS,
+    ):
+        if lost_after_polls < 1:
+            raise errors.InvalidArgument(f"lost_after_polls must be >= 1, got {lost_after_polls}")
+        self.store = store
+        self.hub = hub or ev.EventHub()
+        self._describe = describe
+        self._lost_after = lost_after_polls
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=poll_workers, thread_name_prefix="poll")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- nodes and polling ---------------------------------------------------------------
+
+    def register_node(self, address: str) -> tuple[NodeRecord, list[DeviceRecord]]:
+        if not ADDRESS.match(address or ""):
+            raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
+        description = self._describe(address, ())  # Unavailable propagates: nothing to register
+        now = self._clock()
+        node = self.store.upsert_node(address, description.ip, description.hostname, now)
+        self._publish(self.store.record_poll_success(node.node_id, description, now), now)
+        return self.store.get_node(node.node_id), [self.store.get_device(d.id) for d in description.devices]
+
+    def poll_node(self, node: NodeRecord) -> bool:
+        """Describe one node and record the outcome; True when it answered."""
+        try:
+            description = self._describe(node.address, ())
+        except Exception as exc:  # noqa: BLE001 - a node's failure is data, never a crash
+            now = self._clock()
+            reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
+            lost = self.store.record_poll_failure(node.node_id, reason, now, self._lost_after)
+            self._publish([(ev.LOST, device_id) for device_id in lost], now)
+            return False
+        now = self._clock()
+        self._publish(self.store.record_poll_success(node.node_id, description, now), now)
+        return True
+
+    def poll_all(self) -> dict[str, bool]:
+        """One poll cycle over every node, in parallel; also lets unrenewed reservations lapse."""
+        nodes = self.store.list_nodes()
+        outcomes = dict(zip((n.node_id for n in nodes), self._pool.map(self.poll_node, nodes)))
+        self.store.expire_reservations(self._clock())
+        return outcomes
+
+    def refresh_devices(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        """Real-time refresh: poll the nodes holding these devices now, return fresh records."""
+        if not device_ids:
+            raise errors.InvalidArgument("device_ids is empty; name the devices to refresh")
+        records = [self.get_device(device_id) for device_id in device_ids]
+        nodes = {r.node_id: self.store.get_node(r.node_id) for r in records}
+        answered = dict(zip(nodes, self._pool.map(self.poll_node, nodes.values())))
+        silent = [r.id for r in records if not answered[r.node_id]]
+        if silent:
+            reasons = "; ".join(f"{n}: {self.store.get_node(n).last_error}" for n, ok in answered.items() if not ok)
+            raise errors.Unavailable(f"could not refresh {', '.join(silent)}: {reasons}")
+        return [self.store.get_device(device_id) for device_id in device_ids]
+
+    def _publish(self, changes, now: float) -> None:
+        if changes:
+            self.hub.publish([ev.DeviceEvent(kind, device_id, now) for kind, device_id in changes])
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get_device(self, device_id: str) -> DeviceRecord:
+        try:
+            parse_device_id(device_id)
+        except ValueError as exc:
+            raise errors.InvalidArgument(f"device_id: {exc}") from None
+        return self.store.get_device(device_id, self._clock())
+
+    def list_devices(self, filter_text: str, page_size: int, page_token: str) -> tuple[list[DeviceRecord], str]:
+        if page_size < 0:
+            raise errors.InvalidArgument(f"page_size is {page_size}; use 0 for the default or a positive number")
+        flt = parse_filter(filter_text)
+        after = decode_page_token(page_token, filter_text)
+        records, last = self.store.list_devices(flt, page_size, after, self._clock())
+        return records, encode_page_token(last, filter_text) if last else ""
+
+    def all_devices(self, flt: DeviceFilter) -> list[DeviceRecord]:
+        found, after = [], ""
+        while True:
+            page, after = self.store.list_devices(flt, 1000, after, self._clock())
+            found.extend(page)
+            if not after:
+                return found
+
+    def score(self, profile: TaskProfile, filter_text: str, limit: int) -> Ranking:
+        if limit < 0:
+            raise errors.InvalidArgument(f"limit is {limit}; use 0 for all devices or a positive number")
+        candidates = self.all_devices(parse_filter(filter_text))
+        weights = weights_for(profile, candidates)
+        ranked = score_devices(candidates, profile, limit or None)
+        return Ranking(ranked, weights, explain_weights(profile, weights))
+
+    # -- reservations --------------------------------------------------------------------
+
+    def reserve(self, job_id: str, claims: Sequence[Claim], ttl_s: float) -> list[Reservation]:
+        if not job_id:
+            raise errors.InvalidArgument("job_id is empty; name the job that holds the reservation")
+        if not claims:
+            raise errors.InvalidArgument("claims is empty; list at least one device to reserve")
+        ttl_s = ttl_s or DEFAULT_RESERVATION_TTL_S
+        if not 0 < ttl_s <= MAX_RESERVATION_TTL_S:
+            raise errors.InvalidArgument(f"ttl_seconds must be within 1..{int(MAX_RESERVATION_TTL_S)}, got {ttl_s}")
+        for i, claim in enumerate(claims):
+            self.get_device(claim.device_id)
+            if claim.memory_bytes < 0:
+                raise errors.InvalidArgument(f"claims[{i}].memory_bytes is negative ({claim.memory_bytes})")
+            if not 0.0 <= claim.compute_fraction <= 1.0:
+                raise errors.InvalidArgument(f"claims[{i}].compute_fraction {claim.compute_fraction} is outside 0..1")
+        now = self._clock()
+        return self.store.reserve_many(
+            job_id, [(c.device_id, c.memory_bytes, c.compute_fraction) for c in claims], ttl_s, now
+        )
+
+    def release(self, job_id: str, device_ids: Sequence[str]) -> int:
+        if not job_id:
+            raise errors.InvalidArgument("job_id is empty; name the job whose reservations end")
+        return self.store.release(job_id, list(device_ids) or None)
+
+    def reservations(self, job_id: str = "", device_id: str = "") -> list[Reservation]:
+        self.store.expire_reservations(self._clock())
+        return self.store.reservations(device_id=device_id or None, job_id=job_id or None)
+
+
+def explain_weights(profile: TaskProfile, weights: Weights) -> str:
+    chosen = f"compute {weights.compute:.2f}, memory {weights.memory:.2f}, bandwidth {weights.bandwidth:.2f}"
+    if profile.weights is not None:
+        return f"explicit weights from the request, normalised: {chosen}"
+    return (
+        f"derived for {profile.kind} at {profile.precision}: compute = I/(I+B) with arithmetic intensity I "
+        f"against the candidates' median balance point B; {chosen}"
+    )
+
+
+def encode_page_token(after_id: str, filter_text: str) -> str:
+    payload = {"after": after_id, "filter": _digest(filter_text)}
+    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+
+
+def decode_page_token(token: str, filter_text: str) -> str:
+    if not token:
+        return ""
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(token.encode()))
+        after, digest = payload["after"], payload["filter"]
+    except (ValueError, KeyError, TypeError):
+        raise errors.InvalidArgument("page_token is not a token this service issued; omit it to start over") from None
+    if digest != _digest(filter_text):
+        raise errors.InvalidArgument("page_token was issued for a different filter; repeat the same filter or start over")
+    return after
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

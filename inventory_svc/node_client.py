@@ -1,0 +1,75 @@
+"""Calls a worker's DescribeNode and turns the answer into a NodeDescription.
+
+A node that does not answer, or answers with something inconsistent, is an
+accelmesh.errors.Unavailable carrying the reason: to the inventory both are a missed poll.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from accelmesh import errors
+from accelmesh.hardware.model import NodeDescription
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.devices import device_from_proto
+from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+
+DESCRIBE_TIMEOUT_S = 2.0
+
+
+class NodeClient:
+    def __init__(self, *, timeout_s: float = DESCRIBE_TIMEOUT_S, tracer_provider=None):
+        self._timeout_s = timeout_s
+        self._tracer_provider = tracer_provider
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = open_channel(address, tracer_provider=self._tracer_provider)
+        return worker_service_pb2_grpc.WorkerServiceStub(channel)
+
+    def describe(self, address: str, device_ids: Sequence[str] = ()) -> NodeDescription:
+        try:
+            response = self._stub(address).DescribeNode(
+                worker_service_pb2.DescribeNodeRequest(device_ids=list(device_ids)), timeout=self._timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise errors.Unavailable(f"node {address} did not answer DescribeNode: {exc.code().name}: {exc.details()}") from None
+        try:
+            return parse_description(response)
+        except errors.InvalidArgument as exc:
+            raise errors.Unavailable(f"node {address} answered with an invalid description: {exc}") from None
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+
+def parse_description(response: worker_service_pb2.DescribeNodeResponse) -> NodeDescription:
+    if not response.node_ip:
+        raise errors.InvalidArgument("node_ip is empty")
+    specs, samples = [], []
+    for i, msg in enumerate(response.devices):
+        spec, sample = device_from_proto(msg, f"devices[{i}]")
+        if spec.node_ip != response.node_ip:
+            raise errors.InvalidArgument(f"devices[{i}].id {spec.id!r} does not carry the node's IP {response.node_ip}")
+        specs.append(spec)
+        if sample is not None:
+            samples.append(sample)
+    if len({s.id for s in specs}) != len(specs):
+        raise errors.InvalidArgument("device ids repeat")
+    return NodeDescription(ip=response.node_ip, hostname=response.hostname, devices=tuple(specs), samples=tuple(samples))

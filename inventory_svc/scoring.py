@@ -1,0 +1,173 @@
+"""Task-aware device status scores (MISSION B1, B2).
+
+Status of a device (B1), from its spec, latest sample and live reservations:
+
+    compute_tflops    = peak rate at the task's precision x (1 - utilization) x (1 - reserved compute fraction)
+    memory_free_bytes = max(0, memory total - used - reserved)
+    bandwidth_gbps    = memory bandwidth x (1 - reserved compute fraction)
+
+Weights (B2). A task may give its own; each must be finite and >= 0 with a positive sum, and
+they are normalised to sum 1. Otherwise the default rule is a roofline argument:
+
+    I = the task's arithmetic intensity in FLOP/byte (100 for training, 10 for inference if not given)
+    B = median balance point of the candidates = peak FLOP/s / memory bytes/s, at the task's precision
+    compute   = I / (I + B)     a task that does more work per byte than the hardware's balance
+                                point is compute bound, one that does less is memory bound
+    memory    = (1 - compute) x 2/3 for training (parameters + optimizer state dominate),
+                (1 - compute) x 1/2 for inference
+    bandwidth = (1 - compute) - memory
+
+Candidates lacking a peak rate or a bandwidth are left out of the median; if none has both,
+B = I and compute gets half the weight.
+
+Score: each metric is divided by its maximum over the candidates (so components are 0..1, and
+0 when no candidate has any), then combined as the weighted sum. Ranking is by score, highest
+first, ties by device id so it is deterministic. Callers choose the candidates: pass healthy
+devices only (ListDevices' default filter does that).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+
+from accelmesh.errors import InvalidArgument
+from accelmesh.hardware.model import PRECISIONS
+from inventory_svc.store import DeviceRecord
+
+TASK_KINDS = ("training", "inference")
+DEFAULT_INTENSITY_FLOP_PER_BYTE = {"training": 100.0, "inference": 10.0}
+MEMORY_SHARE = {"training": 2.0 / 3.0, "inference": 0.5}  # memory's part of the non-compute weight
+
+
+@dataclass(frozen=True)
+class Weights:
+    compute: float
+    memory: float
+    bandwidth: float
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise InvalidArgument(
+                    f"task.weights.{item.name} must be a finite number >= 0, got {value!r}; "
+                    "or leave task.weights unset to use the default rule"
+                )
+        if self.compute + self.memory + self.bandwidth <= 0:
+            raise InvalidArgument(
+                "task.weights.compute, task.weights.memory and task.weights.bandwidth are all 0; "
+                "give at least one a positive weight, or leave task.weights unset to use the default rule"
+            )
+
+    def normalised(self) -> Weights:
+        total = self.compute + self.memory + self.bandwidth
+        return Weights(self.compute / total, self.memory / total, self.bandwidth / total)
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    kind: str  # "training" | "inference"
+    precision: str = "fp32"
+    arithmetic_intensity: float | None = None  # FLOP per byte of memory traffic
+    weights: Weights | None = None  # explicit weights override the default rule
+
+    def __post_init__(self) -> None:
+        if self.kind not in TASK_KINDS:
+            raise InvalidArgument(f"task.kind must be one of {', '.join(TASK_KINDS)}, got {self.kind!r}")
+        if self.precision not in PRECISIONS:
+            raise InvalidArgument(f"task.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        intensity = self.arithmetic_intensity
+        if intensity is not None and not (
+            isinstance(intensity, (int, float)) and math.isfinite(intensity) and intensity > 0
+        ):
+            raise InvalidArgument(
+                f"task.arithmetic_intensity must be a finite number of FLOP per byte > 0, got {intensity!r}; "
+                "or leave it unset for the default of its kind"
+            )
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    compute_tflops: float
+    memory_free_bytes: int
+    bandwidth_gbps: float
+
+
+@dataclass(frozen=True)
+class ScoredDevice:
+    record: DeviceRecord
+    score: float
+    components: dict[str, float]  # "compute", "memory", "bandwidth": status / max over candidates
+    weights: Weights
+    status: DeviceStatus
+
+
+def status_of(record: DeviceRecord, precision: str = "fp32") -> DeviceStatus:
+    """The device's free processing capability, memory and bandwidth right now (B1)."""
+    perf = record.spec.performance
+    idle = 1.0 - _unit(record.utilization)
+    unreserved = 1.0 - _unit(record.reserved_compute_fraction)  # oversubscription leaves nothing, not less
+    return DeviceStatus(
+        compute_tflops=perf.rate_tflops(precision) * idle * unreserved,
+        memory_free_bytes=record.free_memory_bytes,
+        bandwidth_gbps=perf.memory_bandwidth_gbps * unreserved,
+    )
+
+
+def weights_for(profile: TaskProfile, records: Iterable[DeviceRecord]) -> Weights:
+    """The task's weights: explicit ones normalised, else the default rule in the module docstring."""
+    if profile.weights is not None:
+        return profile.weights.normalised()
+    intensity = profile.arithmetic_intensity or DEFAULT_INTENSITY_FLOP_PER_BYTE[profile.kind]
+    balances = [
+        # TFLOP/s x 1e12 over GB/s x 1e9 = FLOP per byte.
+        record.spec.performance.rate_tflops(profile.precision) * 1e3 / record.spec.performance.memory_bandwidth_gbps
+        for record in records
+        if record.spec.performance.memory_bandwidth_gbps > 0
+        and record.spec.performance.rate_tflops(profile.precision) > 0
+    ]
+    balance = statistics.median(balances) if balances else intensity
+    compute = intensity / (intensity + balance)
+    memory = (1.0 - compute) * MEMORY_SHARE[profile.kind]
+    return Weights(compute, memory, 1.0 - compute - memory)
+
+
+def score_devices(
+    records: Sequence[DeviceRecord], profile: TaskProfile, limit: int | None = None
+) -> list[ScoredDevice]:
+    """Rank ``records`` for ``profile``, best first (B2); ``limit`` keeps the top ones."""
+    if limit is not None and limit < 0:
+        raise InvalidArgument(f"limit must be >= 0 (0 or unset means all), got {limit}")
+    weights = weights_for(profile, records)
+    statuses = [status_of(record, profile.precision) for record in records]
+    peaks = {
+        "compute": max((s.compute_tflops for s in statuses), default=0.0),
+        "memory": max((s.memory_free_bytes for s in statuses), default=0),
+        "bandwidth": max((s.bandwidth_gbps for s in statuses), default=0.0),
+    }
+    scored = []
+    for record, status in zip(records, statuses):
+        components = {
+            "compute": _share(status.compute_tflops, peaks["compute"]),
+            "memory": _share(status.memory_free_bytes, peaks["memory"]),
+            "bandwidth": _share(status.bandwidth_gbps, peaks["bandwidth"]),
+        }
+        score = (
+            weights.compute * components["compute"]
+            + weights.memory * components["memory"]
+            + weights.bandwidth * components["bandwidth"]
+        )
+        scored.append(ScoredDevice(record, score, components, weights, status))
+    scored.sort(key=lambda item: (-item.score, item.record.id))
+    return scored[:limit] if limit else scored
+
+
+def _unit(value: float) -> float:
+    return min(1.0, max(0.0, value))
+
+
+def _share(value: float, peak: float) -> float:
+    return value / peak if peak > 0 else 0.0

@@ -1,0 +1,46 @@
+"""Build, serve and shut down the inventory: store + node client + poller + servicer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from accelmesh.runtime.server import MeshServer, Service, create_server
+from accelmesh.runtime.telemetry import configure_telemetry
+from inventory_svc.config import InventoryConfig
+from inventory_svc.inventory import Inventory
+from inventory_svc.node_client import NodeClient
+from inventory_svc.poller import Poller
+from inventory_svc.servicer import InventoryServicer
+from inventory_svc.store import SqliteStore
+
+SERVICE_NAME = "accelmesh.inventory.v1.InventoryService"
+
+
+def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poller: bool = True) -> tuple[MeshServer, Inventory]:
+    if tracer_provider is None:
+        tracer_provider = configure_telemetry("accelmesh-inventory")
+    Path(config.db).parent.mkdir(parents=True, exist_ok=True)
+    store = SqliteStore(config.db, config.max_samples_per_device, config.sample_retention_s)
+    client = NodeClient(timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
+    inventory = Inventory(store, client.describe, lost_after_polls=config.lost_after_polls)
+    poller = Poller(inventory.poll_all, config.poll_interval_s)
+    servicer = InventoryServicer(inventory)
+
+    def shutdown():
+        poller.stop()
+        servicer.close()
+        inventory.close()
+        client.close()
+        store.close()
+
+    server = create_server(
+        [Service(SERVICE_NAME, inventory_service_pb2_grpc.add_InventoryServiceServicer_to_server, servicer)],
+        address=config.listen,
+        max_message_bytes=config.max_message_bytes,
+        tracer_provider=tracer_provider,
+        on_stop=[shutdown],
+    )
+    if start_poller:
+        poller.start()
+    return server, inventory

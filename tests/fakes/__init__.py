@@ -1,0 +1,1 @@
+"""Table-driven stand-ins for hardware libraries, handed to probes in place of the real ones."""

@@ -1,0 +1,233 @@
+"""The tensor codec: whole and chunked round trips over every DataType, and every bad input
+refused with InvalidArgument naming the tensor."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.tensors import TensorAssembler, dtype_code, from_proto, split, to_proto
+
+MIB = 1024 * 1024
+CHUNK_OVERHEAD_BYTES = 64  # name, offset and field tags around a chunk's data
+NAME = "weights"
+FIELD = "inputs[0]"
+
+
+def _rng():
+    return np.random.default_rng(seed=7)
+
+
+ARRAYS = {
+    "float32": lambda: _rng().standard_normal((3, 4)).astype(np.float32),
+    "float32-specials": lambda: np.array([np.nan, np.inf, -np.inf, -0.0, 1e-45], dtype=np.float32),
+    "float16": lambda: _rng().standard_normal((2, 5)).astype(np.float16),
+    "bfloat16": lambda: np.array([[1.0, -2.5, 3.140625], [0.0, 65280.0, -1e-3]], dtype=ml_dtypes.bfloat16),
+    "float64": lambda: _rng().standard_normal((4,)),
+    "int8": lambda: np.array([-128, -1, 0, 1, 127], dtype=np.int8),
+    "int16": lambda: np.array([[-32768, 32767], [0, -2]], dtype=np.int16),
+    "int32": lambda: np.arange(-6, 6, dtype=np.int32).reshape(2, 2, 3),
+    "int64": lambda: np.array([np.iinfo(np.int64).min, -1, np.iinfo(np.int64).max], dtype=np.int64),
+    "uint8": lambda: np.arange(256, dtype=np.uint8).reshape(16, 16),
+    "uint32": lambda: np.array([0, 1, np.iinfo(np.uint32).max], dtype=np.uint32),
+    "bool": lambda: np.array([[True, False, True], [False, False, True]]),
+    "scalar-float32": lambda: np.float32(1.5),
+    "scalar-int64": lambda: np.array(-42, dtype=np.int64),
+    "python-float": lambda: 2.25,
+    "empty-1d": lambda: np.zeros((0,), dtype=np.float32),
+    "empty-2d": lambda: np.zeros((3, 0), dtype=np.int64),
+    "big-endian-int32": lambda: np.arange(6, dtype=">i4").reshape(2, 3),
+    "big-endian-float64": lambda: np.array([1.5, -2.0, np.pi], dtype=">f8"),
+    "transposed-view": lambda: np.arange(12, dtype=np.float32).reshape(3, 4).T,
+    "strided-view": lambda: np.arange(20, dtype=np.int16)[::3],
+}
+CHUNK_SIZES = [1, 7, MIB]
+
+
+def assert_same_tensor(result: np.ndarray, original) -> None:
+    """Same shape, the little-endian form of the same dtype, and bit-identical elements."""
+    original = np.asarray(original)
+    expected = original.astype(original.dtype.newbyteorder("<"), order="C")
+    assert result.shape == expected.shape
+    assert result.dtype == expected.dtype
+    assert result.tobytes() == expected.tobytes()  # bitwise: NaN payloads and -0.0 included
+
+
+def reassemble(header, chunks) -> np.ndarray:
+    assembler = TensorAssembler(header)
+    for chunk in chunks:
+        assembler.add(chunk)
+    assert assembler.complete
+    return assembler.result()
+
+
+def test_every_data_type_is_in_the_round_trip_table():
+    covered = {dtype_code(np.asarray(make()).dtype) for make in ARRAYS.values()}
+    declared = set(common_pb2.DataType.values()) - {common_pb2.DATA_TYPE_UNSPECIFIED}
+    assert covered == declared
+
+
+@pytest.mark.parametrize("make", ARRAYS.values(), ids=ARRAYS.keys())
+def test_whole_tensor_round_trip(make):
+    original = make()
+    tensor = to_proto(original)
+    # Through the wire form, not just the message object.
+    decoded = common_pb2.Tensor.FromString(tensor.SerializeToString())
+    assert list(decoded.shape) == list(np.shape(original))
+    assert_same_tensor(from_proto(decoded), original)
+
+
+def test_wire_bytes_are_little_endian_row_major():
+    tensor = to_proto(np.array([[1, 2], [3, 4]], dtype=">i2").T)
+    assert tensor.dtype == common_pb2.DATA_TYPE_INT16
+    assert list(tensor.shape) == [2, 2]
+    assert tensor.data == bytes([1, 0, 3, 0, 2, 0, 4, 0])
+
+
+@pytest.mark.parametrize("chunk_bytes", CHUNK_SIZES)
+@pytest.mark.parametrize("make", ARRAYS.values(), ids=ARRAYS.keys())
+def test_chunked_round_trip(make, chunk_bytes):
+    original = make()
+    header, chunks = split(NAME, original, chunk_bytes=chunk_bytes)
+    chunks = [common_pb2.TensorChunk.FromString(c.SerializeToString()) for c in chunks]
+    nbytes = np.asarray(original).nbytes
+    assert header.name == NAME and header.total_bytes == nbytes
+    assert list(header.shape) == list(np.shape(original))
+    # At least one chunk, so an empty tensor still arrives; otherwise as few as the size allows.
+    assert len(chunks) == max(1, math.ceil(nbytes / chunk_bytes))
+    assert all(len(c.data) <= chunk_bytes for c in chunks)
+    assert [c.offset for c in chunks] == [i * chunk_bytes for i in range(len(chunks))]
+    assert_same_tensor(reassemble(header, chunks), original)
+
+
+@pytest.mark.parametrize("extra_bytes", [0, 3])
+def test_large_tensor_chunks_stay_under_the_message_limit(extra_bytes):
+    original = _rng().integers(0, 256, size=5 * MIB + extra_bytes, dtype=np.uint8)
+    header, chunks = split(NAME, original, chunk_bytes=MIB)
+    chunks = list(chunks)
+    assert len(chunks) == 5 + (extra_bytes > 0)
+    assert max(c.ByteSize() for c in chunks) <= MIB + CHUNK_OVERHEAD_BYTES
+    assert header.ByteSize() <= CHUNK_OVERHEAD_BYTES
+    assert_same_tensor(reassemble(header, chunks), original)
+
+
+def _chunks(array, chunk_bytes):
+    header, chunks = split(NAME, array, chunk_bytes=chunk_bytes)
+    return header, list(chunks)
+
+
+def _data_length_mismatch():
+    from_proto(common_pb2.Tensor(dtype=common_pb2.DATA_TYPE_FLOAT32, shape=[2, 3], data=bytes(23)), FIELD)
+
+
+def _unknown_dtype_code():
+    from_proto(common_pb2.Tensor(dtype=99, shape=[1], data=bytes(4)), FIELD)
+
+
+def _unspecified_dtype():
+    from_proto(common_pb2.Tensor(shape=[1], data=bytes(4)), FIELD)
+
+
+def _negative_dim():
+    from_proto(common_pb2.Tensor(dtype=common_pb2.DATA_TYPE_FLOAT32, shape=[-1, 2], data=b""), FIELD)
+
+
+def _shape_overflowing_int64():
+    # 2**64 elements: an int64 product wraps to 0 and would match empty data.
+    from_proto(common_pb2.Tensor(dtype=common_pb2.DATA_TYPE_UINT8, shape=[2**32, 2**32], data=b""), FIELD)
+
+
+def _header(**fields):
+    values = {"name": NAME, "dtype": common_pb2.DATA_TYPE_FLOAT32, "shape": [2], "total_bytes": 8} | fields
+    return common_pb2.TensorHeader(**values)
+
+
+def _header_total_bytes_mismatch():
+    TensorAssembler(_header(total_bytes=7))
+
+
+def _header_unknown_dtype():
+    TensorAssembler(_header(dtype=42))
+
+
+def _header_negative_dim():
+    TensorAssembler(_header(shape=[2, -4], total_bytes=0))
+
+
+def _header_shape_overflowing_int64():
+    TensorAssembler(_header(dtype=common_pb2.DATA_TYPE_UINT8, shape=[2**32, 2**32], total_bytes=0))
+
+
+def _chunk_out_of_order():
+    header, chunks = _chunks(np.zeros(3, dtype=np.float32), 4)
+    TensorAssembler(header).add(chunks[1])
+
+
+def _chunk_repeated():
+    header, chunks = _chunks(np.zeros(3, dtype=np.float32), 4)
+    assembler = TensorAssembler(header)
+    assembler.add(chunks[0])
+    assembler.add(chunks[0])
+
+
+def _more_bytes_than_declared():
+    assembler = TensorAssembler(_header())
+    assembler.add(common_pb2.TensorChunk(name=NAME, offset=0, data=bytes(12)))
+
+
+def _chunk_for_another_tensor():
+    TensorAssembler(_header()).add(common_pb2.TensorChunk(name="bias", offset=0, data=bytes(8)))
+
+
+def _stream_ends_early():
+    header, chunks = _chunks(np.zeros(3, dtype=np.float32), 4)
+    assembler = TensorAssembler(header)
+    assembler.add(chunks[0])
+    assert not assembler.complete
+    assembler.result()
+
+
+def _unsupported_dtype_whole():
+    to_proto(np.zeros(2, dtype=np.complex64), FIELD)
+
+
+def _unsupported_dtype_chunked():
+    split(NAME, np.zeros(2, dtype=np.complex64))
+
+
+def _non_positive_chunk_size():
+    split(NAME, np.zeros(2, dtype=np.float32), chunk_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("action", "fragments"),
+    [
+        pytest.param(_data_length_mismatch, [FIELD, "23 bytes", "24"], id="data-length-mismatch"),
+        pytest.param(_unknown_dtype_code, [FIELD, "99", "DATA_TYPE_"], id="unknown-dtype-code"),
+        pytest.param(_unspecified_dtype, [FIELD, "DATA_TYPE_"], id="unspecified-dtype"),
+        pytest.param(_negative_dim, [FIELD, "[-1, 2]", "negative"], id="negative-dim"),
+        pytest.param(_shape_overflowing_int64, [FIELD, "0 bytes"], id="shape-overflows-int64"),
+        pytest.param(_header_total_bytes_mismatch, [NAME, "total_bytes 7", "8 bytes"], id="header-total-bytes"),
+        pytest.param(_header_unknown_dtype, [NAME, "42"], id="header-unknown-dtype"),
+        pytest.param(_header_negative_dim, [NAME, "negative"], id="header-negative-dim"),
+        pytest.param(_header_shape_overflowing_int64, [NAME, "total_bytes 0"], id="header-shape-overflows"),
+        pytest.param(_chunk_out_of_order, [NAME, "offset 4, expected 0", "in order"], id="chunk-out-of-order"),
+        pytest.param(_chunk_repeated, [NAME, "offset 0, expected 4"], id="chunk-repeated"),
+        pytest.param(_more_bytes_than_declared, [NAME, "more than the declared 8 bytes"], id="too-many-bytes"),
+        pytest.param(_chunk_for_another_tensor, [NAME, "bias"], id="chunk-for-another-tensor"),
+        pytest.param(_stream_ends_early, [NAME, "4 of 12 bytes"], id="stream-ends-early"),
+        pytest.param(_unsupported_dtype_whole, [FIELD, "complex64", "float32"], id="complex64-whole"),
+        pytest.param(_unsupported_dtype_chunked, [NAME, "complex64", "float32"], id="complex64-chunked"),
+        pytest.param(_non_positive_chunk_size, ["chunk_bytes", "0"], id="chunk-bytes-zero"),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_tensor(action, fragments):
+    with pytest.raises(errors.InvalidArgument) as info:
+        action()
+    missing = [f for f in fragments if f not in str(info.value)]
+    assert not missing, f"{str(info.value)!r} lacks {missing}"

@@ -40,6 +40,15 @@ def start_worker(
     return start_service(name, "dispatch_svc.worker", args, echo=echo)
 
 
+def start_inventory(
+    data_dir: Path, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0, lost_after_polls: int = 3,
+    echo: bool = False,
+) -> ServiceProcess:
+    args = ["--listen", listen, "--db", str(data_dir / "inventory.db"),
+            "--poll-interval", str(poll_interval_s), "--lost-after", str(lost_after_polls)]
+    return start_service("inventory", "inventory_svc", args, echo=echo)
+
+
 def start_embedded_mesh(
     data_dir: str | Path = DEFAULT_DATA_DIR,
     *,
@@ -47,16 +56,13 @@ def start_embedded_mesh(
     emulate: Sequence[str] = DEFAULT_EMULATE,
     inventory_listen: str = "127.0.0.1:0",
     poll_interval_s: float = 5.0,
+    lost_after_polls: int = 3,
     echo: bool = False,
 ) -> EmbeddedMesh:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    inventory = start_service(
-        "inventory",
-        "inventory_svc",
-        ["--listen", inventory_listen, "--db", str(data_dir / "inventory.db"), "--poll-interval", str(poll_interval_s)],
-        echo=echo,
-    )
+    inventory = start_inventory(data_dir, listen=inventory_listen, poll_interval_s=poll_interval_s,
+                                lost_after_polls=lost_after_polls, echo=echo)
     mesh = EmbeddedMesh(data_dir, inventory)
     try:
         mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo))

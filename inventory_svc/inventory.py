@@ -6,6 +6,7 @@ reservations. The servicer translates protos to calls on `Inventory`; the poller
 from __future__ import annotations
 
 import base64
+import contextvars
 import hashlib
 import json
 import logging
@@ -15,8 +16,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription, parse_device_id
+from accelmesh.runtime import attributes as attr
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
@@ -56,6 +60,7 @@ class Inventory:
         hub: ev.EventHub | None = None,
         clock: Callable[[], float] = time.time,
         poll_workers: int = POLL_WORKERS,
+        tracer: trace.Tracer | None = None,
     ):
         if lost_after_polls < 1:
             raise errors.InvalidArgument(f"lost_after_polls must be >= 1, got {lost_after_polls}")
@@ -65,6 +70,7 @@ class Inventory:
         self._lost_after = lost_after_polls
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=poll_workers, thread_name_prefix="poll")
+        self._tracer = tracer or trace.NoOpTracer()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -82,24 +88,36 @@ class Inventory:
 
     def poll_node(self, node: NodeRecord) -> bool:
         """Describe one node and record the outcome; True when it answered."""
-        try:
-            description = self._describe(node.address, ())
-        except Exception as exc:  # noqa: BLE001 - a node's failure is data, never a crash
+        with self._tracer.start_as_current_span("inventory.poll_node") as span:
+            span.set_attribute(attr.NODE_ADDRESS, node.address)
+            try:
+                description = self._describe(node.address, ())
+            except Exception as exc:  # noqa: BLE001 - a node's failure is data, never a crash
+                now = self._clock()
+                reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
+                span.set_attribute(attr.POLL_OUTCOME, reason)
+                lost = self.store.record_poll_failure(node.node_id, reason, now, self._lost_after)
+                self._publish([(ev.LOST, device_id) for device_id in lost], now)
+                return False
+            span.set_attribute(attr.POLL_OUTCOME, "ok")
+            span.set_attribute(attr.DEVICE_COUNT, len(description.devices))
             now = self._clock()
-            reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
-            lost = self.store.record_poll_failure(node.node_id, reason, now, self._lost_after)
-            self._publish([(ev.LOST, device_id) for device_id in lost], now)
-            return False
-        now = self._clock()
-        self._publish(self.store.record_poll_success(node.node_id, description, now), now)
-        return True
+            self._publish(self.store.record_poll_success(node.node_id, description, now), now)
+            return True
 
     def poll_all(self) -> dict[str, bool]:
         """One poll cycle over every node, in parallel; also lets unrenewed reservations lapse."""
-        nodes = self.store.list_nodes()
-        outcomes = dict(zip((n.node_id for n in nodes), self._pool.map(self.poll_node, nodes)))
-        self.store.expire_reservations(self._clock())
-        return outcomes
+        with self._tracer.start_as_current_span("inventory.poll_cycle") as span:
+            span.set_attribute(attr.POLL_REASON, "interval")
+            nodes = self.store.list_nodes()
+            outcomes = dict(zip((n.node_id for n in nodes), self._map_in_context(self.poll_node, nodes)))
+            self.store.expire_reservations(self._clock())
+            return outcomes
+
+    def _map_in_context(self, fn, items) -> list:
+        """Pool map that carries the caller's trace context into each task (threads do not inherit it)."""
+        calls = [(contextvars.copy_context(), item) for item in items]
+        return list(self._pool.map(lambda call: call[0].run(fn, call[1]), calls))
 
     def refresh_devices(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
         """Real-time refresh: poll the nodes holding these devices now, return fresh records."""
@@ -107,7 +125,7 @@ class Inventory:
             raise errors.InvalidArgument("device_ids is empty; name the devices to refresh")
         records = [self.get_device(device_id) for device_id in device_ids]
         nodes = {r.node_id: self.store.get_node(r.node_id) for r in records}
-        answered = dict(zip(nodes, self._pool.map(self.poll_node, nodes.values())))
+        answered = dict(zip(nodes, self._map_in_context(self.poll_node, list(nodes.values()))))
         silent = [r.id for r in records if not answered[r.node_id]]
         if silent:
             reasons = "; ".join(f"{n}: {self.store.get_node(n).last_error}" for n, ok in answered.items() if not ok)

@@ -40,6 +40,9 @@ class NodeClient:
                 worker_service_pb2.DescribeNodeRequest(device_ids=list(device_ids)), timeout=self._timeout_s
             )
         except grpc.RpcError as exc:
+            # A channel that failed sits in reconnect backoff (up to minutes); a fresh one lets the
+            # next poll see a restarted node at once.
+            self.forget(address)
             raise errors.Unavailable(f"node {address} did not answer DescribeNode: {exc.code().name}: {exc.details()}") from None
         try:
             return parse_description(response)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
-from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from inventory_svc.config import InventoryConfig
 from inventory_svc.inventory import Inventory
 from inventory_svc.node_client import NodeClient
@@ -23,7 +23,9 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     store = SqliteStore(config.db, config.max_samples_per_device, config.sample_retention_s)
     client = NodeClient(timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
-    inventory = Inventory(store, client.describe, lost_after_polls=config.lost_after_polls)
+    inventory = Inventory(
+        store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__)
+    )
     poller = Poller(inventory.poll_all, config.poll_interval_s)
     servicer = InventoryServicer(inventory)
 

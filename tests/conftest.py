@@ -1,0 +1,91 @@
+"""Shared fixtures: real in-process servers on port 0, fake hardware where this machine has none."""
+
+from __future__ import annotations
+
+import itertools
+
+import grpc
+import pytest
+
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
+from dispatch_svc.worker.agent import NodeAgent
+from dispatch_svc.worker.config import WorkerConfig
+from dispatch_svc.worker.server import build_worker
+from fakes.nvml import FakeNvml
+from inventory_svc.config import InventoryConfig
+from inventory_svc.server import build_inventory
+
+
+class FakeJaxDevice:
+    """Stands in for a jax CPU device: these tests describe nodes, they run nothing."""
+
+    def __init__(self, id: int, platform: str = "cpu", device_kind: str = "cpu"):
+        self.id, self.platform, self.device_kind = id, platform, device_kind
+
+    def memory_stats(self):
+        return None
+
+
+class TickClock:
+    """A clock that advances one second per reading, so every sample is newer than the last."""
+
+    def __init__(self, start: float = 1_800_000_000.0):
+        self._ticks = itertools.count(start)
+
+    def __call__(self) -> float:
+        return next(self._ticks)
+
+
+def make_worker(emulate=("a100-80gb", "v100-32gb"), cpu_devices=3, *, hostname="node-a", tracer_provider=None,
+                listen="127.0.0.1:0", clock=None):
+    agent = NodeAgent(
+        "127.0.0.1",
+        emulate=emulate,
+        jax_devices=[FakeJaxDevice(i) for i in range(cpu_devices)],
+        nvml=FakeNvml([]),
+        hostname=hostname,
+        clock=clock or TickClock(),
+    )
+    return build_worker(WorkerConfig(listen=listen), agent=agent, tracer_provider=tracer_provider).start()
+
+
+@pytest.fixture
+def worker():
+    server = make_worker()
+    yield server
+    server.stop(0)
+
+
+@pytest.fixture
+def inventory_factory(tmp_path):
+    """Build inventories on one database file; each is stopped at the end."""
+    started = []
+
+    def build(tracer_provider=None, **overrides):
+        config = InventoryConfig(listen="127.0.0.1:0", db=str(tmp_path / "inventory.db"), **overrides)
+        server, inventory = build_inventory(config, tracer_provider=tracer_provider, start_poller=False)
+        started.append(server.start())
+        return server, inventory
+
+    yield build
+    for server in started:
+        server.stop(0)
+
+
+@pytest.fixture
+def inventory(inventory_factory):
+    return inventory_factory()
+
+
+@pytest.fixture
+def inventory_stub(inventory):
+    server, _ = inventory
+    with open_channel(f"127.0.0.1:{server.port}") as channel:
+        yield inventory_service_pb2_grpc.InventoryServiceStub(channel)
+
+
+def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, **kwargs)
+    return info.value

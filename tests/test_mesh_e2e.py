@@ -1,0 +1,123 @@
+"""The embedded mesh as real processes: CLI, health, reflection, a killed worker, restarts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from accelmesh.embedded import start_embedded_mesh, start_inventory, start_worker
+from accelmesh.inventory.v1 import inventory_service_pb2 as pb
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
+
+POLL_INTERVAL_S = 0.25
+LOST_AFTER = 2
+POLL_TIMEOUT_S = 2.0  # the inventory's default DescribeNode deadline
+# A killed node is lost after LOST_AFTER missed polls; each costs at most an interval plus the deadline.
+LOST_WINDOW_S = LOST_AFTER * (POLL_INTERVAL_S + POLL_TIMEOUT_S) + POLL_INTERVAL_S
+EMULATE = ("a100-80gb", "v100-32gb")
+DEVICES = ["127.0.0.1/cpu:2", "127.0.0.1/cpu:3", "127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with start_embedded_mesh(
+        tmp_path_factory.mktemp("mesh"), devices=4, emulate=EMULATE,
+        poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER,
+    ) as running:
+        yield running
+
+
+def stub_for(address):
+    channel = open_channel(address)
+    return channel, inventory_service_pb2_grpc.InventoryServiceStub(channel)
+
+
+def test_cli_prints_the_device_table(mesh):
+    out = subprocess.run(
+        [sys.executable, "-m", "accelmesh.cli", "devices", "--inventory", mesh.inventory.address],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    for device_id in DEVICES:
+        assert device_id in out
+    assert "a100-80gb" in out and "(emulated on cpu:0)" in out and "healthy" in out
+
+
+def test_cli_reports_an_unreachable_inventory_clearly():
+    result = subprocess.run(
+        [sys.executable, "-m", "accelmesh.cli", "devices", "--inventory", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1 and "UNAVAILABLE" in result.stderr
+
+
+@pytest.mark.parametrize("service", ["", "accelmesh.inventory.v1.InventoryService"])
+def test_inventory_health_answers_per_service(mesh, service):
+    with open_channel(mesh.inventory.address) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("process, service", [("inventory", "accelmesh.inventory.v1.InventoryService"),
+                                               ("worker", "accelmesh.worker.v1.WorkerService")])
+def test_reflection_lists_every_service(mesh, process, service):
+    address = mesh.inventory.address if process == "inventory" else mesh.workers[0].address
+    with open_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        (answer,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+    names = {s.name for s in answer.list_services_response.service}
+    assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def wait_for(stream, kind, expected_ids):
+    seen = set()
+    for event in stream:
+        if event.type == kind:
+            seen.add(event.device.id)
+        if seen >= set(expected_ids):
+            return seen
+    raise AssertionError(f"stream ended before {kind} of {sorted(set(expected_ids) - seen)}")
+
+
+def test_a_killed_worker_is_lost_within_the_window_and_recovers_when_it_returns(mesh):
+    channel, stub = stub_for(mesh.inventory.address)
+    with channel:
+        assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
+        stream = stub.WatchDevices(pb.WatchDevicesRequest(), timeout=60)
+        port = mesh.workers[0].address.rsplit(":", 1)[1]
+        killed_at = time.monotonic()
+        mesh.workers[0].process.send_signal(signal.SIGKILL)
+        wait_for(stream, pb.DEVICE_EVENT_TYPE_LOST, DEVICES)
+        assert time.monotonic() - killed_at < LOST_WINDOW_S
+        assert stub.ListDevices(pb.ListDevicesRequest()).devices == []
+        (node,) = stub.ListNodes(pb.ListNodesRequest()).nodes
+        assert node.state == pb.NODE_STATE_LOST and node.missed_polls >= LOST_AFTER
+
+        mesh.workers[0] = start_worker(mesh.inventory.address, devices=4, emulate=EMULATE, listen=f"127.0.0.1:{port}")
+        wait_for(stream, pb.DEVICE_EVENT_TYPE_RECOVERED, DEVICES)
+        stream.cancel()
+        assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
+
+
+def test_inventory_stops_gracefully_and_keeps_its_database(mesh):
+    channel, stub = stub_for(mesh.inventory.address)
+    with channel:
+        stub.ReserveDevices(pb.ReserveDevicesRequest(
+            job_id="persist", claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:0", memory_bytes=10**9)], ttl_seconds=3600))
+    assert mesh.inventory.terminate() == 0  # SIGTERM: drained and exited cleanly
+    mesh.inventory = start_inventory(mesh.data_dir, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
+    channel, stub = stub_for(mesh.inventory.address)
+    with channel:
+        assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
+        held = stub.ListReservations(pb.ListReservationsRequest(job_id="persist")).reservations
+        assert [(r.device_id, r.memory_bytes) for r in held] == [("127.0.0.1/cuda:0", 10**9)]
+        stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="persist"))

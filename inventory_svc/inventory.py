@@ -81,10 +81,23 @@ class Inventory:
         if not ADDRESS.match(address or ""):
             raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
         description = self._describe(address, ())  # Unavailable propagates: nothing to register
+        self._check_ids_are_free(address, description)
         now = self._clock()
         node = self.store.upsert_node(address, description.ip, description.hostname, now)
         self._publish(self.store.record_poll_success(node.node_id, description, now), now)
         return self.store.get_node(node.node_id), [self.store.get_device(d.id) for d in description.devices]
+
+    def _check_ids_are_free(self, address: str, description: NodeDescription) -> None:
+        for spec in description.devices:
+            try:
+                owner = self.store.get_device(spec.id).node_id
+            except errors.NotFound:
+                continue
+            if owner != address and self.store.get_node(owner).state == "active":
+                raise errors.FailedPrecondition(
+                    f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
+                    f"or give this worker its own IP with --advertise-ip"
+                )
 
     def poll_node(self, node: NodeRecord) -> bool:
         """Describe one node and record the outcome; True when it answered."""
@@ -92,6 +105,8 @@ class Inventory:
             span.set_attribute(attr.NODE_ADDRESS, node.address)
             try:
                 description = self._describe(node.address, ())
+                now = self._clock()
+                changes = self.store.record_poll_success(node.node_id, description, now)
             except Exception as exc:  # noqa: BLE001 - a node's failure is data, never a crash
                 now = self._clock()
                 reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
@@ -101,8 +116,7 @@ class Inventory:
                 return False
             span.set_attribute(attr.POLL_OUTCOME, "ok")
             span.set_attribute(attr.DEVICE_COUNT, len(description.devices))
-            now = self._clock()
-            self._publish(self.store.record_poll_success(node.node_id, description, now), now)
+            self._publish(changes, now)
             return True
 
     def poll_all(self) -> dict[str, bool]:
@@ -165,8 +179,8 @@ class Inventory:
         if limit < 0:
             raise errors.InvalidArgument(f"limit is {limit}; use 0 for all devices or a positive number")
         candidates = self.all_devices(parse_filter(filter_text))
-        weights = weights_for(profile, candidates)
         ranked = score_devices(candidates, profile, limit or None)
+        weights = ranked[0].weights if ranked else weights_for(profile, candidates)
         return Ranking(ranked, weights, explain_weights(profile, weights))
 
     # -- reservations --------------------------------------------------------------------

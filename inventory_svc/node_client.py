@@ -50,10 +50,10 @@ class NodeClient:
             raise errors.Unavailable(f"node {address} answered with an invalid description: {exc}") from None
 
     def forget(self, address: str) -> None:
+        # Not closed here: closing would cancel another thread's call in flight on it (a refresh
+        # racing a poll). gRPC closes the channel when its last user lets go of it.
         with self._lock:
-            channel = self._channels.pop(address, None)
-        if channel is not None:
-            channel.close()
+            self._channels.pop(address, None)
 
     def close(self) -> None:
         with self._lock:

@@ -412,8 +412,15 @@ class SqliteStore:
                 (spec.id, node_id, *values, now, now),
             )
             return [DeviceChange("added", spec.id)]
+        owner = row[-2]
+        if owner != node_id and self._node(conn, owner).state == "active":
+            # Two live workers claiming one id would flip the row between them on every poll.
+            raise FailedPrecondition(
+                f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
+                f"or give this worker its own IP with --advertise-ip"
+            )
         changes = []
-        if tuple(row[: len(_SPEC_COLUMNS)]) != values or row[-2] != node_id:
+        if tuple(row[: len(_SPEC_COLUMNS)]) != values or owner != node_id:
             conn.execute(
                 f"UPDATE devices SET {assignments}, node_id = ?, updated_at = ? WHERE id = ?",
                 (*values, node_id, now, spec.id),

@@ -285,3 +285,16 @@ def test_inventory_keeps_its_data_across_a_restart(inventory_factory, worker):
         assert device_ids(stub) == before
         assert [r.job_id for r in stub.ListReservations(pb.ListReservationsRequest()).reservations] == ["job-9"]
         assert [n.address for n in stub.ListNodes(pb.ListNodesRequest()).nodes] == [f"127.0.0.1:{worker.port}"]
+
+
+def test_a_second_live_worker_claiming_the_same_device_ids_is_refused(inventory_stub, worker):
+    register(inventory_stub, worker)
+    twin = make_worker(hostname="node-b")
+    try:
+        error = rpc_error(inventory_stub.RegisterNode, pb.RegisterNodeRequest(address=f"127.0.0.1:{twin.port}"))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "already reported by node" in error.details() and "--advertise-ip" in error.details()
+        nodes = inventory_stub.ListNodes(pb.ListNodesRequest()).nodes
+        assert [n.hostname for n in nodes] == ["node-a"]
+    finally:
+        twin.stop(0)

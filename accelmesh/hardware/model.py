@@ -28,9 +28,12 @@ class Performance:
 
     def rate_tflops(self, precision: str) -> float:
         """Peak rate at ``precision``; a precision the device lacks runs at its fp32 rate."""
-        if precision in self.peak_tflops:
-            return self.peak_tflops[precision]
-        return self.peak_tflops.get("fp32", max(self.peak_tflops.values(), default=0.0))
+        rate = self.peak_tflops.get(precision)
+        if rate is None:
+            rate = self.peak_tflops.get("fp32")
+        if rate is None:  # e.g. a TPU publishes no fp32 figure: its best rate is what fp32 work gets
+            rate = max(self.peak_tflops.values(), default=0.0)
+        return rate
 
 
 @dataclass(frozen=True)

@@ -147,11 +147,7 @@ def node_ip(index: int) -> str:
 
 
 def device_from_entry(entry: CatalogEntry, ip: str, index: int) -> DeviceSpec:
-    return DeviceSpec(
-        id=device_id(ip, entry.platform, index), node_ip=ip, local_index=index, platform=entry.platform,
-        kind=entry.kind, type=entry.type, capabilities=entry.capabilities,
-        compute_capability=entry.compute_capability, performance=entry.performance(),
-    )
+    return entry.device_spec(ip, index)
 
 
 def sample_for(spec: DeviceSpec, now: float, rng: random.Random) -> DeviceSample:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from accelmesh.errors import InvalidArgument, NotFound
 from accelmesh.hardware.capabilities import CAPABILITIES
-from accelmesh.hardware.model import PRECISIONS, Performance
+from accelmesh.hardware.model import PRECISIONS, DeviceSpec, Performance, device_id
 
 CATALOG_PLATFORMS = ("cuda", "rocm", "tpu")
 
@@ -54,6 +54,22 @@ class CatalogEntry:
     capabilities: frozenset[str]
     aliases: tuple[str, ...]
     source: str
+
+    def device_spec(self, node_ip: str, local_index: int, *, emulated_on: str = "") -> DeviceSpec:
+        """A device of this type; `emulated_on` names the local CPU device that stands in for it."""
+        return DeviceSpec(
+            id=device_id(node_ip, self.platform, local_index),
+            node_ip=node_ip,
+            local_index=local_index,
+            platform=self.platform,
+            kind=f"{self.kind} (emulated on {emulated_on})" if emulated_on else self.kind,
+            type=self.type,
+            capabilities=self.capabilities,
+            compute_capability=self.compute_capability,
+            performance=self.performance(),
+            emulated=bool(emulated_on),
+            execution_device=emulated_on,
+        )
 
     def performance(self) -> Performance:
         return Performance(

@@ -34,6 +34,21 @@ _DTYPES: dict[int, np.dtype] = {
 _CODES: dict[np.dtype, int] = {dtype.newbyteorder("="): code for code, dtype in _DTYPES.items()}
 
 
+_NAMES: dict[str, int] = {dtype.name: code for code, dtype in _DTYPES.items()}
+
+
+def dtype_code_for_name(name: str, field: str = "dtype") -> int:
+    """DataType of a dtype name as numpy spells it ("float32", "bfloat16", ...)."""
+    try:
+        return _NAMES[name]
+    except KeyError:
+        raise errors.InvalidArgument(f"{field}: {name!r} is not one of {', '.join(_NAMES)}") from None
+
+
+def dtype_name(code: int, field: str = "dtype") -> str:
+    return numpy_dtype(code, field).name
+
+
 def dtype_code(dtype, field: str = "tensor") -> int:
     dtype = np.dtype(dtype).newbyteorder("=")
     try:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.catalog import CatalogEntry, resolve_type
-from accelmesh.hardware.model import DeviceSpec, device_id
+from accelmesh.hardware.model import DeviceSpec
 
 
 def emulated_devices(
@@ -39,19 +39,5 @@ def emulated_devices(
         entry = resolve_type(profile, catalog)
         index = next_index.get(entry.platform, 0)
         next_index[entry.platform] = index + 1
-        devices.append(
-            DeviceSpec(
-                id=device_id(node_ip, entry.platform, index),
-                node_ip=node_ip,
-                local_index=index,
-                platform=entry.platform,
-                kind=f"{entry.kind} (emulated on {cpu_device})",
-                type=entry.type,
-                capabilities=entry.capabilities,
-                compute_capability=entry.compute_capability,
-                performance=entry.performance(),
-                emulated=True,
-                execution_device=cpu_device,
-            )
-        )
+        devices.append(entry.device_spec(node_ip, index, emulated_on=cpu_device))
     return devices

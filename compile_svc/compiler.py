@@ -1,0 +1,160 @@
+"""Compile a program for a set of devices: one build per target type, cached by content (MISSION A4, A5).
+
+Devices are grouped by target type (platform, execution platform, kind, rule-relevant flags)
+and the rule each gets; every group is lowered once. The portable StableHLO artifact is always
+built; where the group's execution backend is local, compiled executables are built too for
+the batch sizes asked for, so a worker can load instead of compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+
+from accelmesh import errors
+from accelmesh.hardware.model import DeviceSpec
+from compile_svc import lowering
+from compile_svc.cache import ArtifactCache, CachedArtifact
+from compile_svc.model import Program, TargetType, TensorSpec
+from compile_svc.programs import ProgramRegistry, check_signature
+from compile_svc.rules import Explanation, Rule, RuleTable
+
+STABLEHLO, EXECUTABLE = "stablehlo", "executable"
+
+
+@dataclass(frozen=True)
+class BuiltArtifact:
+    key: str
+    format: str  # STABLEHLO or EXECUTABLE
+    batch_size: int  # 0 for the portable artifact
+    size_bytes: int
+    digest: str
+    platform: str
+    cache_hit: bool
+    build_seconds: float
+
+
+@dataclass(frozen=True)
+class TargetBuild:
+    target_type: TargetType
+    rule: Rule
+    device_ids: tuple[str, ...]
+    portable: BuiltArtifact
+    executables: tuple[BuiltArtifact, ...]
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    program: Program
+    builds: tuple[TargetBuild, ...]
+
+
+def local_platforms() -> frozenset[str]:
+    return frozenset(d.platform for d in jax.devices())
+
+
+class Compiler:
+    def __init__(
+        self,
+        registry: ProgramRegistry,
+        rules: RuleTable,
+        cache: ArtifactCache,
+        *,
+        max_batch_sizes: int = 16,
+        local: frozenset[str] | None = None,
+    ):
+        self.registry = registry
+        self.rules = rules
+        self.cache = cache
+        self._max_batch_sizes = max_batch_sizes
+        self._local = local if local is not None else local_platforms()
+        self._lock = threading.Lock()
+
+    def explain(self, device: DeviceSpec) -> Explanation:
+        return self.rules.explain(device)
+
+    def compile(
+        self,
+        name: str,
+        version: str,
+        targets: Sequence[DeviceSpec],
+        *,
+        inputs: Sequence[TensorSpec] = (),
+        batch_sizes: Sequence[int] = (),
+    ) -> CompileResult:
+        program = self.registry.get(name, version)
+        if inputs:
+            check_signature(program, list(inputs))
+        if not targets:
+            raise errors.InvalidArgument("targets is empty; pass the devices to build for (as ListDevices returns them)")
+        sizes = sorted(set(batch_sizes))
+        if any(b <= 0 for b in sizes):
+            raise errors.InvalidArgument(f"batch_sizes {list(batch_sizes)} must all be positive")
+        if len(sizes) > self._max_batch_sizes:
+            raise errors.InvalidArgument(
+                f"batch_sizes asks for {len(sizes)} executables; at most {self._max_batch_sizes} per call "
+                f"(bucket shard sizes, or rely on the portable artifact)"
+            )
+        groups: dict[tuple[str, str], tuple[TargetType, Rule, list[str]]] = {}
+        for device in targets:
+            rule = self.rules.match(device)
+            target = self.rules.target_type(device)
+            groups.setdefault((target.key, rule.name), (target, rule, []))[2].append(device.id)
+        builds = [self._build(program, target, rule, ids, sizes) for target, rule, ids in groups.values()]
+        return CompileResult(program, tuple(builds))
+
+    def _build(self, program: Program, target: TargetType, rule: Rule, ids: list[str], sizes: list[int]) -> TargetBuild:
+        platform = target.execution_platform
+        portable = self._artifact(program, target, rule, STABLEHLO, 0,
+                                  lambda: lowering.export_portable(program, rule.build, platform))
+        executables = []
+        if platform in self._local and program.fn is not None:
+            device = jax.devices(platform)[0]
+            for size in sizes:
+                executables.append(self._artifact(
+                    program, target, rule, EXECUTABLE, size,
+                    lambda size=size: lowering.compile_executable(program, rule.build, size, device),
+                ))
+        return TargetBuild(target, rule, tuple(ids), portable, tuple(executables))
+
+    def _artifact(self, program: Program, target: TargetType, rule: Rule, fmt: str, batch: int, make) -> BuiltArtifact:
+        key = self.cache.key_for(
+            program=program.digest,
+            target=target.key,
+            rule=rule.name,
+            options=build_options_key(rule.build),
+            format=fmt,
+            batch_size=batch,
+        )
+        spent = {}
+
+        def build():
+            started = time.perf_counter()
+            payload = make()
+            spent["s"] = time.perf_counter() - started
+            return payload, {"program": program.ref, "target": target.key, "rule": rule.name, "format": fmt,
+                             "batch_size": batch, "platform": target.execution_platform}
+
+        artifact, built = self.cache.get_or_build(key, build)
+        return _built(artifact, fmt, batch, target.execution_platform, not built, spent.get("s", 0.0))
+
+    def fetch(self, key: str) -> CachedArtifact:
+        artifact = self.cache.get(key)
+        if artifact is None:
+            raise errors.NotFound(f"artifact {key!r} is not in the cache; call Compile to (re)build it")
+        return artifact
+
+
+def build_options_key(options) -> dict:
+    """The rule's options as plain data for the cache key (xla_options may be a read-only mapping)."""
+    return {f.name: dict(getattr(options, f.name)) if f.name == "xla_options" else getattr(options, f.name)
+            for f in dataclasses.fields(options)}
+
+
+def _built(artifact: CachedArtifact, fmt: str, batch: int, platform: str, hit: bool, seconds: float) -> BuiltArtifact:
+    return BuiltArtifact(artifact.key, fmt, batch, artifact.size, artifact.digest, platform, hit, seconds)

@@ -1,0 +1,41 @@
+"""Compile service configuration: one frozen dataclass from flags and environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_int, env_str
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    listen: str = "127.0.0.1:50061"  # ACCELMESH_COMPILE_LISTEN
+    cache_dir: str = ".accelmesh/artifacts"  # ACCELMESH_ARTIFACT_DIR: content-addressed artifact cache
+    cache_max_bytes: int = 2 * 1024**3  # ACCELMESH_ARTIFACT_MAX_BYTES: LRU eviction beyond this
+    rules: str = ""  # ACCELMESH_COMPILE_RULES: rule file; empty = deploy/rules/compile_rules.toml
+    programs_dir: str = ".accelmesh/programs"  # ACCELMESH_PROGRAMS_DIR: uploaded programs survive restarts here
+    max_upload_bytes: int = 64 * 1024**2  # ACCELMESH_MAX_UPLOAD_BYTES: largest UploadProgram artifact
+    max_batch_sizes: int = 16  # ACCELMESH_MAX_BATCH_SIZES: executables one Compile call may ask for
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+
+
+def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
+    d = CompileConfig()
+    parser = argparse.ArgumentParser(prog="accelmesh-compile", description="accelmesh compile service")
+    parser.add_argument("--listen", default=env_str("ACCELMESH_COMPILE_LISTEN", d.listen, env))
+    parser.add_argument("--cache-dir", default=env_str("ACCELMESH_ARTIFACT_DIR", d.cache_dir, env))
+    parser.add_argument("--rules", default=env_str("ACCELMESH_COMPILE_RULES", d.rules, env))
+    parser.add_argument("--programs-dir", default=env_str("ACCELMESH_PROGRAMS_DIR", d.programs_dir, env))
+    args = parser.parse_args(argv)
+    return CompileConfig(
+        listen=args.listen,
+        cache_dir=args.cache_dir,
+        cache_max_bytes=env_int("ACCELMESH_ARTIFACT_MAX_BYTES", d.cache_max_bytes, env, minimum=1024**2),
+        rules=args.rules,
+        programs_dir=args.programs_dir,
+        max_upload_bytes=env_int("ACCELMESH_MAX_UPLOAD_BYTES", d.max_upload_bytes, env, minimum=1024),
+        max_batch_sizes=env_int("ACCELMESH_MAX_BATCH_SIZES", d.max_batch_sizes, env, minimum=1),
+        max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
+    )

@@ -1,0 +1,36 @@
+"""The programs every compile service ships with."""
+
+from __future__ import annotations
+
+import functools
+import jax
+
+from compile_svc.model import OutputSpec, Program, TensorSpec
+from compile_svc.programs.layers import ProgramEntry
+from compile_svc.programs.mlp import mlp_classifier, mlp_train_step
+from compile_svc.programs.signature import program_digest
+from compile_svc.programs.transformer import transformer_encoder
+
+IDENTITY_WIDTH = 1024  # 4 KiB float32 rows: streaming benchmarks size payloads in whole rows
+
+
+def _identity_fn(x: jax.Array) -> tuple[jax.Array]:
+    return (x,)
+
+
+@functools.cache
+def identity() -> ProgramEntry:
+    inputs = (TensorSpec("x", "float32", (None, IDENTITY_WIDTH)),)
+    outputs = (OutputSpec("y", "float32", (None, IDENTITY_WIDTH), "concat"),)
+    return ProgramEntry(Program(
+        name="identity", version="1", kind="function",
+        description="Returns its input; measures transport, not compute",
+        parameters=(), inputs=inputs, outputs=outputs,
+        digest=program_digest("identity", "1", "function", (), inputs, outputs, (_identity_fn,)),
+        fn=_identity_fn,
+    ))
+
+
+def builtin_entries() -> list[ProgramEntry]:
+    """Built lazily and cached: the layer tables lower every layer once per process."""
+    return [identity(), mlp_classifier(), mlp_train_step(), transformer_encoder()]

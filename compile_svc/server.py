@@ -1,0 +1,40 @@
+"""Build, serve and shut down the compile service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.runtime.server import MeshServer, Service, create_server
+from accelmesh.runtime.telemetry import configure_telemetry
+from compile_svc.cache import ArtifactCache
+from compile_svc.compiler import Compiler
+from compile_svc.config import CompileConfig
+from compile_svc.programs import default_registry
+from compile_svc.rules import load_rules
+from compile_svc.servicer import CompileServicer
+from compile_svc.uploads import UploadStore
+
+SERVICE_NAME = "accelmesh.compile.v1.CompileService"
+
+
+def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tuple[MeshServer, Compiler]:
+    if tracer_provider is None:
+        tracer_provider = configure_telemetry("accelmesh-compile")
+    registry = default_registry()
+    compiler = Compiler(
+        registry,
+        load_rules(config.rules or None),
+        ArtifactCache(Path(config.cache_dir), config.cache_max_bytes),
+        max_batch_sizes=config.max_batch_sizes,
+    )
+    uploads = UploadStore(Path(config.programs_dir), registry, config.max_upload_bytes)
+    uploads.restore()
+    servicer = CompileServicer(compiler, uploads, config.max_message_bytes)
+    server = create_server(
+        [Service(SERVICE_NAME, compile_service_pb2_grpc.add_CompileServiceServicer_to_server, servicer)],
+        address=config.listen,
+        max_message_bytes=config.max_message_bytes,
+        tracer_provider=tracer_provider,
+    )
+    return server, compiler

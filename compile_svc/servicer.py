@@ -1,0 +1,94 @@
+"""CompileService adapter: protos in, Compiler / registry / uploads calls, protos out."""
+
+from __future__ import annotations
+
+from accelmesh import errors
+from accelmesh.compile.v1 import compile_service_pb2 as pb
+from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.runtime.devices import device_from_proto
+from compile_svc import translate as tr
+from compile_svc.compiler import Compiler
+from compile_svc.uploads import UploadStore
+
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+
+class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
+    def __init__(self, compiler: Compiler, uploads: UploadStore, max_message_bytes: int):
+        self.compiler = compiler
+        self.uploads = uploads
+        # A chunk plus its envelope must fit in one message.
+        self._max_chunk_bytes = max_message_bytes - 1024
+
+    def ListPrograms(self, request, context):
+        programs = self.compiler.registry.list()
+        return pb.ListProgramsResponse(programs=[tr.program_to_proto(p, with_layers=False) for p in programs])
+
+    def DescribeProgram(self, request, context):
+        if not request.name:
+            raise errors.InvalidArgument("name is required; ListPrograms shows what is registered")
+        return pb.DescribeProgramResponse(program=tr.program_to_proto(self.compiler.registry.get(request.name, request.version)))
+
+    def UploadProgram(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise errors.InvalidArgument("the first UploadProgramRequest must carry the header")
+        header = first.header
+        if header.total_bytes <= 0:
+            raise errors.InvalidArgument("header.total_bytes must be the artifact's size in bytes (> 0)")
+        if header.total_bytes > self.uploads.max_bytes:
+            raise errors.ResourceExhausted(
+                f"header.total_bytes {header.total_bytes} is over the upload limit of {self.uploads.max_bytes} bytes"
+            )
+        combine = []
+        for i, code in enumerate(header.output_combine):
+            if code not in tr.COMBINE_FROM_PROTO:
+                raise errors.InvalidArgument(f"header.output_combine[{i}] must be CONCAT, SUM or MEAN")
+            combine.append(tr.COMBINE_FROM_PROTO[code])
+        data = bytearray()
+        for message in request_iterator:
+            if message.WhichOneof("part") != "chunk":
+                raise errors.InvalidArgument("only chunks may follow the header")
+            data += message.chunk
+            if len(data) > header.total_bytes:
+                raise errors.InvalidArgument(f"chunks carry more than header.total_bytes ({header.total_bytes})")
+        if len(data) != header.total_bytes:
+            raise errors.InvalidArgument(f"stream ended after {len(data)} of header.total_bytes {header.total_bytes}")
+        program = self.uploads.upload(
+            header.name, header.version, bytes(data), combine, list(header.input_names), header.description
+        )
+        return pb.UploadProgramResponse(program=tr.program_to_proto(program))
+
+    def ListRules(self, request, context):
+        table = self.compiler.rules
+        return pb.ListRulesResponse(rules=[tr.rule_to_proto(r) for r in table.rules], origin=str(table.origin))
+
+    def ExplainRule(self, request, context):
+        if not request.HasField("device"):
+            raise errors.InvalidArgument("device is required; pass a Device as ListDevices returns it")
+        spec, _ = device_from_proto(request.device, "device")
+        return tr.explanation_to_proto(self.compiler.explain(spec))
+
+    def Compile(self, request, context):
+        if not request.program:
+            raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
+        targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
+        inputs = [tr.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
+        result = self.compiler.compile(
+            request.program, request.version, targets, inputs=inputs, batch_sizes=list(request.batch_sizes)
+        )
+        return pb.CompileResponse(
+            program=result.program.name,
+            version=result.program.version,
+            builds=[tr.build_to_proto(b) for b in result.builds],
+        )
+
+    def FetchArtifact(self, request, context):
+        chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
+        if not 0 < chunk <= self._max_chunk_bytes:
+            raise errors.InvalidArgument(f"chunk_bytes must be within 1..{self._max_chunk_bytes}, got {request.chunk_bytes}")
+        artifact = self.compiler.fetch(request.key)
+        view = memoryview(artifact.payload)
+        yield pb.FetchArtifactResponse(digest=artifact.digest, total_bytes=len(view), chunk=bytes(view[:chunk]))
+        for offset in range(chunk, len(view), chunk):
+            yield pb.FetchArtifactResponse(chunk=bytes(view[offset : offset + chunk]))

@@ -17,11 +17,13 @@ DEFAULT_EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "v100-32gb")
 class EmbeddedMesh:
     data_dir: Path
     inventory: ServiceProcess
+    compile: ServiceProcess | None = None
     workers: list[ServiceProcess] = field(default_factory=list)
 
     def stop(self) -> None:
-        for process in [*self.workers, self.inventory]:
-            process.terminate()
+        for process in [*self.workers, self.compile, self.inventory]:
+            if process is not None:
+                process.terminate()
 
     def __enter__(self) -> EmbeddedMesh:
         return self
@@ -49,6 +51,11 @@ def start_inventory(
     return start_service("inventory", "inventory_svc", args, echo=echo)
 
 
+def start_compile(data_dir: Path, *, listen: str = "127.0.0.1:0", echo: bool = False) -> ServiceProcess:
+    args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"), "--programs-dir", str(data_dir / "programs")]
+    return start_service("compile", "compile_svc", args, echo=echo)
+
+
 def start_embedded_mesh(
     data_dir: str | Path = DEFAULT_DATA_DIR,
     *,
@@ -65,6 +72,7 @@ def start_embedded_mesh(
                                 lost_after_polls=lost_after_polls, echo=echo)
     mesh = EmbeddedMesh(data_dir, inventory)
     try:
+        mesh.compile = start_compile(data_dir, echo=echo)
         mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo))
     except BaseException:
         mesh.stop()

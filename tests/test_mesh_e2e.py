@@ -121,3 +121,27 @@ def test_inventory_stops_gracefully_and_keeps_its_database(mesh):
         held = stub.ListReservations(pb.ListReservationsRequest(job_id="persist")).reservations
         assert [(r.device_id, r.memory_bytes) for r in held] == [("127.0.0.1/cuda:0", 10**9)]
         stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="persist"))
+
+
+def cli(*args) -> str:
+    return subprocess.run([sys.executable, "-m", "accelmesh.cli", *args], capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+
+
+def test_cli_lists_programs_and_rules(mesh):
+    programs = cli("programs", "--compile", mesh.compile.address)
+    assert "transformer_encoder" in programs and "mlp_train_step" in programs
+    rules = cli("rules", "--compile", mesh.compile.address)
+    assert "cuda-bf16" in rules and "default-fp32" in rules and "first match wins" in rules
+
+
+def test_cli_compiles_for_catalog_types_and_for_the_inventory(mesh):
+    out = cli("compile", "mlp_classifier", "--target", "a100-80gb", "--target", "tpu-v4", "--target", "v100-32gb",
+              "--compile", mesh.compile.address)
+    assert "3 target type(s)" in out
+    assert "cuda:a100-80gb[bf16]" in out and "tpu:tpu-v4[bf16]" in out and "cuda:v100-32gb[]" in out
+    out = cli("compile", "mlp_classifier", "--from-inventory", "--inventory", mesh.inventory.address,
+              "--batch-size", "8", "--compile", mesh.compile.address)
+    # An emulated A100, an emulated V100 and two plain CPU devices: the CPUs share one build.
+    assert "for 4 device(s), 3 target type(s)" in out
+    assert "executable b=8" in out and "cpu:2,cpu:3" in out

@@ -1,0 +1,34 @@
+"""The `accelmesh` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+
+from accelmesh import errors
+from accelmesh.cli import compile as compile_commands
+from accelmesh.cli import inventory as inventory_commands
+from accelmesh.cli import mesh as mesh_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="accelmesh", description="run deep-learning jobs on a pool of mixed accelerators")
+    sub = parser.add_subparsers(dest="command", required=True)
+    mesh_commands.add_commands(sub)
+    inventory_commands.add_commands(sub)
+    compile_commands.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except grpc.RpcError as exc:
+        print(f"accelmesh: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except errors.AccelmeshError as exc:
+        print(f"accelmesh: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,5 @@
+import sys
+
+from accelmesh.cli import main
+
+sys.exit(main())

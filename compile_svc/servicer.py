@@ -6,6 +6,7 @@ from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.devices import device_from_proto
+from accelmesh.runtime.tensors import split
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
 from compile_svc.uploads import UploadStore
@@ -92,3 +93,20 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         yield pb.FetchArtifactResponse(digest=artifact.digest, total_bytes=len(view), chunk=bytes(view[:chunk]))
         for offset in range(chunk, len(view), chunk):
             yield pb.FetchArtifactResponse(chunk=bytes(view[offset : offset + chunk]))
+
+    def FetchParameters(self, request, context):
+        if not request.program:
+            raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
+        program = self.compiler.registry.get(request.program, request.version)
+        if program.init_params is None:
+            raise errors.FailedPrecondition(
+                f"program {program.ref} has no initial parameters; send its parameters with the job instead"
+            )
+        if not -(2**31) <= request.seed < 2**31:
+            raise errors.InvalidArgument(f"seed {request.seed} must fit in 32 bits")
+        chunk = min(DEFAULT_CHUNK_BYTES, self._max_chunk_bytes)
+        for spec, value in zip(program.parameters, program.init_params(request.seed)):
+            header, chunks = split(spec.name, value, chunk)
+            yield pb.FetchParametersResponse(tensor=header)
+            for piece in chunks:
+                yield pb.FetchParametersResponse(chunk=piece)

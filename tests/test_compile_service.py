@@ -284,3 +284,29 @@ def test_fetching_an_unknown_artifact_is_not_found(service):
     stub, _ = service
     error = rpc_error(lambda: list(stub.FetchArtifact(pb.FetchArtifactRequest(key="0" * 64))))
     assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_initial_parameters_stream_in_program_order_and_are_deterministic(service):
+    from accelmesh.runtime.tensors import TensorAssembler
+
+    stub, _ = service
+
+    def fetch_params(seed):
+        leaves, assembler = [], None
+        for part in stub.FetchParameters(pb.FetchParametersRequest(program="mlp_classifier", seed=seed)):
+            if part.WhichOneof("part") == "tensor":
+                assembler = TensorAssembler(part.tensor)
+                leaves.append(assembler)
+            else:
+                assembler.add(part.chunk)
+        return [(a.name, a.result()) for a in leaves]
+
+    program = default_registry().get("mlp_classifier")
+    first, again, other = fetch_params(3), fetch_params(3), fetch_params(4)
+    assert [name for name, _ in first] == [p.name for p in program.parameters]
+    for (_, a), (_, b), expected in zip(first, again, program.init_params(3)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, np.asarray(expected))
+    assert any(not np.array_equal(a, b) for (_, a), (_, b) in zip(first, other))
+    error = rpc_error(lambda: list(stub.FetchParameters(pb.FetchParametersRequest(program="identity"))))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

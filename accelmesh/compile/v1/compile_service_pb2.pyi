@@ -323,3 +323,21 @@ class FetchArtifactResponse(_message.Message):
     total_bytes: int
     chunk: bytes
     def __init__(self, digest: _Optional[str] = ..., total_bytes: _Optional[int] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class FetchParametersRequest(_message.Message):
+    __slots__ = ("program", "version", "seed")
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    program: str
+    version: str
+    seed: int
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class FetchParametersResponse(_message.Message):
+    __slots__ = ("tensor", "chunk")
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    tensor: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...

@@ -71,6 +71,11 @@ class CompileServiceStub:
                 request_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactResponse.FromString,
                 _registered_method=True)
+        self.FetchParameters = channel.unary_stream(
+                '/accelmesh.compile.v1.CompileService/FetchParameters',
+                request_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersResponse.FromString,
+                _registered_method=True)
 
 
 class CompileServiceServicer:
@@ -128,6 +133,14 @@ class CompileServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchParameters(self, request, context):
+        """Streams a program's initial parameters (deterministic from a seed), leaf by leaf in
+        Program.parameters order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompileServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +178,11 @@ def add_CompileServiceServicer_to_server(servicer, server):
                     servicer.FetchArtifact,
                     request_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactRequest.FromString,
                     response_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactResponse.SerializeToString,
+            ),
+            'FetchParameters': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchParameters,
+                    request_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersRequest.FromString,
+                    response_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +376,33 @@ class CompileService:
             '/accelmesh.compile.v1.CompileService/FetchArtifact',
             accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactRequest.SerializeToString,
             accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/accelmesh.compile.v1.CompileService/FetchParameters',
+            accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersRequest.SerializeToString,
+            accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.FetchParametersResponse.FromString,
             options,
             channel_credentials,
             insecure,

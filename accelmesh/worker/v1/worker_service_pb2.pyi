@@ -1,11 +1,92 @@
 from accelmesh.common.v1 import common_pb2 as _common_pb2
+from accelmesh.compile.v1 import compile_service_pb2 as _compile_service_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ShardStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARD_STAGE_UNSPECIFIED: _ClassVar[ShardStage]
+    SHARD_STAGE_QUEUED: _ClassVar[ShardStage]
+    SHARD_STAGE_LOADING: _ClassVar[ShardStage]
+    SHARD_STAGE_RUNNING: _ClassVar[ShardStage]
+    SHARD_STAGE_DONE: _ClassVar[ShardStage]
+SHARD_STAGE_UNSPECIFIED: ShardStage
+SHARD_STAGE_QUEUED: ShardStage
+SHARD_STAGE_LOADING: ShardStage
+SHARD_STAGE_RUNNING: ShardStage
+SHARD_STAGE_DONE: ShardStage
+
+class ShardHeader(_message.Message):
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "compile_address", "input_count", "batch_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_KEY_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    shard_index: int
+    attempt: int
+    device_id: str
+    target_type: str
+    artifact_key: str
+    artifact_digest: str
+    artifact_format: _compile_service_pb2.ArtifactFormat
+    rule: _compile_service_pb2.Rule
+    compile_address: str
+    input_count: int
+    batch_size: int
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., compile_address: _Optional[str] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("header", "tensor", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: ShardHeader
+    tensor: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class ShardTimings(_message.Message):
+    __slots__ = ("receive_seconds", "queue_seconds", "load_seconds", "execute_seconds", "artifact_cached", "load_kind")
+    RECEIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_CACHED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_KIND_FIELD_NUMBER: _ClassVar[int]
+    receive_seconds: float
+    queue_seconds: float
+    load_seconds: float
+    execute_seconds: float
+    artifact_cached: bool
+    load_kind: str
+    def __init__(self, receive_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., artifact_cached: _Optional[bool] = ..., load_kind: _Optional[str] = ...) -> None: ...
+
+class ExecuteResponse(_message.Message):
+    __slots__ = ("stage", "tensor", "chunk", "timings")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    stage: ShardStage
+    tensor: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    timings: ShardTimings
+    def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ...) -> None: ...
 
 class DescribeNodeRequest(_message.Message):
     __slots__ = ("device_ids",)

@@ -41,6 +41,11 @@ class WorkerServiceStub:
                 request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeResponse.FromString,
                 _registered_method=True)
+        self.Execute = channel.stream_stream(
+                '/accelmesh.worker.v1.WorkerService/Execute',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -56,6 +61,16 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Execute(self, request_iterator, context):
+        """Runs one shard on one of this node's devices. In: a ShardHeader, then every input tensor
+        (parameters first, then data inputs) as a TensorHeader followed by its chunks. Out:
+        progress, then every output as a TensorHeader followed by its chunks, then the timings.
+        Cancelling the call stops the shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +78,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.DescribeNode,
                     request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeRequest.FromString,
                     response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeResponse.SerializeToString,
+            ),
+            'Execute': grpc.stream_stream_rpc_method_handler(
+                    servicer.Execute,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -94,6 +114,33 @@ class WorkerService:
             '/accelmesh.worker.v1.WorkerService/DescribeNode',
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeRequest.SerializeToString,
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.DescribeNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Execute(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/accelmesh.worker.v1.WorkerService/Execute',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -158,15 +158,29 @@ def compile_executable(program: Program, options: BuildOptions, batch_size: int,
     acceptable only because the compile service produces these itself. Never load an executable
     a client supplied; clients upload portable StableHLO instead.
     """
+    return lower_executable(program, options, batch_size, device)()
+
+
+def lower_executable(program: Program, options: BuildOptions, batch_size: int,
+                     device: jax.Device | None = None) -> Callable[[], bytes]:
+    """compile_executable in two steps: trace and lower now, and return the function that
+    compiles and serializes. Tracing is Python and holds the GIL; the XLA compile releases it,
+    so a caller can run the second step on another thread while it traces something else."""
     device = device or jax.devices()[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
-    with _xla_failures(f"compiling {program.ref} for {device.platform} at batch {batch_size}"):
+    what = f"compiling {program.ref} for {device.platform} at batch {batch_size}"
+    with _xla_failures(what):
         lowered = jax.jit(apply_build_options(program, options)).lower(*_abstract_args(program, batch_size, sharding))
-        compiled = lowered.compile(compiler_options=xla_compiler_options(options))
-        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-    header = {"schema": _EXECUTABLE_SCHEMA, "jaxlib": jaxlib.__version__, "platform": device.platform,
-              "xla_options": xla_compiler_options(options)}
-    return pickle.dumps((header, payload, in_tree, out_tree))
+
+    def compile_and_serialize() -> bytes:
+        with _xla_failures(what):
+            compiled = lowered.compile(compiler_options=xla_compiler_options(options))
+            payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        header = {"schema": _EXECUTABLE_SCHEMA, "jaxlib": jaxlib.__version__, "platform": device.platform,
+                  "xla_options": xla_compiler_options(options)}
+        return pickle.dumps((header, payload, in_tree, out_tree))
+
+    return compile_and_serialize
 
 
 def load_executable(data: bytes, backend: str | None = None, device: jax.Device | None = None) -> jax.stages.Compiled:

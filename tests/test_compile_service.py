@@ -310,3 +310,21 @@ def test_initial_parameters_stream_in_program_order_and_are_deterministic(servic
     assert any(not np.array_equal(a, b) for (_, a), (_, b) in zip(first, other))
     error = rpc_error(lambda: list(stub.FetchParameters(pb.FetchParametersRequest(program="identity"))))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_an_export_failure_is_reported_though_the_executables_build_concurrently(service):
+    """The export runs beside the executables' compiles; its error must still reach the caller."""
+    from compile_svc.model import OutputSpec, Program, TensorSpec
+
+    def branchy(x):  # fine at a fixed batch; a symbolic batch cannot decide the branch
+        return (x * 2.0 if x.shape[0] > 4 else x,)
+
+    stub, compiler = service
+    spec = TensorSpec("x", "float32", (None, 3))
+    compiler.registry.register(Program(
+        name="branchy", version="1", kind="function", description="branches on the batch size",
+        parameters=(), inputs=(spec,), outputs=(OutputSpec("y", "float32", (None, 3)),), digest="branchy-1", fn=branchy))
+    error = rpc_error(stub.Compile, pb.CompileRequest(program="branchy", targets=[device("v100-32gb")], batch_sizes=[8]))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "exporting branchy@1" in error.details()
+    response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("v100-32gb")], batch_sizes=[8]))
+    assert [e.batch_size for e in response.builds[0].executables] == [8]

@@ -1,0 +1,291 @@
+"""Planner: throughput-weighted sharding and the throughput model behind it (pure domain, no server)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import threading
+
+import pytest
+
+from accelmesh.errors import FailedPrecondition, InvalidArgument
+from accelmesh.hardware.catalog import resolve_type
+from compile_svc.model import LayerInfo, Program
+from compile_svc.rules import load_rules
+from dispatch_svc.planner import (
+    PlannedDevice,
+    Target,
+    ThroughputModel,
+    flops_per_row,
+    group_by_target_type,
+    plan_shards,
+)
+from dispatch_svc.planner.apportion import makespan, min_makespan_rows, proportional_rows
+from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY, MEASURED_SMOOTHING
+
+
+def devices(*rates: float, target_type: str = "t") -> list[PlannedDevice]:
+    return [PlannedDevice(f"10.0.0.1/cuda:{i}", target_type, rate) for i, rate in enumerate(rates)]
+
+
+def rows_of(plan) -> list[int]:
+    return [shard.rows for shard in plan.shards]
+
+
+# -- sharding: hand-checked cases ------------------------------------------------------------------
+
+
+def test_rates_one_two_three_get_rows_one_two_three():
+    plan = plan_shards(60, devices(1, 2, 3))
+    assert rows_of(plan) == [10, 20, 30]
+    assert [s.first_row for s in plan.shards] == [0, 10, 30]
+    assert [s.index for s in plan.shards] == [0, 1, 2]
+    assert [s.predicted_seconds for s in plan.shards] == [10.0, 10.0, 10.0]
+    assert plan.predicted_seconds == 10.0
+    assert plan.equal_split_predicted_seconds == 20.0  # 20 rows on the rate-1 device
+
+
+@pytest.mark.parametrize(
+    "total, rates, expected",
+    [
+        (10, (1, 2, 3), [2, 3, 5]),  # quotas 1.67, 3.33, 5: the one leftover row goes to the .67
+        (10, (1, 1, 1), [4, 3, 3]),  # equal remainders: the earlier device first
+        (7, (5, 3), [4, 3]),  # quotas 4.375, 2.625
+        (1, (1, 1, 1), [1]),  # one row: one shard, the others left out
+    ],
+)
+def test_largest_remainder_rounding(total, rates, expected):
+    plan = plan_shards(total, devices(*rates))
+    assert rows_of(plan) == expected
+    assert sum(rows_of(plan)) == total
+
+
+def test_shards_cover_all_rows_contiguously_in_device_order():
+    rng = random.Random(7)
+    for _ in range(200):
+        rates = [rng.uniform(0.1, 50) for _ in range(rng.randint(1, 8))]
+        total = rng.randint(1, 500)
+        plan = plan_shards(total, devices(*rates), max_shard_rows=rng.choice([None, 3, 17]))
+        row = 0
+        for shard in plan.shards:
+            assert shard.first_row == row and shard.rows >= 1
+            row += shard.rows
+        assert row == total
+        order = [int(s.device_id.rsplit(":", 1)[1]) for s in plan.shards]
+        assert order == sorted(order)
+
+
+def test_max_shard_rows_splits_a_share_into_consecutive_shards_on_the_same_device():
+    plan = plan_shards(40, devices(1, 3), max_shard_rows=7)
+    assert rows_of(plan) == [5, 5, 6, 6, 6, 6, 6]  # 10 rows -> 2 pieces, 30 rows -> 5 pieces
+    assert [s.device_id[-1] for s in plan.shards] == ["0", "0", "1", "1", "1", "1", "1"]
+    assert [s.index for s in plan.shards] == list(range(7))
+    assert plan.rows_by_device() == {"10.0.0.1/cuda:0": 10, "10.0.0.1/cuda:1": 30}
+    # The pieces run one after another, so the device's total time is what counts.
+    assert plan.predicted_seconds == pytest.approx(10.0)
+    assert plan.shards[0].predicted_seconds == pytest.approx(5.0)
+
+
+def test_a_device_too_slow_for_a_row_is_left_out():
+    plan = plan_shards(10, devices(1000, 1))
+    assert rows_of(plan) == [10]
+    assert plan.shards[0].device_id.endswith(":0")
+    assert plan.equal_split_predicted_seconds == 5.0  # equal split still counts every device
+
+
+def test_min_shard_rows_keeps_the_fastest_devices_whose_share_reaches_it():
+    assert rows_of(plan_shards(5, devices(1, 1, 1))) == [2, 2, 1]
+    assert rows_of(plan_shards(5, devices(1, 1, 1), min_shard_rows=2)) == [3, 2]
+    plan = plan_shards(100, devices(1, 50, 50), min_shard_rows=5)  # the slow one would get 1 row
+    assert [s.device_id[-1] for s in plan.shards] == ["1", "2"]
+    assert rows_of(plan_shards(3, devices(1, 4), min_shard_rows=10)) == [3]  # smaller job: fastest takes all
+
+
+def test_group_by_target_type_keeps_first_seen_order():
+    pool = [PlannedDevice("a", "v100", 1), PlannedDevice("b", "a100", 2), PlannedDevice("c", "v100", 1)]
+    groups = group_by_target_type(pool)
+    assert list(groups) == ["v100", "a100"]
+    assert [d.device_id for d in groups["v100"]] == ["a", "c"]
+
+
+# -- sharding: against the brute-force optimum --------------------------------------------------------
+
+
+def brute_force_makespan(total: int, rates: list[float]) -> float:
+    best = math.inf
+    for split in itertools.product(range(total + 1), repeat=len(rates) - 1):
+        if sum(split) <= total:
+            best = min(best, makespan([*split, total - sum(split)], rates))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_is_within_one_row_time_of_the_optimum_and_exact_mode_is_optimal(seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        rates = [rng.choice([0.3, 1, 2, 2.5, 7, 40]) * rng.uniform(0.5, 1.5) for _ in range(rng.randint(2, 3))]
+        total = rng.randint(1, 14)
+        optimum = brute_force_makespan(total, rates)
+        lp_optimum = total / sum(rates)
+        plan = plan_shards(total, devices(*rates))
+        rows = proportional_rows(total, rates)
+        bottleneck = max((i for i, n in enumerate(rows) if n), key=lambda i: rows[i] / rates[i])
+        assert plan.predicted_seconds <= lp_optimum + 1 / rates[bottleneck] + 1e-12
+        assert plan.predicted_seconds <= optimum + 1 / rates[bottleneck] + 1e-12
+        exact = plan_shards(total, devices(*rates), exact=True)
+        assert exact.predicted_seconds == pytest.approx(optimum, rel=1e-12)
+        assert lp_optimum <= exact.predicted_seconds + 1e-12
+
+
+def test_exact_mode_beats_rounding_when_a_slow_device_would_be_the_bottleneck():
+    rates = [1, 100]
+    assert proportional_rows(60, rates) == [1, 59]  # quota 0.59 rounds up: 1 s on the slow device
+    assert min_makespan_rows(60, rates) == [0, 60]  # 0.6 s on the fast one alone
+    assert plan_shards(60, devices(*rates), exact=True).predicted_seconds == pytest.approx(0.6)
+
+
+# -- sharding: errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "total, pool, options, error",
+    [
+        (0, devices(1), {}, InvalidArgument),
+        (-5, devices(1), {}, InvalidArgument),
+        (2.5, devices(1), {}, InvalidArgument),
+        (10, [], {}, FailedPrecondition),
+        (10, devices(1, 0), {}, InvalidArgument),
+        (10, devices(1, -2), {}, InvalidArgument),
+        (10, devices(1, math.nan), {}, InvalidArgument),
+        (10, devices(1, math.inf), {}, InvalidArgument),
+        (10, [PlannedDevice("a", "t", 1), PlannedDevice("a", "t", 2)], {}, InvalidArgument),
+        (10, devices(1), {"max_shard_rows": 0}, InvalidArgument),
+        (10, devices(1), {"min_shard_rows": 0}, InvalidArgument),
+        (10, devices(1), {"max_shard_rows": 10, "min_shard_rows": 6}, InvalidArgument),
+    ],
+)
+def test_bad_requests_raise_typed_errors(total, pool, options, error):
+    with pytest.raises(error):
+        plan_shards(total, pool, **options)
+
+
+def test_error_messages_name_the_field_and_the_device():
+    with pytest.raises(InvalidArgument, match=r"'10.0.0.1/cuda:1'.*rows_per_second"):
+        plan_shards(10, devices(1, 0))
+
+
+# -- throughput model ------------------------------------------------------------------------------
+
+
+def layer(name: str, flops: float) -> LayerInfo:
+    return LayerInfo(name, "dense", 0, {}, 0, 0, flops, 0.0, 0)
+
+
+def program(*flops: float) -> Program:
+    layers = tuple(layer(f"l{i}", f) for i, f in enumerate(flops))
+    return Program("mlp", "1", "model", "", (), (), (), "digest", layers=layers)
+
+
+def test_catalog_rate_is_peak_at_the_compute_dtype_times_efficiency_over_flops_per_row():
+    a100 = resolve_type("a100-80gb").performance()
+    model = ThroughputModel()
+    per_row = flops_per_row(program(1e9, 2e9))
+    rate, source = model.rate("mlp@1", "cuda:a100-80gb[bf16]", a100, "bf16", flops_per_row=per_row)
+    assert source == "catalog"
+    assert rate == pytest.approx(312e12 * CATALOG_EFFICIENCY / 3e9)
+
+
+def test_without_a_flop_estimate_the_peak_rate_is_the_relative_speed():
+    assert flops_per_row(program()) is None
+    v100 = resolve_type("v100-16gb").performance()
+    assert ThroughputModel().rate("f@1", "v100", v100, "fp32") == (15.7, "catalog")
+
+
+def test_measured_rates_override_the_catalog_and_average_exponentially():
+    model, v100 = ThroughputModel(), resolve_type("v100-16gb").performance()
+    assert model.record("mlp@1", "v100", rows=100, seconds=2.0) == 50.0
+    assert model.rate("mlp@1", "v100", v100, "fp32") == (50.0, "measured")
+    second = model.record("mlp@1", "v100", rows=100, seconds=1.0)
+    assert second == pytest.approx(50 + MEASURED_SMOOTHING * (100 - 50))
+    assert model.rate("mlp@2", "v100", v100, "fp32").source == "catalog"  # per program ref
+    assert model.rate("mlp@1", "t4", v100, "fp32").source == "catalog"  # per target type
+
+
+def test_measured_rates_feed_later_plans():
+    model = ThroughputModel()
+    spec = {"a": resolve_type("a100-80gb").performance(), "b": resolve_type("a100-80gb").performance()}
+
+    def plan():
+        pool = [PlannedDevice(d, d, model.rate("p@1", d, perf, "bf16").rows_per_second) for d, perf in spec.items()]
+        return plan_shards(100, pool)
+
+    assert rows_of(plan()) == [50, 50]  # same type, same catalog rate
+    model.record("p@1", "a", rows=300, seconds=1.0)
+    model.record("p@1", "b", rows=100, seconds=1.0)
+    assert rows_of(plan()) == [75, 25]
+
+
+def test_catalog_path_uses_the_rule_dtype():
+    rules = load_rules()
+    a100 = resolve_type("a100-80gb").device_spec("10.0.0.1", 0)
+    v100 = resolve_type("v100-16gb").device_spec("10.0.0.1", 1)
+    dtypes = [rules.match(d).build.compute_dtype for d in (a100, v100)]
+    assert dtypes == ["bf16", "fp32"]
+    model = ThroughputModel()
+    pool = [
+        PlannedDevice(d.id, rules.target_type(d).key, model.rate("p@1", rules.target_type(d).key, d.performance, dt,
+                                                                   flops_per_row=1e9).rows_per_second)
+        for d, dt in zip((a100, v100), dtypes)
+    ]
+    plan = plan_shards(1000, pool)
+    assert plan.rows_by_device() == {a100.id: 952, v100.id: 48}  # 312 : 15.7 TFLOP/s
+    assert plan.predicted_seconds < plan.equal_split_predicted_seconds / 9
+
+
+def test_record_rejects_nonsense_and_is_thread_safe():
+    model = ThroughputModel()
+    for rows, seconds in [(0, 1.0), (5, 0.0), (5, -1.0), (5, math.inf)]:
+        with pytest.raises(InvalidArgument):
+            model.record("p@1", "t", rows, seconds)
+
+    def worker(k: int) -> None:
+        for _ in range(500):
+            model.record("p@1", f"t{k}", rows=k + 1, seconds=1.0)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [model.measured("p@1", f"t{k}") for k in range(8)] == pytest.approx([k + 1 for k in range(8)])
+
+
+@pytest.mark.parametrize("options", [{"efficiency": 0}, {"efficiency": 1.5}, {"smoothing": 0}])
+def test_model_options_are_checked(options):
+    with pytest.raises(InvalidArgument):
+        ThroughputModel(**options)
+
+
+def test_catalog_rate_rejects_unknown_dtype_and_bad_flops():
+    perf = resolve_type("t4").performance()
+    with pytest.raises(InvalidArgument, match="compute_dtype"):
+        ThroughputModel().catalog_rate(perf, "int8")
+    with pytest.raises(InvalidArgument, match="flops_per_row"):
+        ThroughputModel().catalog_rate(perf, "fp32", flops_per_row=0)
+
+
+def test_rates_put_measured_and_catalog_types_on_one_scale():
+    a100, v100 = resolve_type("a100-80gb").performance(), resolve_type("v100-16gb").performance()
+    targets = [Target("a100", a100, "bf16"), Target("v100", v100, "fp32")]
+    model = ThroughputModel()
+    assert model.rates("f@1", targets) == {"a100": (312.0, "catalog"), "v100": (15.7, "catalog")}
+    model.record("f@1", "v100", rows=1000, seconds=1.0)
+    rates = model.rates("f@1", targets)
+    assert rates["v100"] == (1000.0, "measured")
+    # Priced with the FLOPs per row the V100 measurement implies, not as a raw 312 "rows/s".
+    assert rates["a100"].source == "catalog"
+    assert rates["a100"].rows_per_second == pytest.approx(1000 * 312 / 15.7)
+    # A caller's FLOP estimate is used as given.
+    with_flops = model.rates("f@1", targets, flops_per_row=1e9)
+    assert with_flops["a100"].rows_per_second == pytest.approx(312e12 * CATALOG_EFFICIENCY / 1e9)

@@ -18,10 +18,11 @@ class EmbeddedMesh:
     data_dir: Path
     inventory: ServiceProcess
     compile: ServiceProcess | None = None
+    dispatch: ServiceProcess | None = None
     workers: list[ServiceProcess] = field(default_factory=list)
 
     def stop(self) -> None:
-        for process in [*self.workers, self.compile, self.inventory]:
+        for process in [self.dispatch, *self.workers, self.compile, self.inventory]:
             if process is not None:
                 process.terminate()
 
@@ -34,9 +35,11 @@ class EmbeddedMesh:
 
 def start_worker(
     inventory_address: str, *, devices: int, emulate: Sequence[str] = (), listen: str = "127.0.0.1:0",
-    echo: bool = False, name: str = "worker",
+    echo: bool = False, name: str = "worker", artifact_dir: Path | None = None,
 ) -> ServiceProcess:
     args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address]
+    if artifact_dir is not None:
+        args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
         args += ["--emulate", ",".join(emulate)]
     return start_service(name, "dispatch_svc.worker", args, echo=echo)
@@ -56,6 +59,13 @@ def start_compile(data_dir: Path, *, listen: str = "127.0.0.1:0", echo: bool = F
     return start_service("compile", "compile_svc", args, echo=echo)
 
 
+def start_dispatch(data_dir: Path, inventory: str, compile_address: str, *, listen: str = "127.0.0.1:0",
+                   echo: bool = False) -> ServiceProcess:
+    args = ["--listen", listen, "--inventory", inventory, "--compile", compile_address,
+            "--data-dir", str(data_dir / "dispatch")]
+    return start_service("dispatch", "dispatch_svc", args, echo=echo)
+
+
 def start_embedded_mesh(
     data_dir: str | Path = DEFAULT_DATA_DIR,
     *,
@@ -73,7 +83,9 @@ def start_embedded_mesh(
     mesh = EmbeddedMesh(data_dir, inventory)
     try:
         mesh.compile = start_compile(data_dir, echo=echo)
-        mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo))
+        mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo,
+                                         artifact_dir=data_dir / "worker-artifacts"))
+        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, echo=echo)
     except BaseException:
         mesh.stop()
         raise

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
-from accelmesh.cli.compile import compile_stub
 from accelmesh.cli.inventory import DEFAULT_INVENTORY, inventory_stub, list_all_devices
-from accelmesh.cli.tables import format_builds, format_devices, format_ranking, format_rules
-from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.cli.tables import format_devices
 from accelmesh.embedded import DEFAULT_DATA_DIR, DEFAULT_EMULATE, EmbeddedMesh, start_embedded_mesh
-from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.runtime.channels import open_channel
 
 
@@ -25,7 +23,8 @@ def _start(args) -> EmbeddedMesh:
 
 def cmd_up(args) -> int:
     with _start(args) as mesh:
-        print(f"inventory  {mesh.inventory.address}\ncompile    {mesh.compile.address}\nworker     {mesh.workers[0].address}")
+        print(f"inventory  {mesh.inventory.address}\ncompile    {mesh.compile.address}\n"
+              f"dispatch   {mesh.dispatch.address}\nworker     {mesh.workers[0].address}")
         with open_channel(mesh.inventory.address) as channel:
             print(format_devices(list_all_devices(inventory_stub(channel))))
         print("mesh is up; Ctrl-C stops it", flush=True)
@@ -39,27 +38,13 @@ def cmd_up(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from accelmesh.cli.demo import run_demo
+
+    started = time.perf_counter()
     with _start(args) as mesh:
-        with open_channel(mesh.inventory.address) as inv_channel, open_channel(mesh.compile.address) as compile_channel:
-            inventory, compiler = inventory_stub(inv_channel), compile_stub(compile_channel)
-            devices = list_all_devices(inventory)
-            print(f"\n{len(devices)} devices in the inventory ({mesh.inventory.address}):\n")
-            print(format_devices(devices))
-            fresh = inventory.RefreshDevices(inv_pb.RefreshDevicesRequest(device_ids=[d.id for d in devices]))
-            print(f"\nreal-time refresh: {len(fresh.devices)} devices re-sampled")
-            for kind, name in ((inv_pb.TASK_KIND_TRAINING, "training"), (inv_pb.TASK_KIND_INFERENCE, "inference")):
-                task = inv_pb.TaskProfile(kind=kind, precision="bf16")
-                print(f"\nranking for {name} (bf16):")
-                print(format_ranking(inventory.ScoreDevices(inv_pb.ScoreDevicesRequest(task=task))))
-            rules = compiler.ListRules(compile_pb.ListRulesRequest())
-            print(f"\ncompile rules ({rules.origin}):\n")
-            print(format_rules(rules.rules))
-            print("\ncompiling transformer_encoder for every device (one build per target type) ...", flush=True)
-            built = compiler.Compile(compile_pb.CompileRequest(
-                program="transformer_encoder", targets=fresh.devices, batch_sizes=[args.batch_size]))
-            print(format_builds(built.builds))
-    print("\nmesh stopped")
-    return 0
+        code = run_demo(mesh, samples=args.samples, epochs=args.epochs)
+    print(f"mesh stopped; demo took {time.perf_counter() - started:.1f} s")
+    return code
 
 
 def add_commands(sub) -> None:
@@ -74,7 +59,8 @@ def add_commands(sub) -> None:
     up = sub.add_parser("up", help="run inventory, compile and a worker on this machine until Ctrl-C")
     mesh_flags(up)
     up.set_defaults(func=cmd_up, inventory_listen=DEFAULT_INVENTORY)
-    demo = sub.add_parser("demo", help="start the embedded mesh, show devices, rankings, rules and builds, stop")
+    demo = sub.add_parser("demo", help="start the embedded mesh, run an inference and a training job across its devices, stop")
     mesh_flags(demo)
-    demo.add_argument("--batch-size", type=int, default=64, help="shard size to build executables for")
+    demo.add_argument("--samples", type=int, default=4096, help="sequences for the inference job")
+    demo.add_argument("--epochs", type=int, default=10, help="epochs of the training job")
     demo.set_defaults(func=cmd_demo)

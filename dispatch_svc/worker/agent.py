@@ -36,6 +36,11 @@ class NodeAgent:
         self._clock = clock
         self.describe()  # fail at start, not at the first poll, if a profile is unknown
 
+    @property
+    def jax_devices(self) -> dict[str, object]:
+        """This process's XLA devices by the name DeviceSpec.execution_device uses ("cpu:2")."""
+        return {f"{d.platform}:{d.id}": d for d in self._jax_devices}
+
     def describe(self, device_ids: Sequence[str] = ()) -> NodeDescription:
         node = describe_node(
             self.node_ip,

@@ -21,6 +21,8 @@ class WorkerConfig:
     inventory: str = ""  # ACCELMESH_INVENTORY: inventory address to register with at start
     proc_root: str = "/proc"  # where CPU and memory facts are read
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+    artifact_dir: str = ".accelmesh/worker-artifacts"  # ACCELMESH_WORKER_ARTIFACT_DIR: fetched artifacts, verified
+    max_input_bytes: int = 1024**3  # ACCELMESH_WORKER_MAX_INPUT_BYTES: largest total of one shard's inputs
 
     @property
     def node_ip(self) -> str:
@@ -52,6 +54,10 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
     )
     parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", "", env))
     parser.add_argument("--proc-root", default="/proc")
+    parser.add_argument(
+        "--artifact-dir", default=env_str("ACCELMESH_WORKER_ARTIFACT_DIR", WorkerConfig.artifact_dir, env),
+        help="where fetched artifacts are kept between shards and restarts",
+    )
     args = parser.parse_args(argv)
     emulate = tuple(p.strip() for p in args.emulate.split(",") if p.strip())
     if args.devices < 1:
@@ -68,6 +74,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         inventory=args.inventory,
         proc_root=args.proc_root,
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),
+        artifact_dir=args.artifact_dir,
+        max_input_bytes=env_int("ACCELMESH_WORKER_MAX_INPUT_BYTES", WorkerConfig.max_input_bytes, env, minimum=1),
     )
 
 

@@ -10,24 +10,41 @@ from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc.worker.agent import NodeAgent
+from dispatch_svc.worker.artifacts import ArtifactStore
 from dispatch_svc.worker.config import WorkerConfig
+from dispatch_svc.worker.executor import ArtifactSource, ShardExecutor
 from dispatch_svc.worker.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
 REGISTER_TIMEOUT_S = 10.0
+# Each Execute call holds a server thread while its shard waits for, loads and runs on a device;
+# these threads stay free beyond that, so DescribeNode polls are answered while devices are busy.
+SPARE_THREADS = 8
+CALLS_PER_DEVICE = 4
 
 
-def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, tracer_provider=None) -> MeshServer:
+def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifacts: ArtifactSource | None = None,
+                 tracer_provider=None) -> MeshServer:
     agent = agent or NodeAgent(config.node_ip, emulate=config.emulate, proc_root=config.proc_root)
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-worker")
+    store = None
+    if artifacts is None:
+        artifacts = store = ArtifactStore(config.artifact_dir, max_message_bytes=config.max_message_bytes,
+                                          tracer_provider=tracer_provider)
+    devices = {d.id: d for d in agent.describe().devices}
+    executor = ShardExecutor(devices, agent.jax_devices, artifacts)
+    servicer = WorkerServicer(agent, executor, max_input_bytes=config.max_input_bytes,
+                              max_message_bytes=config.max_message_bytes)
     return create_server(
-        [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(agent))],
+        [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
         address=config.listen,
+        max_workers=SPARE_THREADS + CALLS_PER_DEVICE * len(devices),
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
+        on_stop=[store.close] if store is not None else [],
     )
 
 

@@ -1,0 +1,167 @@
+"""A Python client for the dispatch service: numpy in, numpy out.
+
+    with MeshClient("127.0.0.1:50071") as client:
+        result = client.run("transformer_encoder", {"tokens": tokens})
+        result.outputs["logits"], result.job.shards
+
+Inputs travel as row blocks no bigger than `chunk_bytes`, so a job of any size streams with
+bounded memory on both ends; results are reassembled from their chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from accelmesh.common.v1 import common_pb2
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
+from accelmesh.runtime.devices import PLATFORM_TO_PROTO
+from accelmesh.runtime.tensors import TensorAssembler, dtype_code, split, to_proto
+
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass
+class JobResult:
+    job: pb.Job
+    outputs: dict[str, np.ndarray]
+    events: list[pb.JobEvent]
+
+
+def job_spec(
+    program: str,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    version: str = "",
+    training: pb.TrainingOptions | None = None,
+    platforms: Sequence[str] = (),
+    capabilities: Sequence[str] = (),
+    max_devices: int = 0,
+    filter: str = "",
+    parameter_seed: int = 0,
+    client_parameters: bool = False,
+    name: str = "",
+) -> pb.JobSpec:
+    return pb.JobSpec(
+        program=program,
+        version=version,
+        kind=pb.JOB_KIND_TRAINING if training is not None else pb.JOB_KIND_INFERENCE,
+        constraints=pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in platforms],
+                                      required_capabilities=list(capabilities), max_devices=max_devices, filter=filter),
+        inputs=[common_pb2.TensorHeader(name=k, dtype=dtype_code(v.dtype), shape=v.shape, total_bytes=v.nbytes)
+                for k, v in inputs.items()],
+        client_parameters=client_parameters,
+        parameter_seed=parameter_seed,
+        training=training,
+        name=name,
+    )
+
+
+def request_parts(spec: pb.JobSpec, inputs: Mapping[str, np.ndarray],
+                  parameters: Sequence[tuple[str, np.ndarray]] | None, chunk_bytes: int) -> Iterator[tuple[str, object]]:
+    """(field, message) pairs of a SubmitJob / RunJob stream: spec, parameters, row blocks."""
+    yield "spec", spec
+    for name, value in parameters or ():
+        header, chunks = split(name, value, chunk_bytes)
+        yield "parameter", header
+        for chunk in chunks:
+            yield "parameter_chunk", chunk
+    arrays = [np.ascontiguousarray(v) for v in inputs.values()]
+    rows = arrays[0].shape[0]
+    row_bytes = max(1, sum(a.nbytes // max(1, a.shape[0]) for a in arrays))
+    step = max(1, chunk_bytes // row_bytes)
+    for first in range(0, rows, step):
+        yield "block", pb.InputBlock(first_row=first, tensors=[to_proto(a[first: first + step]) for a in arrays])
+
+
+class ResultAssembler:
+    """Collects result tensors whose chunks may interleave (each chunk names its tensor)."""
+
+    def __init__(self):
+        self._open: dict[str, TensorAssembler] = {}
+
+    def header(self, header: common_pb2.TensorHeader) -> None:
+        self._open[header.name] = TensorAssembler(header, "result")
+
+    def chunk(self, chunk: common_pb2.TensorChunk) -> None:
+        self._open[chunk.name].add(chunk)
+
+    def results(self) -> dict[str, np.ndarray]:
+        return {name: assembler.result() for name, assembler in self._open.items()}
+
+
+class MeshClient:
+    def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
+        self._channel = open_channel(address, tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
+        self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self._channel)
+        self.chunk_bytes = chunk_bytes
+
+    def __enter__(self) -> MeshClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def run(self, program: str, inputs: Mapping[str, np.ndarray], *,
+            parameters: Sequence[tuple[str, np.ndarray]] | None = None,
+            on_event: Callable[[pb.JobEvent], None] | None = None, timeout: float | None = None, **spec_options) -> JobResult:
+        """RunJob: one call, events and results streamed back; raises grpc.RpcError on failure."""
+        spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
+        requests = (pb.RunJobRequest(**{field: message})
+                    for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
+        events, results, job = [], ResultAssembler(), None
+        for response in self.stub.RunJob(requests, timeout=timeout):
+            part = response.WhichOneof("part")
+            if part == "event":
+                events.append(response.event)
+                if on_event is not None:
+                    on_event(response.event)
+            elif part == "tensor":
+                results.header(response.tensor)
+            elif part == "chunk":
+                results.chunk(response.chunk)
+            else:
+                job = response.job
+        return JobResult(job, results.results(), events)
+
+    def submit(self, program: str, inputs: Mapping[str, np.ndarray], *,
+               parameters: Sequence[tuple[str, np.ndarray]] | None = None, timeout: float | None = None,
+               **spec_options) -> str:
+        spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
+        requests = (pb.SubmitJobRequest(**{field: message})
+                    for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
+        return self.stub.SubmitJob(requests, timeout=timeout).job_id
+
+    def plan(self, program: str, inputs: Mapping[str, np.ndarray], **spec_options) -> pb.Plan:
+        return self.stub.PlanJob(pb.PlanJobRequest(spec=job_spec(program, inputs, **spec_options))).plan
+
+    def watch(self, job_id: str, from_index: int = 0) -> Iterator[pb.JobEvent]:
+        for response in self.stub.WatchJob(pb.WatchJobRequest(job_id=job_id, from_index=from_index)):
+            yield response.event
+
+    def get(self, job_id: str) -> pb.Job:
+        return self.stub.GetJob(pb.GetJobRequest(job_id=job_id)).job
+
+    def cancel(self, job_id: str) -> pb.Job:
+        return self.stub.CancelJob(pb.CancelJobRequest(job_id=job_id)).job
+
+    def fetch_result(self, job_id: str) -> dict[str, np.ndarray]:
+        results = ResultAssembler()
+        for response in self.stub.FetchResult(pb.FetchResultRequest(job_id=job_id)):
+            if response.WhichOneof("part") == "tensor":
+                results.header(response.tensor)
+            else:
+                results.chunk(response.chunk)
+        return results.results()
+
+
+__all__ = ["JobResult", "MeshClient", "ResultAssembler", "job_spec", "request_parts"]

@@ -1,0 +1,193 @@
+"""Running shards on devices: one queue and one thread per device, retries on another device.
+
+A device runs its shards one after another (a device is one XLA stream), different devices run
+at the same time. A shard that fails is retried on another device of the same target type (it
+already has the artifact), then on any other device the job may use; a device that failed is
+not given more of this job's shards. The job fails only when a shard runs out of devices or
+attempts, with every cause named.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelmesh import errors
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
+
+
+class ShardFailed(Exception):
+    """A shard's attempt failed on a device; `cause` says why in the worker's words."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+class Cancelled(Exception):
+    """The job was cancelled."""
+
+
+@dataclass
+class Attempt:
+    """One shard as one device will run it."""
+
+    shard: Any  # the caller's shard object (index, rows, inputs ...)
+    device: Any  # the caller's device object (has .spec.id and .target_type)
+    number: int  # from 1
+
+
+@dataclass
+class _Pending:
+    shard: Any
+    tried: list[str] = field(default_factory=list)  # device ids
+    failures: list[str] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+class CancelScope:
+    """Lets a job's cancellation reach every call in flight (each registers a cancel function)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._cancels: set = set()
+        self.cancelled = threading.Event()
+
+    def register(self, cancel: Callable[[], object]) -> Callable[[], None]:
+        with self._lock:
+            if self.cancelled.is_set():
+                cancel()
+            self._cancels.add(cancel)
+        return lambda: self._discard(cancel)
+
+    def _discard(self, cancel) -> None:
+        with self._lock:
+            self._cancels.discard(cancel)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            cancels = list(self._cancels)
+        for cancel in cancels:
+            cancel()
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled()
+
+
+class DevicePool:
+    """Runs shards on a job's devices. `run(attempt)` does the work and raises ShardFailed."""
+
+    def __init__(
+        self,
+        devices: Sequence[Any],
+        run: Callable[[Attempt], Any],
+        scope: CancelScope,
+        *,
+        on_retry: Callable[[Attempt, str], None] = lambda attempt, cause: None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ):
+        self._devices = {d.spec.id: d for d in devices}
+        self._run = run
+        self._scope = scope
+        self._on_retry = on_retry
+        self._max_attempts = max_attempts
+        self._lock = threading.Lock()
+        self._failed: set[str] = set()
+        self._load: dict[str, int] = {d: 0 for d in self._devices}
+        self._queues: dict[str, queue.Queue] = {d: queue.Queue() for d in self._devices}
+        self._threads = [
+            threading.Thread(target=self._serve, args=(d,), name=f"shards-{d}", daemon=True) for d in self._devices
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, shard: Any, device_id: str) -> _Pending:
+        pending = _Pending(shard)
+        self._enqueue(pending, device_id)
+        return pending
+
+    def wait(self, pending: _Pending) -> Any:
+        while not pending.done.wait(0.5):
+            self._scope.check()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def close(self) -> None:
+        for q in self._queues.values():
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _enqueue(self, pending: _Pending, device_id: str) -> None:
+        with self._lock:
+            self._load[device_id] += 1
+        self._queues[device_id].put(pending)
+
+    def _serve(self, device_id: str) -> None:
+        while (pending := self._queues[device_id].get()) is not None:
+            with self._lock:
+                self._load[device_id] -= 1
+            self._attempt(pending, device_id)
+
+    def _attempt(self, pending: _Pending, device_id: str) -> None:
+        if self._scope.cancelled.is_set():
+            pending.error = Cancelled()
+            pending.done.set()
+            return
+        if device_id in self._failed:  # queued here before the device failed: move on
+            self._reroute(pending, device_id, None)
+            return
+        attempt = Attempt(pending.shard, self._devices[device_id], len(pending.tried) + 1)
+        pending.tried.append(device_id)
+        try:
+            pending.result = self._run(attempt)
+        except ShardFailed as exc:
+            if self._scope.cancelled.is_set():
+                pending.error = Cancelled()
+            else:
+                pending.failures.append(f"{device_id}: {exc.cause}")
+                with self._lock:
+                    self._failed.add(device_id)
+                self._reroute(pending, device_id, exc.cause)
+                return
+        except BaseException as exc:  # noqa: BLE001 - a bug fails the shard, never the thread
+            log.exception("shard %s crashed on %s", getattr(pending.shard, "index", "?"), device_id)
+            pending.error = exc
+        pending.done.set()
+
+    def _reroute(self, pending: _Pending, device_id: str, cause: str | None) -> None:
+        target = self._next_device(pending, self._devices[device_id].target_type)
+        if target is None or len(pending.tried) >= self._max_attempts:
+            index = getattr(pending.shard, "index", "?")
+            pending.error = errors.Unavailable(
+                f"shard {index} could not run: {'; '.join(pending.failures) or 'no device left'}"
+                + ("" if target else "; no other device can take it")
+            )
+            pending.done.set()
+            return
+        if cause is not None:
+            # pending.failures[-1] is "<failed device>: <cause>", what the job's record keeps.
+            self._on_retry(Attempt(pending.shard, self._devices[target], len(pending.tried) + 1), pending.failures[-1])
+            time.sleep(RETRY_BACKOFF_S * 2 ** (len(pending.tried) - 1))
+        self._enqueue(pending, target)
+
+    def _next_device(self, pending: _Pending, target_type: str) -> str | None:
+        """Same target type first (it has the artifact), then any other; least loaded first."""
+        with self._lock:
+            usable = [d for d in self._devices if d not in self._failed and d not in pending.tried]
+            usable.sort(key=lambda d: (self._devices[d].target_type != target_type, self._load[d], d))
+        return usable[0] if usable else None

@@ -1,0 +1,235 @@
+"""Jobs and their event logs, kept in SQLite so a client can reconnect (and a restart loses no
+finished result); results live as raw arrays on disk next to the database.
+
+`JobBook` is the one place job state changes: every change is written through, and watchers
+wait on a condition for new events instead of polling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
+import numpy as np
+
+from accelmesh import errors
+from dispatch_svc import model as m
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, event TEXT NOT NULL, PRIMARY KEY (job_id, idx)
+) WITHOUT ROWID;
+"""
+RESTART_ERROR = "the dispatcher restarted while the job was running; submit it again"
+
+
+def _plan_from(d: dict | None) -> m.Plan | None:
+    if d is None:
+        return None
+    return m.Plan(
+        targets=tuple(m.TargetPlan(**{**t, "device_ids": tuple(t["device_ids"])}) for t in d["targets"]),
+        shards=tuple(m.ShardPlan(**s) for s in d["shards"]),
+        predicted_seconds=d["predicted_seconds"],
+        equal_split_predicted_seconds=d["equal_split_predicted_seconds"],
+    )
+
+
+def _spec_from(d: dict) -> m.JobSpec:
+    return m.JobSpec(
+        **{
+            **d,
+            "constraints": m.Constraints(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["constraints"].items()}),
+            "inputs": tuple(m.InputDecl(i["name"], i["dtype"], tuple(i["shape"])) for i in d["inputs"]),
+            "training": m.TrainingOptions(**d["training"]) if d["training"] else None,
+        }
+    )
+
+
+def record_from(d: dict) -> m.JobRecord:
+    return m.JobRecord(
+        **{
+            **d,
+            "spec": _spec_from(d["spec"]),
+            "plan": _plan_from(d["plan"]),
+            "shards": [m.ShardRecord(**s) for s in d["shards"]],
+        }
+    )
+
+
+def event_from(d: dict) -> m.Event:
+    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None})
+
+
+class ResultStore:
+    """Each result tensor is a raw little-endian file plus a manifest entry; written in place as
+    shards finish (so concatenated outputs never sit whole in memory) and read back in chunks."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.memmap | np.ndarray:
+        folder = self._dir(job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = self.manifest(job_id)
+        manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        if int(np.prod(shape)) == 0:
+            (folder / f"{len(manifest) - 1}.bin").write_bytes(b"")
+            return np.zeros(shape, dtype=np.dtype(dtype))
+        return np.memmap(folder / f"{len(manifest) - 1}.bin", dtype=np.dtype(dtype), mode="w+", shape=tuple(shape))
+
+    def manifest(self, job_id: str) -> list[dict]:
+        path = self._dir(job_id) / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def read(self, job_id: str) -> Iterator[tuple[str, np.ndarray]]:
+        for i, entry in enumerate(self.manifest(job_id)):
+            shape = tuple(entry["shape"])
+            if int(np.prod(shape)) == 0:
+                yield entry["name"], np.zeros(shape, dtype=np.dtype(entry["dtype"]))
+            else:
+                yield entry["name"], np.memmap(self._dir(job_id) / f"{i}.bin", dtype=np.dtype(entry["dtype"]), mode="r", shape=shape)
+
+    def delete(self, job_id: str) -> None:
+        shutil.rmtree(self._dir(job_id), ignore_errors=True)
+
+
+class JobBook:
+    def __init__(self, data_dir: Path, *, retention_s: float, clock=time.time):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.results = ResultStore(self.data_dir / "results")
+        self._retention_s = retention_s
+        self._clock = clock
+        self._db = sqlite3.connect(self.data_dir / "jobs.db", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._live: dict[str, m.JobRecord] = {}
+        self._fail_interrupted_jobs()
+        self.expire_results()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def create(self, spec: m.JobSpec) -> m.JobRecord:
+        job = m.JobRecord(job_id=uuid.uuid4().hex[:16], spec=spec, created=self._clock())
+        with self._lock:
+            self._live[job.job_id] = job
+            self._save(job)
+        return job
+
+    def update(self, job: m.JobRecord, **changes) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(job, key, value)
+            if job.final and job.ended is None:
+                job.ended = self._clock()
+                job.expires = job.ended + self._retention_s
+            self._save(job)
+            self._changed.notify_all()
+
+    def finish(self, job: m.JobRecord, state: str, error: str = "", message: str = "") -> None:
+        """The final event and the final state in one step, so a watcher never ends early."""
+        with self._lock:
+            self.emit(job, m.EVENT_FOR_STATE[state], message=message or error)
+            self.update(job, state=state, error=error, progress=1.0 if state == m.SUCCEEDED else job.progress)
+
+    def emit(self, job: m.JobRecord, type_: str, **fields) -> m.Event:
+        with self._lock:
+            (count,) = self._db.execute("SELECT COUNT(*) FROM events WHERE job_id = ?", (job.job_id,)).fetchone()
+            event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
+            self._db.execute(
+                "INSERT INTO events (job_id, idx, event) VALUES (?, ?, ?)",
+                (job.job_id, count, json.dumps(dataclasses.asdict(event))),
+            )
+            self._changed.notify_all()
+            return event
+
+    def _save(self, job: m.JobRecord) -> None:
+        self._db.execute(
+            "INSERT INTO jobs (job_id, created, state, record) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, record = excluded.record",
+            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job))),
+        )
+
+    def _fail_interrupted_jobs(self) -> None:
+        rows = self._db.execute(
+            "SELECT record FROM jobs WHERE state NOT IN (?, ?, ?)", m.FINAL_STATES
+        ).fetchall()
+        for (text,) in rows:
+            self.finish(record_from(json.loads(text)), m.FAILED, RESTART_ERROR)
+
+    def expire_results(self) -> int:
+        now = self._clock()
+        with self._lock:
+            rows = self._db.execute("SELECT job_id, record FROM jobs WHERE state IN (?, ?, ?)", m.FINAL_STATES).fetchall()
+            expired = [job_id for job_id, text in rows if (json.loads(text).get("expires") or now + 1) <= now]
+            for job_id in expired:
+                self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+                self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+                self._live.pop(job_id, None)
+                self.results.delete(job_id)
+        return len(expired)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> m.JobRecord:
+        with self._lock:
+            if job_id in self._live:
+                return self._live[job_id]
+            row = self._db.execute("SELECT record FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise errors.NotFound(f"job {job_id!r} does not exist (or its results expired); ListJobs shows the jobs kept")
+        return record_from(json.loads(row[0]))
+
+    def list(self, limit: int) -> list[m.JobRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT job_id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        return [self.get(job_id) for (job_id,) in rows]
+
+    def events(self, job_id: str, from_index: int = 0) -> Iterator[m.Event]:
+        """Every event from `from_index` on; blocks for new ones until the job is final."""
+        self.get(job_id)
+        index = from_index
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT event FROM events WHERE job_id = ? AND idx >= ? ORDER BY idx", (job_id, index)
+                ).fetchall()
+                if not rows:
+                    if self.get(job_id).final:
+                        return
+                    self._changed.wait()
+                    continue
+            for (text,) in rows:
+                event = event_from(json.loads(text))
+                index = event.index + 1
+                yield event
+
+    def forget_live(self, job_id: str) -> None:
+        with self._lock:
+            self._live.pop(job_id, None)
+
+    def wake_watchers(self) -> None:
+        with self._lock:
+            self._changed.notify_all()

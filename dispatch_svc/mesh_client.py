@@ -1,0 +1,223 @@
+"""The runner's `Mesh` port over gRPC: inventory, compile service and workers, protos <-> domain."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
+from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from compile_svc.model import LayerInfo, OutputSpec, Program, TensorSpec
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
+from accelmesh.runtime.tensors import TensorAssembler, dtype_name, split
+from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
+from accelmesh.worker.v1 import worker_service_pb2_grpc
+from dispatch_svc import model as m
+from dispatch_svc.execution import CancelScope, ShardFailed
+from dispatch_svc.runner import ArtifactRef, Build, JobDevice, ShardOutput
+
+COMBINE = {compile_pb.COMBINE_RULE_CONCAT: "concat", compile_pb.COMBINE_RULE_SUM: "sum", compile_pb.COMBINE_RULE_MEAN: "mean"}
+KINDS = {compile_pb.PROGRAM_KIND_FUNCTION: "function", compile_pb.PROGRAM_KIND_MODEL: "model",
+         compile_pb.PROGRAM_KIND_TRAINING_STEP: "training_step", compile_pb.PROGRAM_KIND_UPLOADED: "uploaded"}
+FORMATS = {compile_pb.ARTIFACT_FORMAT_STABLEHLO: "stablehlo", compile_pb.ARTIFACT_FORMAT_EXECUTABLE: "executable"}
+FORMAT_TO_PROTO = {v: k for k, v in FORMATS.items()}
+CALL_TIMEOUT_S = 120.0
+SHARD_TIMEOUT_S = 600.0
+
+
+def _spec(msg, field: str = "") -> TensorSpec:
+    return TensorSpec(msg.name, dtype_name(msg.dtype), tuple(None if d == -1 else d for d in msg.shape))
+
+
+def program_from_proto(msg: compile_pb.Program) -> Program:
+    return Program(
+        name=msg.name,
+        version=msg.version,
+        kind=KINDS.get(msg.kind, "function"),
+        description=msg.description,
+        parameters=tuple(_spec(p) for p in msg.parameters),
+        inputs=tuple(_spec(i) for i in msg.inputs),
+        outputs=tuple(OutputSpec(o.tensor.name, dtype_name(o.tensor.dtype),
+                                 tuple(None if d == -1 else d for d in o.tensor.shape), COMBINE[o.combine])
+                      for o in msg.outputs),
+        digest=msg.digest,
+        layers=tuple(LayerInfo(layer.name, layer.kind, layer.order, {p.name: tuple(p.shape) for p in layer.parameters},
+                               layer.parameter_count, layer.parameter_bytes, layer.flops_per_sample,
+                               layer.bytes_accessed_per_sample, layer.activation_bytes_per_sample)
+                     for layer in msg.layers),
+    )
+
+
+def _artifact(msg: compile_pb.Artifact) -> ArtifactRef:
+    return ArtifactRef(msg.key, msg.digest, FORMATS[msg.format], msg.batch_size)
+
+
+def _constraints_filter(c: m.Constraints) -> str:
+    terms = [f"capabilities:{cap}" for cap in c.capabilities]
+    if c.filter:
+        terms.append(c.filter)
+    return " AND ".join(terms)
+
+
+def _grpc_failure(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:
+    """Keep the downstream service's meaning: its INVALID_ARGUMENT is the caller's too."""
+    code, details = exc.code(), exc.details()
+    kind = {
+        grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+        grpc.StatusCode.NOT_FOUND: errors.NotFound,
+        grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+        grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    }.get(code, errors.Unavailable)
+    return kind(f"{what}: {details}" if kind is errors.Unavailable else details)
+
+
+class GrpcMesh:
+    def __init__(self, inventory_address: str, compile_address: str, *, tracer_provider=None,
+                 max_message_bytes: int, chunk_bytes: int):
+        self._tracer_provider = tracer_provider
+        self._max_message_bytes = max_message_bytes
+        self._chunk_bytes = chunk_bytes
+        self.compile_address = compile_address
+        self._inventory_channel = open_channel(inventory_address, tracer_provider=tracer_provider,
+                                               max_message_bytes=max_message_bytes)
+        self._compile_channel = open_channel(compile_address, tracer_provider=tracer_provider,
+                                             max_message_bytes=max_message_bytes)
+        self.inventory = inventory_service_pb2_grpc.InventoryServiceStub(self._inventory_channel)
+        self.compiler = compile_service_pb2_grpc.CompileServiceStub(self._compile_channel)
+        self._workers: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._rules: dict[str, compile_pb.Rule] = {}
+
+    def close(self) -> None:
+        for channel in [self._inventory_channel, self._compile_channel, *self._workers.values()]:
+            channel.close()
+
+    def _call(self, what: str, method, request):
+        try:
+            return method(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise _grpc_failure(exc, what) from None
+
+    # -- inventory -----------------------------------------------------------------------------
+
+    def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]:
+        devices, token = [], ""
+        while True:
+            page = self._call("inventory", self.inventory.ListDevices, inv_pb.ListDevicesRequest(
+                filter=_constraints_filter(constraints), page_size=1000, page_token=token))
+            devices.extend(page.devices)
+            token = page.next_page_token
+            if not token:
+                break
+        platforms = {PLATFORM_TO_PROTO[p] for p in constraints.platforms}
+        chosen = [d for d in devices if not platforms or d.platform in platforms]
+        if constraints.max_devices:
+            chosen = chosen[: constraints.max_devices]
+        return [self._device(d) for d in chosen]
+
+    def _device(self, msg: common_pb2.Device) -> JobDevice:
+        spec, _ = device_from_proto(msg, f"device {msg.id}")
+        return JobDevice(spec, msg.node_address)
+
+    def refresh(self, devices: Sequence[JobDevice]) -> list[JobDevice]:
+        response = self._call("inventory refresh", self.inventory.RefreshDevices,
+                              inv_pb.RefreshDevicesRequest(device_ids=[d.id for d in devices]))
+        return [self._device(d) for d in response.devices if d.health == common_pb2.DEVICE_HEALTH_HEALTHY]
+
+    def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        self._call("inventory reserve", self.inventory.ReserveDevices, inv_pb.ReserveDevicesRequest(
+            job_id=job_id, ttl_seconds=ttl_s,
+            claims=[inv_pb.DeviceClaim(device_id=d, memory_bytes=b, compute_fraction=1.0) for d, b in claims]))
+
+    def release(self, job_id: str) -> None:
+        self._call("inventory release", self.inventory.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))
+
+    # -- compile -------------------------------------------------------------------------------
+
+    def describe_program(self, name: str, version: str) -> Program:
+        if not name:
+            raise errors.InvalidArgument("spec.program is required; ListPrograms on the compile service shows them")
+        response = self._call("compile service", self.compiler.DescribeProgram,
+                              compile_pb.DescribeProgramRequest(name=name, version=version))
+        return program_from_proto(response.program)
+
+    def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]:
+        response = self._call("compile service", self.compiler.Compile, compile_pb.CompileRequest(
+            program=program.name, version=program.version, batch_sizes=list(batch_sizes),
+            targets=[device_to_proto(d.spec) for d in devices]))
+        return [Build(b.target_type, b.rule.name, b.rule.build.compute_dtype, b.rule, tuple(b.device_ids),
+                      _artifact(b.portable), {e.batch_size: _artifact(e) for e in b.executables})
+                for b in response.builds]
+
+    def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
+        leaves, current = [], None
+        try:
+            for part in self.compiler.FetchParameters(compile_pb.FetchParametersRequest(
+                    program=program.name, version=program.version, seed=seed), timeout=CALL_TIMEOUT_S):
+                if part.WhichOneof("part") == "tensor":
+                    current = TensorAssembler(part.tensor, "parameter")
+                    leaves.append(current)
+                else:
+                    current.add(part.chunk)
+        except grpc.RpcError as exc:
+            raise _grpc_failure(exc, "compile service parameters") from None
+        return [a.result() for a in leaves]
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
+        with self._lock:
+            channel = self._workers.get(address)
+            if channel is None:
+                channel = self._workers[address] = open_channel(
+                    address, tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
+        return worker_service_pb2_grpc.WorkerServiceStub(channel)
+
+    def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
+                artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
+                scope: CancelScope) -> ShardOutput:
+        header = worker_pb.ShardHeader(
+            job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
+            target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
+            artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
+            compile_address=self.compile_address, input_count=len(arrays), batch_size=rows)
+
+        def requests():
+            yield worker_pb.ExecuteRequest(header=header)
+            for name, value in arrays:
+                tensor, chunks = split(name, value, self._chunk_bytes)
+                yield worker_pb.ExecuteRequest(tensor=tensor)
+                for chunk in chunks:
+                    yield worker_pb.ExecuteRequest(chunk=chunk)
+
+        call = self._worker(device.node_address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
+        unregister = scope.register(call.cancel)
+        outputs, current, timings = [], None, None
+        try:
+            for part in call:
+                kind = part.WhichOneof("part")
+                if kind == "tensor":
+                    current = TensorAssembler(part.tensor, "output")
+                    outputs.append(current)
+                elif kind == "chunk":
+                    current.add(part.chunk)
+                elif kind == "timings":
+                    timings = part.timings
+        except grpc.RpcError as exc:
+            raise ShardFailed(f"{exc.code().name}: {exc.details()}") from None
+        except errors.InvalidArgument as exc:
+            raise ShardFailed(f"worker sent a malformed result: {exc}") from None
+        finally:
+            unregister()
+        if timings is None:
+            raise ShardFailed("worker ended the stream without timings")
+        return ShardOutput([a.result() for a in outputs], timings.queue_seconds, timings.load_seconds,
+                           timings.execute_seconds, timings.load_kind)

@@ -1,0 +1,131 @@
+"""Plain-Python shapes of jobs: what a client asks for, how it is planned, what became of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dispatch_svc.training import TrainingOptions
+
+INFERENCE, TRAINING = "inference", "training"
+
+# Job states, in the order a job moves through them; the last three are final.
+PLANNING, COMPILING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
+    "planning", "compiling", "running", "succeeded", "failed", "cancelled",
+)
+FINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
+
+# Event types.
+PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP = (
+    "planned", "compiled", "shard_started", "shard_finished", "shard_retried", "training_step",
+)
+EVENT_FOR_STATE = {SUCCEEDED: "succeeded", FAILED: "failed", CANCELLED: "cancelled"}
+
+
+@dataclass(frozen=True)
+class InputDecl:
+    name: str
+    dtype: str  # numpy name, e.g. "float32"
+    shape: tuple[int, ...]  # full shape, rows first
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+
+@dataclass(frozen=True)
+class Constraints:
+    platforms: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    max_devices: int = 0  # 0: no limit
+    filter: str = ""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    program: str
+    version: str = ""
+    kind: str = INFERENCE
+    constraints: Constraints = Constraints()
+    inputs: tuple[InputDecl, ...] = ()
+    client_parameters: bool = False
+    parameter_seed: int = 0
+    training: TrainingOptions | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    target_type: str
+    rule: str
+    compute_dtype: str
+    artifact_key: str
+    device_ids: tuple[str, ...]
+    rows_per_second: float
+    rate_source: str  # "measured" or "catalog"
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    device_id: str
+    target_type: str
+    first_row: int
+    rows: int
+    predicted_seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[TargetPlan, ...]
+    shards: tuple[ShardPlan, ...]
+    predicted_seconds: float
+    equal_split_predicted_seconds: float
+
+
+@dataclass
+class ShardRecord:
+    index: int
+    device_id: str
+    target_type: str
+    rule: str
+    first_row: int
+    rows: int
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    queue_seconds: float = 0.0
+    load_seconds: float = 0.0
+    execute_seconds: float = 0.0
+    total_seconds: float = 0.0
+    done: bool = False
+
+
+@dataclass
+class Event:
+    index: int
+    type: str
+    time: float
+    progress: float = 0.0
+    message: str = ""
+    plan: Plan | None = None
+    shard: ShardRecord | None = None
+    step: int = 0
+    loss: float = 0.0
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    spec: JobSpec
+    state: str = PLANNING
+    plan: Plan | None = None
+    shards: list[ShardRecord] = field(default_factory=list)
+    error: str = ""
+    progress: float = 0.0
+    created: float = 0.0
+    ended: float | None = None
+    losses: list[float] = field(default_factory=list)
+    expires: float | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES

@@ -1,0 +1,41 @@
+"""Build, serve and shut down the dispatch service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime.server import MeshServer, Service, create_server
+from accelmesh.runtime.telemetry import configure_telemetry
+from dispatch_svc.config import DispatchConfig
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.mesh_client import GrpcMesh
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.runner import JobRunner
+from dispatch_svc.servicer import DispatchServicer
+
+SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
+
+
+def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
+    if tracer_provider is None:
+        tracer_provider = configure_telemetry("accelmesh-dispatch")
+    mesh = GrpcMesh(config.inventory, config.compile, tracer_provider=tracer_provider,
+                    max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
+    book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s)
+    runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
+                       inflight_bytes=config.inflight_bytes)
+    servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_parameter_bytes)
+
+    def shutdown():
+        mesh.close()
+        book.close()
+
+    server = create_server(
+        [Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server, servicer)],
+        address=config.listen,
+        max_message_bytes=config.max_message_bytes,
+        tracer_provider=tracer_provider,
+        on_stop=[shutdown],
+    )
+    return server, runner

@@ -1,0 +1,137 @@
+"""DispatchService adapter: request streams into the runner, jobs and events out."""
+
+from __future__ import annotations
+
+import threading
+
+from accelmesh import errors
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.tensors import dtype_code, split
+from dispatch_svc import model as m
+from dispatch_svc import translate as tr
+from dispatch_svc.runner import JobRunner
+
+DEFAULT_LIST = 50
+
+
+def _first_spec(requests) -> pb.JobSpec:
+    first = next(requests, None)
+    if first is None or first.WhichOneof("part") != "spec":
+        raise errors.InvalidArgument("the first message must carry the job spec")
+    return first.spec
+
+
+class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
+    def __init__(self, runner: JobRunner, *, chunk_bytes: int, max_parameter_bytes: int):
+        self.runner = runner
+        self.book = runner.book
+        self._chunk_bytes = chunk_bytes
+        self._max_parameter_bytes = max_parameter_bytes
+
+    def PlanJob(self, request, context):
+        if not request.HasField("spec"):
+            raise errors.InvalidArgument("spec is required")
+        _, plan, _, _ = self.runner.plan(tr.spec_from_proto(request.spec))
+        return pb.PlanJobResponse(plan=tr.plan_to_proto(plan))
+
+    def _start(self, requests):
+        spec = tr.spec_from_proto(_first_spec(requests))
+        job, live = self.runner.start(spec)
+        return job, live, tr.StreamFeed(requests, spec, self._max_parameter_bytes)
+
+    def SubmitJob(self, request_iterator, context):
+        job, live, feed = self._start(request_iterator)
+        self.runner.run(job, live, feed)
+        return pb.SubmitJobResponse(job_id=job.job_id)
+
+    def RunJob(self, request_iterator, context):
+        job, live, feed = self._start(request_iterator)
+        # The client's deadline or disconnect stops the job (its shards and reservations).
+        context.add_callback(lambda: None if job.final else live.scope.cancel())
+        failure = []
+
+        def feed_inputs():
+            try:
+                self.runner.run(job, live, feed)
+            except Exception as exc:  # noqa: BLE001 - recorded on the job; re-raised below for the status
+                failure.append(exc)
+
+        threading.Thread(target=feed_inputs, name=f"inputs-{job.job_id}", daemon=True).start()
+        sent_rows = 0
+        for event in self.book.events(job.job_id):
+            yield pb.RunJobResponse(event=tr.event_to_proto(event))
+            if event.type == m.SHARD_FINISHED or event.type == "succeeded":
+                sent_rows = yield from self._stream_released(job, live, sent_rows)
+        live.done.wait()
+        final = self.book.get(job.job_id)
+        if final.state == m.SUCCEEDED:
+            yield from self._stream_folded(job, live)
+        elif live.error is not None or failure:
+            raise live.error or failure[0]
+        yield pb.RunJobResponse(job=tr.job_to_proto(final))
+
+    def _stream_released(self, job, live, sent_rows: int):
+        """Rows of concatenated outputs that became final since the last call, as chunks."""
+        released = live.released_rows
+        if released <= sent_rows:
+            return sent_rows
+        for name, array in self.book.results.read(job.job_id):
+            if name not in live.concat_names:
+                continue
+            if sent_rows == 0:
+                yield pb.RunJobResponse(tensor=common_pb2.TensorHeader(
+                    name=name, dtype=dtype_code(array.dtype), shape=array.shape, total_bytes=array.nbytes))
+            row_bytes = array.nbytes // max(1, array.shape[0])
+            _, chunks = split(name, array[sent_rows:released], self._chunk_bytes)
+            for chunk in chunks:
+                if chunk.data:
+                    chunk.offset += sent_rows * row_bytes
+                    yield pb.RunJobResponse(chunk=chunk)
+        return released
+
+    def _stream_folded(self, job, live):
+        for name, array in self.book.results.read(job.job_id):
+            if name in live.concat_names:
+                continue
+            header, chunks = split(name, array, self._chunk_bytes)
+            yield pb.RunJobResponse(tensor=header)
+            for chunk in chunks:
+                yield pb.RunJobResponse(chunk=chunk)
+
+    def WatchJob(self, request, context):
+        if request.from_index < 0:
+            raise errors.InvalidArgument(f"from_index is {request.from_index}; use 0 for the whole log")
+        for event in self.book.events(request.job_id, request.from_index):
+            if not context.is_active():
+                return
+            yield pb.WatchJobResponse(event=tr.event_to_proto(event))
+
+    def GetJob(self, request, context):
+        return pb.GetJobResponse(job=tr.job_to_proto(self.book.get(request.job_id)))
+
+    def ListJobs(self, request, context):
+        if request.page_size < 0:
+            raise errors.InvalidArgument(f"page_size is {request.page_size}; use 0 for {DEFAULT_LIST}")
+        jobs = self.book.list(request.page_size or DEFAULT_LIST)
+        return pb.ListJobsResponse(jobs=[tr.job_to_proto(j, with_shards=False) for j in jobs])
+
+    def CancelJob(self, request, context):
+        self.runner.cancel(request.job_id)
+        live = self.runner.live(request.job_id)
+        if live is not None:
+            live.done.wait(30)
+        return pb.CancelJobResponse(job=tr.job_to_proto(self.book.get(request.job_id)))
+
+    def FetchResult(self, request, context):
+        job = self.book.get(request.job_id)
+        if job.state != m.SUCCEEDED:
+            raise errors.FailedPrecondition(
+                f"job {job.job_id} is {job.state}; results exist only for succeeded jobs"
+                + (f" (error: {job.error})" if job.error else ""))
+        for name, array in self.book.results.read(job.job_id):
+            header, chunks = split(name, array, self._chunk_bytes)
+            yield pb.FetchResultResponse(tensor=header)
+            for chunk in chunks:
+                yield pb.FetchResultResponse(chunk=chunk)

@@ -1,0 +1,188 @@
+"""Proto <-> domain translations of the dispatch service, and the request stream as an InputFeed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
+from accelmesh.runtime.tensors import TensorAssembler, dtype_code_for_name, dtype_name, from_proto
+from dispatch_svc import model as m
+from dispatch_svc.training import TrainingOptions
+
+KIND_FROM_PROTO = {pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, pb.JOB_KIND_INFERENCE: m.INFERENCE, pb.JOB_KIND_TRAINING: m.TRAINING}
+STATE_TO_PROTO = {
+    m.PLANNING: pb.JOB_STATE_PLANNING, m.COMPILING: pb.JOB_STATE_COMPILING, m.RUNNING: pb.JOB_STATE_RUNNING,
+    m.SUCCEEDED: pb.JOB_STATE_SUCCEEDED, m.FAILED: pb.JOB_STATE_FAILED, m.CANCELLED: pb.JOB_STATE_CANCELLED,
+}
+EVENT_TO_PROTO = {
+    m.PLANNED: pb.JOB_EVENT_TYPE_PLANNED, m.COMPILED: pb.JOB_EVENT_TYPE_COMPILED,
+    m.SHARD_STARTED: pb.JOB_EVENT_TYPE_SHARD_STARTED, m.SHARD_FINISHED: pb.JOB_EVENT_TYPE_SHARD_FINISHED,
+    m.SHARD_RETRIED: pb.JOB_EVENT_TYPE_SHARD_RETRIED, m.TRAINING_STEP: pb.JOB_EVENT_TYPE_TRAINING_STEP,
+    "succeeded": pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": pb.JOB_EVENT_TYPE_FAILED, "cancelled": pb.JOB_EVENT_TYPE_CANCELLED,
+}
+KIND_TO_PROTO = {m.INFERENCE: pb.JOB_KIND_INFERENCE, m.TRAINING: pb.JOB_KIND_TRAINING}
+
+
+def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
+    if msg.kind not in KIND_FROM_PROTO:
+        raise errors.InvalidArgument(f"spec.kind {msg.kind} is not a JobKind")
+    c = msg.constraints
+    for i, platform in enumerate(c.platforms):
+        if platform not in PLATFORM_FROM_PROTO:
+            raise errors.InvalidArgument(f"spec.constraints.platforms[{i}] is not a platform")
+    if c.max_devices < 0:
+        raise errors.InvalidArgument(f"spec.constraints.max_devices is {c.max_devices}; use 0 for no limit")
+    inputs = []
+    for i, t in enumerate(msg.inputs):
+        if not t.name or not t.shape or any(d < 0 for d in t.shape):
+            raise errors.InvalidArgument(f"spec.inputs[{i}]: name and a full shape (rows first, no -1) are required")
+        inputs.append(m.InputDecl(t.name, dtype_name(t.dtype, f"spec.inputs[{i}].dtype"), tuple(t.shape)))
+    training = None
+    if msg.kind == pb.JOB_KIND_TRAINING:
+        t = msg.training
+        defaults = TrainingOptions()
+        training = TrainingOptions(
+            epochs=t.epochs or defaults.epochs,
+            batch_size=t.batch_size or defaults.batch_size,
+            learning_rate=t.learning_rate or defaults.learning_rate,
+            momentum=t.momentum if msg.training.ByteSize() else defaults.momentum,
+            shuffle_seed=t.shuffle_seed,
+        )
+    return m.JobSpec(
+        program=msg.program,
+        version=msg.version,
+        kind=KIND_FROM_PROTO[msg.kind],
+        constraints=m.Constraints(tuple(PLATFORM_FROM_PROTO[p] for p in c.platforms), tuple(c.required_capabilities),
+                                  c.max_devices, c.filter),
+        inputs=tuple(inputs),
+        client_parameters=msg.client_parameters,
+        parameter_seed=msg.parameter_seed,
+        training=training,
+        name=msg.name,
+    )
+
+
+def plan_to_proto(plan: m.Plan | None) -> pb.Plan | None:
+    if plan is None:
+        return None
+    return pb.Plan(
+        targets=[pb.TargetPlan(target_type=t.target_type, rule=t.rule, compute_dtype=t.compute_dtype,
+                               artifact_key=t.artifact_key, device_ids=list(t.device_ids),
+                               rows_per_second=t.rows_per_second, rate_source=t.rate_source) for t in plan.targets],
+        shards=[pb.ShardPlan(index=s.index, device_id=s.device_id, target_type=s.target_type, first_row=s.first_row,
+                             rows=s.rows, predicted_seconds=s.predicted_seconds) for s in plan.shards],
+        predicted_seconds=plan.predicted_seconds,
+        equal_split_predicted_seconds=plan.equal_split_predicted_seconds,
+    )
+
+
+def shard_to_proto(s: m.ShardRecord) -> pb.ShardRecord:
+    return pb.ShardRecord(
+        index=s.index, device_id=s.device_id, target_type=s.target_type, rule=s.rule, first_row=s.first_row,
+        rows=s.rows, attempts=s.attempts, failures=list(s.failures), queue_seconds=s.queue_seconds,
+        load_seconds=s.load_seconds, execute_seconds=s.execute_seconds, total_seconds=s.total_seconds, done=s.done,
+    )
+
+
+def event_to_proto(e: m.Event) -> pb.JobEvent:
+    msg = pb.JobEvent(index=e.index, type=EVENT_TO_PROTO[e.type], time=timestamp(e.time), progress=e.progress,
+                      message=e.message, step=e.step, loss=e.loss)
+    if e.plan is not None:
+        msg.plan.CopyFrom(plan_to_proto(e.plan))
+    if e.shard is not None:
+        msg.shard.CopyFrom(shard_to_proto(e.shard))
+    return msg
+
+
+def spec_to_proto(spec: m.JobSpec) -> pb.JobSpec:
+    t = spec.training
+    return pb.JobSpec(
+        program=spec.program, version=spec.version, kind=KIND_TO_PROTO[spec.kind],
+        constraints=pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in spec.constraints.platforms],
+                                      required_capabilities=list(spec.constraints.capabilities),
+                                      max_devices=spec.constraints.max_devices, filter=spec.constraints.filter),
+        inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
+        client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
+        training=pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
+                                    momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
+    )
+
+
+def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> pb.Job:
+    msg = pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
+                 progress=job.progress, create_time=timestamp(job.created), losses=job.losses,
+                 shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
+    if job.plan is not None:
+        msg.plan.CopyFrom(plan_to_proto(job.plan))
+    if job.ended is not None:
+        msg.end_time.CopyFrom(timestamp(job.ended))
+    if job.expires is not None:
+        msg.expire_time.CopyFrom(timestamp(job.expires))
+    return msg
+
+
+class StreamFeed:
+    """The request stream after its spec: parameter tensors, then row blocks, checked as they come."""
+
+    def __init__(self, requests: Iterator, spec: m.JobSpec, max_parameter_bytes: int):
+        self._requests = requests
+        self._spec = spec
+        self._max_parameter_bytes = max_parameter_bytes
+        self._held = None  # the first block, read while looking for the end of the parameters
+
+    def parameters(self) -> list[tuple[str, np.ndarray]]:
+        leaves, current, total = [], None, 0
+        for message in self._requests:
+            part = message.WhichOneof("part")
+            if part == "parameter":
+                total += message.parameter.total_bytes
+                if total > self._max_parameter_bytes:
+                    raise errors.ResourceExhausted(
+                        f"parameters exceed {self._max_parameter_bytes} bytes; raise ACCELMESH_MAX_PARAMETER_BYTES")
+                current = TensorAssembler(message.parameter, "parameter")
+                leaves.append(current)
+            elif part == "parameter_chunk":
+                if current is None:
+                    raise errors.InvalidArgument("a parameter_chunk arrived before any parameter header")
+                current.add(message.parameter_chunk)
+            elif part == "block":
+                self._held = message.block
+                break
+            else:
+                raise errors.InvalidArgument(f"unexpected {part} after the spec; send parameters, then blocks")
+        return [(a.name, a.result()) for a in leaves]
+
+    def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]:
+        expected = 0
+        decls = self._spec.inputs
+        for block in self._all_blocks():
+            if block.first_row != expected:
+                raise errors.InvalidArgument(f"block.first_row is {block.first_row}; the next row expected is {expected}")
+            if len(block.tensors) != len(decls):
+                raise errors.InvalidArgument(f"block at row {expected} has {len(block.tensors)} tensors, the spec declares {len(decls)}")
+            arrays = [from_proto(t, f"block[{expected}].tensors[{i}]") for i, t in enumerate(block.tensors)]
+            rows = arrays[0].shape[0] if arrays[0].ndim else -1
+            for decl, array in zip(decls, arrays):
+                if array.dtype != np.dtype(decl.dtype) or array.shape[1:] != tuple(decl.shape[1:]) or array.shape[0] != rows:
+                    raise errors.InvalidArgument(
+                        f"block at row {expected}: input '{decl.name}' is {array.dtype}{list(array.shape)}, "
+                        f"expected {decl.dtype}[{rows}, {', '.join(map(str, decl.shape[1:]))}]")
+            if rows <= 0 or expected + rows > decls[0].rows:
+                raise errors.InvalidArgument(
+                    f"block at row {expected} carries {rows} rows; the spec declares {decls[0].rows} in all")
+            expected += rows
+            yield block.first_row, arrays
+
+    def _all_blocks(self):
+        if self._held is not None:
+            held, self._held = self._held, None
+            yield held
+        for message in self._requests:
+            if message.WhichOneof("part") != "block":
+                raise errors.InvalidArgument(f"unexpected {message.WhichOneof('part')} among the blocks")
+            yield message.block

@@ -48,10 +48,11 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
+from accelmesh import artifacts
 from compile_svc import lowering
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
-from compile_svc.model import OutputSpec, Program, TensorSpec
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs import default_registry, network, program_digest, pytrees, transformer
 from compile_svc.programs.network import Layer, Network
 from compile_svc.rules import load_rules
@@ -247,7 +248,7 @@ def service_rep(workdir: Path, program: Program, extra: tuple[Program, ...]) -> 
 
 def baseline_rep(program: Program, options, args: list[jax.Array], device: jax.Device) -> dict:
     fn = lowering.apply_build_options(program, options)
-    xla_options = lowering.xla_compiler_options(options)
+    xla_options = artifacts.xla_compiler_options(options)
     jax.clear_caches()
     start = time.perf_counter()
     lowered = jax.jit(fn).lower(*args)

@@ -22,7 +22,7 @@ from accelmesh import errors
 from accelmesh.hardware.model import DeviceSpec
 from compile_svc import lowering
 from compile_svc.cache import ArtifactCache, CachedArtifact
-from compile_svc.model import Program, TargetType, TensorSpec
+from accelmesh.programs import Program, TargetType, TensorSpec
 from compile_svc.programs import ProgramRegistry, check_signature
 from compile_svc.rules import Explanation, Rule, RuleTable
 

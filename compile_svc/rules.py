@@ -18,7 +18,7 @@ from types import MappingProxyType
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh.hardware.capabilities import CAPABILITIES, unknown_capabilities
 from accelmesh.hardware.model import PLATFORMS, DeviceSpec
-from compile_svc.model import COMPUTE_DTYPES, MATMUL_PRECISIONS, BuildOptions, TargetType
+from accelmesh.programs import COMPUTE_DTYPES, MATMUL_PRECISIONS, BuildOptions, TargetType
 
 RULES_ENV = "ACCELMESH_COMPILE_RULES"
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "deploy/rules/compile_rules.toml"

@@ -7,7 +7,7 @@ from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import dtype_code_for_name, dtype_name
 from compile_svc.compiler import EXECUTABLE, BuiltArtifact, TargetBuild
-from compile_svc.model import LayerInfo, Program, TensorSpec
+from accelmesh.programs import LayerInfo, Program, TensorSpec
 from compile_svc.rules import Explanation, Rule
 
 BATCH = -1  # how a symbolic batch dimension travels in TensorSpec.shape

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accelmesh import errors
-from compile_svc.model import Program
+from accelmesh.programs import Program
 from compile_svc.programs import ProgramRegistry, program_from_export
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
 import numpy as np
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
-from compile_svc.model import COMBINE_RULES
+from accelmesh.programs import COMBINE_RULES
 
 _FLOAT_ACCUMULATORS = {"bfloat16": np.float32, "float16": np.float32, "float32": np.float32, "float64": np.float64}
 _INT_ACCUMULATORS = {"int8": np.int64, "int16": np.int64, "int32": np.int64, "int64": np.int64,

@@ -14,7 +14,7 @@ from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
-from compile_svc.model import LayerInfo, OutputSpec, Program, TensorSpec
+from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
 from accelmesh.runtime.tensors import TensorAssembler, dtype_name, split

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from accelmesh import errors
-from compile_svc.model import Program
+from accelmesh.programs import Program
 from dispatch_svc import model as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.execution import Attempt, Cancelled, CancelScope, DevicePool

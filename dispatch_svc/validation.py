@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from accelmesh import errors
-from compile_svc.model import Program
+from accelmesh.programs import Program
 from dispatch_svc import model as m
 
 INFERENCE_KINDS = ("function", "model", "uploaded")

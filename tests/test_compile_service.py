@@ -19,7 +19,7 @@ from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.launcher import start_service
-from compile_svc import lowering
+from accelmesh import artifacts
 from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
@@ -68,8 +68,8 @@ def test_same_program_built_differently_for_a_device_with_bf16_and_one_without(s
     response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("a100-80gb"), device("v100-32gb", 1, "cpu:1")]))
     builds = {b.rule.name: b for b in response.builds}
     assert set(builds) == {"cuda-bf16", "cuda-fp32"}
-    bf16_text = lowering.hlo_text(fetch(stub, builds["cuda-bf16"].portable.key))
-    fp32_text = lowering.hlo_text(fetch(stub, builds["cuda-fp32"].portable.key))
+    bf16_text = artifacts.hlo_text(fetch(stub, builds["cuda-bf16"].portable.key))
+    fp32_text = artifacts.hlo_text(fetch(stub, builds["cuda-fp32"].portable.key))
     assert "xbf16>" in bf16_text and "xbf16>" not in fp32_text
 
     program = default_registry().get("mlp_classifier")
@@ -77,15 +77,15 @@ def test_same_program_built_differently_for_a_device_with_bf16_and_one_without(s
     x = np.random.default_rng(0).standard_normal((6, 64)).astype(np.float32)
     (reference,) = program.fn(*params, x)
     for build in builds.values():
-        exported = lowering.load_portable(fetch(stub, build.portable.key))
-        (out,) = lowering.run_portable(exported, lowering_options(build), *params, x)
+        exported = artifacts.load_portable(fetch(stub, build.portable.key))
+        (out,) = artifacts.run_portable(exported, lowering_options(build), *params, x)
         error = float(jnp.max(jnp.abs(out - reference)) / jnp.max(jnp.abs(reference)))
         assert error <= build.rule.build.tolerance, (build.rule.name, error)
         assert out.dtype == jnp.float32  # interfaces keep their declared dtypes
 
 
 def lowering_options(build):
-    from compile_svc.model import BuildOptions
+    from accelmesh.programs import BuildOptions
 
     b = build.rule.build
     return BuildOptions(b.compute_dtype, b.matmul_precision, b.remat, dict(b.xla_options), b.tolerance)
@@ -99,7 +99,7 @@ def test_artifacts_for_platforms_this_machine_lacks_are_portable_stablehlo(servi
     (build,) = response.builds
     assert build.portable.platform == platform and build.portable.format == pb.ARTIFACT_FORMAT_STABLEHLO
     assert list(build.executables) == []  # nothing here can compile for that backend
-    assert lowering.load_portable(fetch(stub, build.portable.key)).platforms == (platform,)
+    assert artifacts.load_portable(fetch(stub, build.portable.key)).platforms == (platform,)
 
 
 def test_six_devices_of_two_types_are_compiled_exactly_twice(service):
@@ -120,7 +120,7 @@ def test_local_targets_also_get_executables_for_the_planned_batch_sizes(service)
     program = default_registry().get("mlp_classifier")
     params = program.init_params(0)
     x = np.ones((4, 64), np.float32)
-    (out,) = lowering.load_executable(fetch(stub, build.executables[0].key))(*params, x)
+    (out,) = artifacts.load_executable(fetch(stub, build.executables[0].key))(*params, x)
     (reference,) = program.fn(*params, x)
     assert float(jnp.max(jnp.abs(out - reference))) <= build.rule.build.tolerance * float(jnp.max(jnp.abs(reference)))
 
@@ -186,9 +186,9 @@ def test_an_uploaded_export_round_trips_compiles_and_executes(service, compile_c
     assert program.kind == pb.PROGRAM_KIND_UPLOADED
     assert [list(i.shape) for i in program.inputs] == [[-1, 3], [3, 2]]
     response = stub.Compile(pb.CompileRequest(program="affine", targets=[device("v100-32gb")]))
-    exported = lowering.load_portable(fetch(stub, response.builds[0].portable.key))
+    exported = artifacts.load_portable(fetch(stub, response.builds[0].portable.key))
     x, w = np.arange(15, dtype=np.float32).reshape(5, 3), np.ones((3, 2), np.float32)
-    (out,) = lowering.run_portable(exported, lowering_options(response.builds[0]), x, w)
+    (out,) = artifacts.run_portable(exported, lowering_options(response.builds[0]), x, w)
     np.testing.assert_allclose(out, x @ w + 1.0)
     # Uploads survive a restart of the service.
     server, restarted = build_compile_service(compile_config)
@@ -314,7 +314,7 @@ def test_initial_parameters_stream_in_program_order_and_are_deterministic(servic
 
 def test_an_export_failure_is_reported_though_the_executables_build_concurrently(service):
     """The export runs beside the executables' compiles; its error must still reach the caller."""
-    from compile_svc.model import OutputSpec, Program, TensorSpec
+    from accelmesh.programs import OutputSpec, Program, TensorSpec
 
     def branchy(x):  # fine at a fixed batch; a symbolic batch cannot decide the branch
         return (x * 2.0 if x.shape[0] > 4 else x,)

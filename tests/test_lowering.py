@@ -17,8 +17,9 @@ import pytest
 from jax import export
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
+from accelmesh import artifacts
 from compile_svc import lowering
-from compile_svc.model import BuildOptions, OutputSpec, Program, TensorSpec
+from accelmesh.programs import BuildOptions, OutputSpec, Program, TensorSpec
 
 FP32, BF16 = BuildOptions(), BuildOptions(compute_dtype="bf16")
 
@@ -62,7 +63,7 @@ def portable(options: BuildOptions, platform: str = "cpu", program: Program = ML
 
 def bf16_tensors(data: bytes) -> list[str]:
     # Match tensor types, not the debug locations (which quote test names like this file's).
-    return re.findall(r"tensor<[^>]*bf16>", lowering.hlo_text(data))
+    return re.findall(r"tensor<[^>]*bf16>", artifacts.hlo_text(data))
 
 
 def test_bf16_rule_changes_the_hlo_and_fp32_does_not_use_bf16():
@@ -78,20 +79,20 @@ def test_bf16_rule_changes_the_hlo_and_fp32_does_not_use_bf16():
     (BuildOptions(matmul_precision="highest"), 1e-5),
 ])
 def test_portable_artifact_runs_on_cpu_within_the_rule_tolerance(options, tolerance):
-    (y,) = lowering.run_portable(lowering.load_portable(portable(options)), options, *PARAMS, X8)
+    (y,) = artifacts.run_portable(artifacts.load_portable(portable(options)), options, *PARAMS, X8)
     assert y.dtype == jnp.float32 and y.shape == (8, 4)
     assert rel_error(y, reference(X8)) < tolerance
 
 
 def test_fp32_is_tighter_than_bf16_so_the_tolerance_test_can_fail():
-    errors = {o.compute_dtype: rel_error(lowering.run_portable(lowering.load_portable(portable(o)), o, *PARAMS, X8)[0],
+    errors = {o.compute_dtype: rel_error(artifacts.run_portable(artifacts.load_portable(portable(o)), o, *PARAMS, X8)[0],
                                          reference(X8)) for o in (FP32, BF16)}
     assert errors["fp32"] < 1e-5 < errors["bf16"]
 
 
 def test_interface_is_identical_across_rules_and_platforms():
     def interface(data: bytes):
-        exp = lowering.load_portable(data)
+        exp = artifacts.load_portable(data)
         return [(str(a.shape), a.dtype) for a in exp.in_avals], [(str(a.shape), a.dtype) for a in exp.out_avals]
 
     variants = [portable(FP32), portable(BF16), portable(BuildOptions(compute_dtype="fp16")), portable(BF16, "cuda")]
@@ -100,23 +101,23 @@ def test_interface_is_identical_across_rules_and_platforms():
 
 
 def test_matmul_precision_is_recorded_in_the_hlo():
-    assert "HIGHEST" in lowering.hlo_text(portable(BuildOptions(matmul_precision="highest")))
-    assert "HIGHEST" not in lowering.hlo_text(portable(FP32))
+    assert "HIGHEST" in artifacts.hlo_text(portable(BuildOptions(matmul_precision="highest")))
+    assert "HIGHEST" not in artifacts.hlo_text(portable(FP32))
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
 def test_accelerator_artifacts_are_built_here_but_refuse_to_run_on_cpu(platform):
-    exp = lowering.load_portable(portable(BF16, platform))
+    exp = artifacts.load_portable(portable(BF16, platform))
     assert exp.platforms == (platform,)
     with pytest.raises(ValueError, match="exported for platforms"):
         exp.call(*PARAMS, X8)
     with pytest.raises(FailedPrecondition, match=platform):
-        lowering.run_portable(exp, BF16, *PARAMS, X8)
+        artifacts.run_portable(exp, BF16, *PARAMS, X8)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_one_portable_artifact_serves_every_batch_size(batch):
-    (y,) = lowering.run_portable(lowering.load_portable(portable(FP32)), FP32, *PARAMS, X8[:batch])
+    (y,) = artifacts.run_portable(artifacts.load_portable(portable(FP32)), FP32, *PARAMS, X8[:batch])
     assert y.shape == (batch, 4)
     assert rel_error(y, reference(X8[:batch])) < 1e-5
 
@@ -128,9 +129,9 @@ def test_integer_inputs_are_not_cast_to_the_compute_dtype():
                     (TensorSpec("ids", "int32", (None,)),), (OutputSpec("v", "float32", (None, 4)),),
                     "embed-1", fn=lambda t, ids: (t[ids],))
     ids = np.array([257, 999, 513], np.int32)
-    exp = lowering.load_portable(portable(BF16, program=embed))
+    exp = artifacts.load_portable(portable(BF16, program=embed))
     assert [a.dtype for a in exp.in_avals] == [jnp.float32, jnp.int32]
-    (v,) = lowering.run_portable(exp, BF16, table, ids)
+    (v,) = artifacts.run_portable(exp, BF16, table, ids)
     np.testing.assert_allclose(np.asarray(v), table[ids], rtol=1e-2)
 
 
@@ -146,14 +147,14 @@ def test_remat_gives_the_same_gradients():
 
 def test_executable_round_trips_and_matches():
     blob = lowering.compile_executable(MLP, BF16, batch_size=8)
-    (y,) = lowering.load_executable(blob)(*PARAMS, X8)
+    (y,) = artifacts.load_executable(blob)(*PARAMS, X8)
     assert y.dtype == jnp.float32 and rel_error(y, reference(X8)) < 2e-2
 
 
 def test_executable_from_another_jaxlib_is_refused():
     header, *rest = pickle.loads(lowering.compile_executable(MLP, FP32, batch_size=2))
     with pytest.raises(FailedPrecondition, match="jaxlib 0.0.1"):
-        lowering.load_executable(pickle.dumps(({**header, "jaxlib": "0.0.1"}, *rest)))
+        artifacts.load_executable(pickle.dumps(({**header, "jaxlib": "0.0.1"}, *rest)))
 
 
 def test_executable_loads_in_a_fresh_process_on_another_device(tmp_path: Path):
@@ -162,7 +163,7 @@ def test_executable_loads_in_a_fresh_process_on_another_device(tmp_path: Path):
     np.savez(tmp_path / "args.npz", *PARAMS, X8)
     script = (
         "import json, sys, numpy as np, jax\n"
-        "from compile_svc.lowering import load_executable\n"
+        "from accelmesh.artifacts import load_executable\n"
         "d = jax.devices()[1]\n"
         "f = load_executable(open(sys.argv[1], 'rb').read(), device=d)\n"
         "a = np.load(sys.argv[2]); args = [jax.device_put(a[f'arr_{i}'], d) for i in range(4)]\n"
@@ -198,7 +199,7 @@ def test_unknown_xla_option_is_a_failed_precondition_with_xla_reason():
     with pytest.raises(FailedPrecondition, match="No such compile option"):
         lowering.compile_executable(MLP, bad, batch_size=2)
     with pytest.raises(FailedPrecondition, match="No such compile option"):
-        lowering.run_portable(lowering.load_portable(portable(FP32)), bad, *PARAMS, X8)
+        artifacts.run_portable(artifacts.load_portable(portable(FP32)), bad, *PARAMS, X8)
 
 
 def test_program_that_fails_to_trace_is_a_failed_precondition():
@@ -223,10 +224,10 @@ def uploaded(platforms: list[str]) -> Program:
 
 def test_uploaded_program_is_reexported_per_platform_and_compiled_with_rule_options():
     program = uploaded(["cpu", "cuda"])
-    assert lowering.load_portable(portable(FP32, "cuda", program)).platforms == ("cuda",)
-    (y,) = lowering.run_portable(lowering.load_portable(portable(FP32, "cpu", program)), FP32, *PARAMS, X8)
+    assert artifacts.load_portable(portable(FP32, "cuda", program)).platforms == ("cuda",)
+    (y,) = artifacts.run_portable(artifacts.load_portable(portable(FP32, "cpu", program)), FP32, *PARAMS, X8)
     assert rel_error(y, reference(X8)) < 1e-5
-    (y,) = lowering.load_executable(lowering.compile_executable(program, FP32, batch_size=8))(*PARAMS, X8)
+    (y,) = artifacts.load_executable(lowering.compile_executable(program, FP32, batch_size=8))(*PARAMS, X8)
     assert rel_error(y, reference(X8)) < 1e-5
     with pytest.raises(FailedPrecondition, match=r"\['cpu', 'cuda'\]"):
         lowering.export_portable(program, FP32, "tpu")

@@ -11,7 +11,7 @@ import pytest
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh.hardware.catalog import resolve_type
-from compile_svc.model import LayerInfo, Program
+from accelmesh.programs import LayerInfo, Program
 from compile_svc.rules import load_rules
 from dispatch_svc.planner import (
     PlannedDevice,

@@ -19,7 +19,7 @@ import pytest
 from jax import export
 
 from accelmesh import errors
-from compile_svc.model import OutputSpec, Program, TensorSpec
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs import (
     ProgramEntry, ProgramRegistry, check_signature, default_registry, describe_layers, load_params,
     program_digest, program_from_export, save_params,

@@ -25,7 +25,7 @@ from accelmesh.runtime.tensors import TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
-from compile_svc.model import BuildOptions
+from accelmesh.programs import BuildOptions
 from compile_svc.programs.mlp import mlp_classifier
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import jax
 
-from compile_svc.model import OutputSpec, Program, TensorSpec
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs.layers import ProgramEntry
 from compile_svc.programs.mlp import mlp_classifier, mlp_train_step
 from compile_svc.programs.signature import program_digest

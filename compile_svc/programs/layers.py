@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from compile_svc.model import LayerInfo, Program, TensorSpec
+from accelmesh.programs import LayerInfo, Program, TensorSpec
 
 PROFILE_BATCH = 1  # per-sample figures: layers are lowered at batch 1
 

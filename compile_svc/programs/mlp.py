@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from compile_svc.model import OutputSpec, Program, TensorSpec
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs import network, pytrees
 from compile_svc.programs.layers import ProgramEntry, describe_layers
 from compile_svc.programs.network import Layer, Network

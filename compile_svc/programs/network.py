@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from compile_svc.model import TensorSpec
+from accelmesh.programs import TensorSpec
 from compile_svc.programs.layers import LayerFn
 from compile_svc.programs.pytrees import SEPARATOR, flatten_params, unflatten_params
 

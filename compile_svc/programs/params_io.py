@@ -14,7 +14,7 @@ from typing import BinaryIO
 import numpy as np
 
 from accelmesh.errors import InvalidArgument
-from compile_svc.model import Program
+from accelmesh.programs import Program
 
 ParamSource = str | os.PathLike[str] | bytes | BinaryIO
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accelmesh.errors import FailedPrecondition, NotFound
-from compile_svc.model import Program
+from accelmesh.programs import Program
 from compile_svc.programs.builtin import builtin_entries
 from compile_svc.programs.layers import LayerFn, ProgramEntry
 

@@ -9,7 +9,7 @@ import types
 from collections.abc import Iterable, Sequence
 
 from accelmesh.errors import InvalidArgument
-from compile_svc.model import OutputSpec, Program, TensorSpec
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 
 
 def check_signature(program: Program, inputs: Sequence[TensorSpec], field: str = "inputs") -> None:

@@ -14,7 +14,7 @@ import jax
 from jax import export
 
 from accelmesh.errors import InvalidArgument, ResourceExhausted
-from compile_svc.model import COMBINE_RULES, DTYPES, OutputSpec, Program, TensorSpec
+from accelmesh.programs import COMBINE_RULES, DTYPES, OutputSpec, Program, TensorSpec
 
 
 def program_from_export(name: str, version: str, data: bytes, outputs_combine: Sequence[str],

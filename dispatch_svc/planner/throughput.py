@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import Performance
-from compile_svc.model import COMPUTE_DTYPES, Program
+from accelmesh.programs import COMPUTE_DTYPES, Program
 
 # Fraction of datasheet peak a real program sustains. Dense training and inference of the models
 # we run reach roughly 30-50% of peak (model FLOPs utilisation) on GPUs; 0.4 sits in that band.

@@ -22,15 +22,15 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.hardware.model import DeviceSpec
-from compile_svc.lowering import compile_portable, load_executable, load_portable
-from compile_svc.model import BuildOptions
+from accelmesh.artifacts import compile_portable, load_executable, load_portable
+from accelmesh.programs import BuildOptions
 
 FORMATS = ("stablehlo", "executable")
 QUEUED, LOADING, RUNNING, DONE = "queued", "loading", "running", "done"  # stages, in order
 LOAD_EXECUTABLE, COMPILE_PORTABLE = "executable", "compiled"  # how an artifact was made runnable
 MAX_LOADED_EXECUTABLES = 64  # runnables kept in memory, least recently used dropped first
 LOCK_POLL_S = 0.05  # how often a queued shard checks whether its caller is still there
-# platform[@execution platform]:device type[flag,flag]  (compile_svc.model.TargetType.key)
+# platform[@execution platform]:device type[flag,flag]  (accelmesh.programs.TargetType.key)
 _TARGET_TYPE = re.compile(
     r"(?P<platform>[^@:\[\]]+)(?:@(?P<execution>[^@:\[\]]+))?:(?P<type>[^\[\]]+)\[(?P<flags>[^\[\]]*)\]")
 

@@ -20,7 +20,7 @@ from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from compile_svc.model import BuildOptions
+from accelmesh.programs import BuildOptions
 from dispatch_svc.worker import executor as ex
 from dispatch_svc.worker.agent import NodeAgent
 

@@ -60,10 +60,10 @@ def start_compile(data_dir: Path, *, listen: str = "127.0.0.1:0", echo: bool = F
 
 
 def start_dispatch(data_dir: Path, inventory: str, compile_address: str, *, listen: str = "127.0.0.1:0",
-                   echo: bool = False) -> ServiceProcess:
+                   echo: bool = False, env: dict[str, str] | None = None) -> ServiceProcess:
     args = ["--listen", listen, "--inventory", inventory, "--compile", compile_address,
             "--data-dir", str(data_dir / "dispatch")]
-    return start_service("dispatch", "dispatch_svc", args, echo=echo)
+    return start_service("dispatch", "dispatch_svc", args, echo=echo, env=env)
 
 
 def start_embedded_mesh(

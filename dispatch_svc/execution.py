@@ -49,6 +49,8 @@ class Attempt:
 @dataclass
 class _Pending:
     shard: Any
+    on_done: Callable[[Any], None] | None = None  # runs on the device thread when the shard succeeds
+    on_error: Callable[[BaseException], None] | None = None  # runs when the shard has finally failed
     tried: list[str] = field(default_factory=list)  # device ids
     failures: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
@@ -114,8 +116,9 @@ class DevicePool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, shard: Any, device_id: str) -> _Pending:
-        pending = _Pending(shard)
+    def submit(self, shard: Any, device_id: str, on_done: Callable[[Any], None] | None = None,
+               on_error: Callable[[BaseException], None] | None = None) -> _Pending:
+        pending = _Pending(shard, on_done, on_error)
         self._enqueue(pending, device_id)
         return pending
 
@@ -145,8 +148,7 @@ class DevicePool:
 
     def _attempt(self, pending: _Pending, device_id: str) -> None:
         if self._scope.cancelled.is_set():
-            pending.error = Cancelled()
-            pending.done.set()
+            self._fail(pending, Cancelled())
             return
         if device_id in self._failed:  # queued here before the device failed: move on
             self._reroute(pending, device_id, None)
@@ -155,29 +157,38 @@ class DevicePool:
         pending.tried.append(device_id)
         try:
             pending.result = self._run(attempt)
+            if pending.on_done is not None:
+                pending.on_done(pending.result)
+                pending.result = None  # taken: holding every shard's outputs would grow with the job
         except ShardFailed as exc:
             if self._scope.cancelled.is_set():
-                pending.error = Cancelled()
-            else:
-                pending.failures.append(f"{device_id}: {exc.cause}")
-                with self._lock:
-                    self._failed.add(device_id)
-                self._reroute(pending, device_id, exc.cause)
+                self._fail(pending, Cancelled())
                 return
+            pending.failures.append(f"{device_id}: {exc.cause}")
+            with self._lock:
+                self._failed.add(device_id)
+            self._reroute(pending, device_id, exc.cause)
+            return
         except BaseException as exc:  # noqa: BLE001 - a bug fails the shard, never the thread
             log.exception("shard %s crashed on %s", getattr(pending.shard, "index", "?"), device_id)
-            pending.error = exc
+            self._fail(pending, exc)
+            return
+        pending.done.set()
+
+    def _fail(self, pending: _Pending, error: BaseException) -> None:
+        pending.error = error
+        if pending.on_error is not None:
+            pending.on_error(error)
         pending.done.set()
 
     def _reroute(self, pending: _Pending, device_id: str, cause: str | None) -> None:
         target = self._next_device(pending, self._devices[device_id].target_type)
         if target is None or len(pending.tried) >= self._max_attempts:
             index = getattr(pending.shard, "index", "?")
-            pending.error = errors.Unavailable(
+            self._fail(pending, errors.Unavailable(
                 f"shard {index} could not run: {'; '.join(pending.failures) or 'no device left'}"
                 + ("" if target else "; no other device can take it")
-            )
-            pending.done.set()
+            ))
             return
         if cause is not None:
             # pending.failures[-1] is "<failed device>: <cause>", what the job's record keeps.

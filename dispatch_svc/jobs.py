@@ -1,5 +1,6 @@
 """Jobs and their event logs, kept in SQLite so a client can reconnect (and a restart loses no
-finished result); results live as raw arrays on disk next to the database.
+finished result); results live as raw arrays on disk next to the database, written and read a
+slab at a time so no result is ever held whole in the dispatcher's memory.
 
 `JobBook` is the one place job state changes: every change is written through, and watchers
 wait on a condition for new events instead of polling.
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
@@ -71,9 +74,48 @@ def event_from(d: dict) -> m.Event:
     return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None})
 
 
+@dataclass(frozen=True)
+class ResultEntry:
+    """One result tensor on disk: raw little-endian rows, read a slab at a time."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    path: Path
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize if self.shape else self.dtype.itemsize
+
+    def read_rows(self, first: int, last: int) -> np.ndarray:
+        if not self.shape:
+            return np.fromfile(self.path, dtype=self.dtype, count=1).reshape(())
+        count = (last - first) * int(np.prod(self.shape[1:], dtype=np.int64))
+        data = np.fromfile(self.path, dtype=self.dtype, count=count, offset=first * self.row_bytes)
+        return data.reshape((last - first, *self.shape[1:]))
+
+    def read(self) -> np.ndarray:
+        return self.read_rows(0, self.shape[0] if self.shape else 1)
+
+
+class ResultWriter:
+    """Writes rows in place (pwrite, not a memory map: written results never count against the
+    dispatcher's memory)."""
+
+    def __init__(self, entry: ResultEntry):
+        self.entry = entry
+        self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write_rows(self, first_row: int, rows: np.ndarray) -> None:
+        data = np.ascontiguousarray(rows, dtype=self.entry.dtype).tobytes()
+        os.pwrite(self._fd, data, first_row * self.entry.row_bytes)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class ResultStore:
-    """Each result tensor is a raw little-endian file plus a manifest entry; written in place as
-    shards finish (so concatenated outputs never sit whole in memory) and read back in chunks."""
+    """Each result tensor is a raw file plus a manifest entry, written as shards finish."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -82,28 +124,28 @@ class ResultStore:
     def _dir(self, job_id: str) -> Path:
         return self.root / job_id
 
-    def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> np.memmap | np.ndarray:
+    def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:
         folder = self._dir(job_id)
         folder.mkdir(parents=True, exist_ok=True)
-        manifest = self.manifest(job_id)
+        manifest = self._manifest(job_id)
         manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
         (folder / "manifest.json").write_text(json.dumps(manifest))
-        if int(np.prod(shape)) == 0:
-            (folder / f"{len(manifest) - 1}.bin").write_bytes(b"")
-            return np.zeros(shape, dtype=np.dtype(dtype))
-        return np.memmap(folder / f"{len(manifest) - 1}.bin", dtype=np.dtype(dtype), mode="w+", shape=tuple(shape))
+        return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
 
-    def manifest(self, job_id: str) -> list[dict]:
+    def save(self, job_id: str, name: str, value: np.ndarray) -> None:
+        writer = self.create(job_id, name, str(value.dtype), value.shape)
+        writer.write_rows(0, value)
+        writer.close()
+
+    def _manifest(self, job_id: str) -> list[dict]:
         path = self._dir(job_id) / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else []
 
-    def read(self, job_id: str) -> Iterator[tuple[str, np.ndarray]]:
-        for i, entry in enumerate(self.manifest(job_id)):
-            shape = tuple(entry["shape"])
-            if int(np.prod(shape)) == 0:
-                yield entry["name"], np.zeros(shape, dtype=np.dtype(entry["dtype"]))
-            else:
-                yield entry["name"], np.memmap(self._dir(job_id) / f"{i}.bin", dtype=np.dtype(entry["dtype"]), mode="r", shape=shape)
+    def _entry(self, job_id: str, index: int, item: dict) -> ResultEntry:
+        return ResultEntry(item["name"], np.dtype(item["dtype"]), tuple(item["shape"]), self._dir(job_id) / f"{index}.bin")
+
+    def entries(self, job_id: str) -> list[ResultEntry]:
+        return [self._entry(job_id, i, item) for i, item in enumerate(self._manifest(job_id))]
 
     def delete(self, job_id: str) -> None:
         shutil.rmtree(self._dir(job_id), ignore_errors=True)

@@ -108,6 +108,7 @@ class LiveJob:
     released_rows: int = 0  # rows of concatenated outputs that are final, from row 0
     concat_names: tuple[str, ...] = ()  # the outputs those rows belong to
     error: BaseException | None = None
+    failure: BaseException | None = None  # a shard that finally failed while inputs still arrive
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -310,14 +311,24 @@ class JobRunner:
         budget = threading.Condition()
         inflight = [0]
         pending = []
-        finished: dict[int, ShardOutput] = {}
+        finished: set[int] = set()  # indices only: outputs are on disk once written
+        taking = threading.Lock()  # shards finish on several device threads at once
+
+        def failed(error: BaseException) -> None:
+            with budget:
+                live.failure = live.failure or error
+                budget.notify_all()
 
         def take(shard: ShardWork, out: ShardOutput) -> None:
-            for i in results:
-                results[i][shard.first_row: shard.first_row + shard.rows] = out.outputs[i]
+            with taking:
+                keep(shard, out)
+
+        def keep(shard: ShardWork, out: ShardOutput) -> None:
+            for i, writer in results.items():
+                writer.write_rows(shard.first_row, out.outputs[i])
             for i, fold in folds.items():
                 fold.add(shard.index, out.outputs[i])
-            finished[shard.index] = out
+            finished.add(shard.index)
             job.shards[shard.index].done = True
             while live.released_rows < total and _first_unreleased(shards, live.released_rows) in finished:
                 live.released_rows += shards[_first_unreleased(shards, live.released_rows)].rows
@@ -329,18 +340,19 @@ class JobRunner:
             self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[shard.index],
                            message=f"shard {shard.index} done on {job.shards[shard.index].device_id}")
 
+        # Results are taken on the device threads as shards finish, which frees the in-flight
+        # budget while this thread is still reading input blocks.
         for shard in self._fill(shards, feed, total, budget, inflight, live):
-            pending.append((shard, pool.submit(shard, shard.device_id)))
+            pending.append(pool.submit(shard, shard.device_id, on_done=lambda out, shard=shard: take(shard, out),
+                                       on_error=failed))
 
         def work():
-            for shard, handle in pending:
-                take(shard, pool.wait(handle))
+            for handle in pending:
+                pool.wait(handle)
             for i, fold in folds.items():
-                value = fold.result()
-                self.book.results.create(job.job_id, program.outputs[i].name, str(value.dtype), value.shape)[...] = value
-            for array in results.values():
-                if isinstance(array, np.memmap):
-                    array.flush()
+                self.book.results.save(job.job_id, program.outputs[i].name, fold.result())
+            for writer in results.values():
+                writer.close()
         return work
 
     def _fill(self, shards, feed: InputFeed, total: int, budget, inflight, live: LiveJob):
@@ -362,6 +374,8 @@ class JobRunner:
                     parts = []
                     with budget:
                         while inflight[0] and inflight[0] + shard.nbytes > self.inflight_bytes:
+                            if live.failure is not None:
+                                raise live.failure
                             budget.wait(0.5)
                             live.scope.check()
                         inflight[0] += shard.nbytes
@@ -419,9 +433,8 @@ class JobRunner:
                 job.progress = batch.step / len(steps)
                 self.book.emit(job, m.TRAINING_STEP, step=batch.step, loss=loss, message=f"epoch {batch.epoch}")
             for spec, value in zip(program.parameters, params):
-                self.book.results.create(job.job_id, spec.name, spec.dtype, value.shape)[...] = value
-            losses = np.asarray(job.losses, np.float32)
-            self.book.results.create(job.job_id, "losses", "float32", losses.shape)[...] = losses
+                self.book.results.save(job.job_id, spec.name, np.asarray(value, np.dtype(spec.dtype)))
+            self.book.results.save(job.job_id, "losses", np.asarray(job.losses, np.float32))
         return work
 
 

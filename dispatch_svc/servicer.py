@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from accelmesh import errors
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
@@ -77,28 +79,31 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         released = live.released_rows
         if released <= sent_rows:
             return sent_rows
-        for name, array in self.book.results.read(job.job_id):
-            if name not in live.concat_names:
-                continue
-            if sent_rows == 0:
-                yield pb.RunJobResponse(tensor=common_pb2.TensorHeader(
-                    name=name, dtype=dtype_code(array.dtype), shape=array.shape, total_bytes=array.nbytes))
-            row_bytes = array.nbytes // max(1, array.shape[0])
-            _, chunks = split(name, array[sent_rows:released], self._chunk_bytes)
-            for chunk in chunks:
-                if chunk.data:
-                    chunk.offset += sent_rows * row_bytes
+        for entry in self.book.results.entries(job.job_id):
+            if entry.name in live.concat_names:
+                if sent_rows == 0:
+                    yield pb.RunJobResponse(tensor=_header(entry))
+                for chunk in self._chunks(entry, sent_rows, released):
                     yield pb.RunJobResponse(chunk=chunk)
         return released
 
     def _stream_folded(self, job, live):
-        for name, array in self.book.results.read(job.job_id):
-            if name in live.concat_names:
-                continue
-            header, chunks = split(name, array, self._chunk_bytes)
-            yield pb.RunJobResponse(tensor=header)
+        for entry in self.book.results.entries(job.job_id):
+            if entry.name not in live.concat_names:
+                yield pb.RunJobResponse(tensor=_header(entry))
+                for chunk in self._chunks(entry, 0, entry.shape[0] if entry.shape else 1):
+                    yield pb.RunJobResponse(chunk=chunk)
+
+    def _chunks(self, entry, first: int, last: int):
+        """Chunks of rows [first, last), read from disk a slab at a time."""
+        rows_per_slab = max(1, self._chunk_bytes // max(1, entry.row_bytes))
+        for start in range(first, last, rows_per_slab):
+            stop = min(last, start + rows_per_slab)
+            _, chunks = split(entry.name, entry.read_rows(start, stop), self._chunk_bytes)
             for chunk in chunks:
-                yield pb.RunJobResponse(chunk=chunk)
+                if chunk.data:
+                    chunk.offset += start * entry.row_bytes
+                    yield chunk
 
     def WatchJob(self, request, context):
         if request.from_index < 0:
@@ -130,8 +135,12 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             raise errors.FailedPrecondition(
                 f"job {job.job_id} is {job.state}; results exist only for succeeded jobs"
                 + (f" (error: {job.error})" if job.error else ""))
-        for name, array in self.book.results.read(job.job_id):
-            header, chunks = split(name, array, self._chunk_bytes)
-            yield pb.FetchResultResponse(tensor=header)
-            for chunk in chunks:
+        for entry in self.book.results.entries(job.job_id):
+            yield pb.FetchResultResponse(tensor=_header(entry))
+            for chunk in self._chunks(entry, 0, entry.shape[0] if entry.shape else 1):
                 yield pb.FetchResultResponse(chunk=chunk)
+
+
+def _header(entry) -> common_pb2.TensorHeader:
+    size = int(np.prod(entry.shape, dtype=np.int64)) * entry.dtype.itemsize
+    return common_pb2.TensorHeader(name=entry.name, dtype=dtype_code(entry.dtype), shape=entry.shape, total_bytes=size)

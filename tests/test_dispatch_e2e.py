@@ -192,3 +192,37 @@ def test_request_parts_block_inputs_under_the_chunk_size():
     parts = list(request_parts(job_spec("mlp_classifier", {"x": x}), {"x": x}, None, 64 * 1024))
     blocks = [m for field, m in parts if field == "block"]
     assert sum(b.tensors[0].shape[0] for b in blocks) == 1000 and all(b.ByteSize() <= 64 * 1024 + 256 for b in blocks)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+# 160 MiB in and 160 MiB out through a dispatcher allowed 8 MiB of shard inputs in flight. Its
+# peak memory may grow by that budget, the shards being assembled or combined, and gRPC's
+# transport buffers on five streams (measured: ~65 MiB for 96 MiB and for 192 MiB alike, so
+# it does not grow with the job). The bound is half the input, checked on the real process.
+STREAM_INPUT_BYTES = 160 * 1024 * 1024
+DISPATCH_GROWTH_BOUND_BYTES = 80 * 1024 * 1024
+
+
+def test_dispatcher_memory_stays_bounded_while_a_large_input_streams(mesh, tmp_path):
+    from accelmesh.embedded import start_dispatch
+
+    small = start_dispatch(tmp_path, mesh.inventory.address, mesh.compile.address,
+                           env={"ACCELMESH_INFLIGHT_BYTES": str(8 << 20), "ACCELMESH_MAX_SHARD_BYTES": str(2 << 20)})
+    try:
+        x = np.random.default_rng(4).standard_normal((STREAM_INPUT_BYTES // 4096, 1024)).astype(np.float32)
+        with MeshClient(small.address) as c:
+            c.run("identity", {"x": x[:64]}, filter=FP32_ONLY)  # warm: artifacts built and loaded
+            before = peak_rss_bytes(small.process.pid)
+            result = c.run("identity", {"x": x}, filter=FP32_ONLY)
+        growth = peak_rss_bytes(small.process.pid) - before
+        np.testing.assert_array_equal(result.outputs["y"], x)
+        assert len(result.job.shards) >= 80  # 2 MiB shards
+        assert growth < DISPATCH_GROWTH_BOUND_BYTES, f"dispatcher grew by {growth / 2**20:.0f} MiB"
+    finally:
+        small.terminate()

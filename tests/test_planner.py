@@ -202,12 +202,16 @@ def test_without_a_flop_estimate_the_peak_rate_is_the_relative_speed():
     assert ThroughputModel().rate("f@1", "v100", v100, "fp32") == (15.7, "catalog")
 
 
-def test_measured_rates_override_the_catalog_and_average_exponentially():
+def test_measured_rates_override_the_catalog_and_weigh_shards_by_size():
     model, v100 = ThroughputModel(), resolve_type("v100-16gb").performance()
     assert model.record("mlp@1", "v100", rows=100, seconds=2.0) == 50.0
     assert model.rate("mlp@1", "v100", v100, "fp32") == (50.0, "measured")
+    keep = 1 - MEASURED_SMOOTHING
     second = model.record("mlp@1", "v100", rows=100, seconds=1.0)
-    assert second == pytest.approx(50 + MEASURED_SMOOTHING * (100 - 50))
+    assert second == pytest.approx((keep * 100 + 100) / (keep * 2.0 + 1.0))
+    # A tiny shard slowed by fixed costs barely moves an estimate built on big ones.
+    model.record("mlp@1", "big", rows=10_000, seconds=10.0)
+    assert model.record("mlp@1", "big", rows=6, seconds=0.25) == pytest.approx(1000, rel=0.05)  # a rate mean: ~707
     assert model.rate("mlp@2", "v100", v100, "fp32").source == "catalog"  # per program ref
     assert model.rate("mlp@1", "t4", v100, "fp32").source == "catalog"  # per target type
 

@@ -69,7 +69,13 @@ def inference_demo(client: MeshClient, samples: int) -> float:
 
     program = default_registry().get("transformer_encoder")
     tokens = np.random.default_rng(0).integers(0, 512, size=(samples, 32), dtype=np.int32)
-    print(f"\n(a) inference: transformer_encoder on {samples} sequences of 32 tokens")
+    calibration = tokens[: max(8, samples // 16)]
+    print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job planned from catalog "
+          f"peak rates; its shards' measured rates then plan the {samples}-sequence job")
+    first = client.run("transformer_encoder", {"tokens": calibration}, parameter_seed=0)
+    print_plan(first.job.plan)
+    print_shards(first.job)
+    print(f"\n    {samples} sequences, planned from measured rates:")
     bar = Progress("    shards")
 
     def on_event(event: pb.JobEvent) -> None:

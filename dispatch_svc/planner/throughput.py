@@ -67,25 +67,31 @@ class ThroughputModel:
         self.efficiency = efficiency
         self.smoothing = smoothing
         self._lock = threading.Lock()
-        self._measured: dict[tuple[str, str], float] = {}
+        self._measured: dict[tuple[str, str], tuple[float, float]] = {}  # decayed (rows, seconds) sums
 
     def record(self, program_ref: str, target_type: str, rows: int, seconds: float) -> float:
-        """Fold a finished shard's rate into the running average; returns the new average."""
+        """Fold a finished shard in; returns the new rate.
+
+        The rate is decayed total rows over decayed total seconds, so each shard counts in
+        proportion to its size: a tiny shard, whose time is mostly fixed costs and contention,
+        cannot drag the estimate the way an average of per-shard rates would let it.
+        """
         if rows <= 0:
             raise InvalidArgument(f"rows must be positive to record a rate, got {rows!r}")
         if not (seconds > 0 and math.isfinite(seconds)):
             raise InvalidArgument(f"seconds must be a positive finite number to record a rate, got {seconds!r}")
-        sample = rows / seconds
         key = (program_ref, target_type)
+        keep = 1.0 - self.smoothing
         with self._lock:
-            previous = self._measured.get(key)
-            value = sample if previous is None else previous + self.smoothing * (sample - previous)
-            self._measured[key] = value
-        return value
+            total_rows, total_seconds = self._measured.get(key, (0.0, 0.0))
+            total_rows, total_seconds = keep * total_rows + rows, keep * total_seconds + seconds
+            self._measured[key] = (total_rows, total_seconds)
+        return total_rows / total_seconds
 
     def measured(self, program_ref: str, target_type: str) -> float | None:
         with self._lock:
-            return self._measured.get((program_ref, target_type))
+            sums = self._measured.get((program_ref, target_type))
+        return None if sums is None else sums[0] / sums[1]
 
     def rate(
         self,

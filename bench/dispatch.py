@@ -1,0 +1,803 @@
+"""Dispatch benchmark: what the mesh adds per shard and per byte, and what its planner buys and costs.
+
+    .venv/bin/python bench/dispatch.py [--quick]
+
+Prints one JSON document on stdout (progress on stderr). Every figure comes from this run, and
+each is set beside a baseline measured in the same run (STYLE rule 12):
+
+(a) per_shard_overhead: the embedded mesh as real processes (inventory, compile, one worker with
+    2 CPU devices emulating V100s, dispatch) on loopback. A dispatcher started with
+    ACCELMESH_MAX_SHARD_BYTES=32 KiB cuts a job of K x rows_per_shard rows into K shards (the
+    planner caps a shard at max_shard_bytes // row bytes), and `max_devices=1` puts them all on one
+    device, which runs them one after another, so per-shard time is not hidden by parallelism.
+    After a warm-up job (artifacts compiled, fetched and loaded), the shards' ShardRecord
+    (total, queue, load, execute seconds as the dispatcher saw them) and job wall / K are set
+    against the same compiled function called in this process: jax.jit of the program with the
+    device's rule applied, its XLA options, at the same batch size, input put on the device,
+    block_until_ready, outputs back to numpy (parameters stay resident). Two finer baselines
+    split the remainder: one Execute RPC made by the dispatcher's own GrpcMesh.execute from this
+    process (no job around it), and one bare grpcio bidirectional stream call of the same size to
+    a plain echo process (the floor any streaming RPC pays here).
+(b) streaming: a 256 MiB `identity` job (float32 rows of 4 KiB) client -> dispatch -> worker ->
+    dispatch -> client through a dispatcher with default settings, against a bare grpcio pipeline
+    of the same shape in separate processes (this file run as `--role relay` and `--role sink`:
+    the relay forwards the client's stream to the sink, the sink echoes it, the relay streams the
+    echo back) with the same 1 MiB chunks and 16 MiB message limits. MB/s = input bytes / wall
+    time (each arm carries the input there and back). The arms alternate. The dispatcher's peak
+    RSS during the job (VmHWM, reset before it through /proc/<pid>/clear_refs) and sampled
+    VmRSS / RssAnon / RssFile, at 64 MiB and at 256 MiB, show whether memory follows the input;
+    CPU seconds per process show where the time goes. Then a 64 MiB job through a third
+    dispatcher whose in-flight budget is 8 MiB: does it finish, and does memory follow the budget?
+(c) gavel_weighted_vs_equal and (d) pai_planning_cost: bench/planning.py's own functions, run
+    here (see that file); skipped with a note when ../shared/data is absent.
+Compare ratios across machines, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+
+# The relay and sink roles run this file as bare gRPC processes: the mesh, jax and the planner
+# are imported only by the benchmark role (in run_benchmark), so those processes stay bare.
+
+MIB = 1024 * 1024
+CHUNK_BYTES = 1 * MIB  # MeshClient's and the dispatcher's default chunk; the bare pipeline uses it too
+MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_BYTES  # the mesh's limit on every hop; the bare pipeline's too
+SMALL_SHARD_BYTES = 32 * 1024  # ACCELMESH_MAX_SHARD_BYTES of the per-shard dispatcher
+WORKER_DEVICES = 2
+EMULATE = ("v100-32gb", "v100-32gb")  # fp32 rule: identity stays bit-exact, the local baseline is fp32 too
+OVERHEAD_PROGRAMS = (("identity", 8), ("mlp_classifier", 128))  # (program, rows per shard): 32 KiB of input each
+STREAM_PROGRAM = "identity"
+STAGE_MESSAGES = ("queued", "loading", "running", "done")  # ExecuteResponse.stage, one message each
+MEMORY_PROBE_BYTES = 64 * MIB  # a smaller job first, so peak RSS is seen against input size
+STREAM_TIMEOUT_S = 120.0
+# A dispatcher whose in-flight budget is far below the job: its memory should follow the budget.
+BOUNDED_ENV = {"ACCELMESH_INFLIGHT_BYTES": 8 * MIB, "ACCELMESH_MAX_SHARD_BYTES": 2 * MIB}
+BOUNDED_INPUT_BYTES = 64 * MIB
+BOUNDED_TIMEOUT_S = 20.0  # ~1 s of work here: a job still running by then has stalled
+OVERHEAD_GOAL_MS = 5.0
+STREAM_GOAL_RATIO = 0.5  # mesh MB/s over bare MB/s
+PIPE_SERVICE = "bench.dispatch.Pipe"
+PIPE_METHOD = f"/{PIPE_SERVICE}/Stream"
+READY = re.compile(r"bench-dispatch: (?P<role>\w+) listening on (?P<address>\S+)")
+RPC_TIMEOUT_S = 300.0
+RSS_SAMPLE_S = 0.01
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Plan:
+    shards: int  # K: shards of each per-shard job
+    shard_jobs: int  # timed K-shard jobs per program (their shards pooled)
+    one_shard_jobs: int  # timed one-shard jobs per program: the per-job fixed cost
+    local_calls: int
+    direct_calls: int
+    floor_calls: int
+    stream_bytes: int
+    stream_reps: int  # timed runs per arm, alternating
+    pai_runs: int
+
+
+FULL = Plan(shards=200, shard_jobs=3, one_shard_jobs=9, local_calls=2000, direct_calls=300, floor_calls=300,
+            stream_bytes=256 * MIB, stream_reps=3, pai_runs=25)
+QUICK = Plan(shards=40, shard_jobs=1, one_shard_jobs=3, local_calls=300, direct_calls=40, floor_calls=40,
+             stream_bytes=256 * MIB, stream_reps=1, pai_runs=4)
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# -- statistics (same conventions as bench/inventory.py and bench/compile.py) ---------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that was really measured."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(len(ordered) * q / 100)) - 1]
+
+
+def summary_ms(seconds: list[float]) -> dict:
+    ms = [s * 1e3 for s in seconds]
+    return {"p50_ms": round(percentile(ms, 50), 3), "p95_ms": round(percentile(ms, 95), 3),
+            "min_ms": round(min(ms), 3), "mean_ms": round(sum(ms) / len(ms), 3), "n": len(ms)}
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator > 0 else None
+
+
+def time_calls(call: Callable[[], object], n: int, warmup: int = 5) -> list[float]:
+    """Wall seconds of `n` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+# -- /proc: memory and CPU of the processes under test --------------------------------------------
+
+
+def proc_status_kib(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0, our own processes); False if refused."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class RssSampler:
+    """Largest VmRSS / RssAnon / RssFile of a process seen while running, polled every 10 ms."""
+
+    FIELDS = ("VmRSS", "RssAnon", "RssFile")
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak_kib = dict.fromkeys(self.FIELDS, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        status = proc_status_kib(self.pid)
+        for key in self.FIELDS:
+            self.peak_kib[key] = max(self.peak_kib[key], status.get(key, 0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(RSS_SAMPLE_S):
+            self._sample()
+
+
+# -- the bare pipeline: relay and sink processes ---------------------------------------------------
+
+
+def serve_role(role: str, listen: str, sink: str) -> None:
+    """A plain grpcio server whose one stream-stream method echoes (sink) or forwards (relay).
+
+    No serializers: messages stay the raw bytes the client sent, nothing is parsed or copied in
+    Python beyond what grpcio itself does. Same thread pool size and limits as the mesh servers.
+    """
+    options = channel_options(MAX_MESSAGE_BYTES)
+    if role == "sink":
+        def stream(requests, context):
+            yield from requests
+    else:
+        downstream = grpc.insecure_channel(sink, options=options).stream_stream(PIPE_METHOD)
+
+        def stream(requests, context):
+            yield from downstream(requests, timeout=RPC_TIMEOUT_S)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=options)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        PIPE_SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(stream)})])
+    port = server.add_insecure_port(listen)
+    server.start()
+    print(f"bench-dispatch: {role} listening on {listen.rsplit(':', 1)[0]}:{port}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
+    server.wait_for_termination()
+
+
+@dataclass
+class RoleProcess:
+    role: str
+    process: subprocess.Popen
+    address: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_role(role: str, *args: str) -> RoleProcess:
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", role, *args],
+                               stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    match = READY.search(line)
+    if match is None:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"the {role} process did not start (exit code {process.returncode}): {line!r}")
+    return RoleProcess(role, process, match["address"])
+
+
+def pipe_stub(address: str):
+    return grpc.insecure_channel(address, options=channel_options(MAX_MESSAGE_BYTES)).stream_stream(PIPE_METHOD)
+
+
+def bare_stream(pipe, data: np.ndarray) -> tuple[float, bool]:
+    """One pass of `data` through the bare pipeline in CHUNK_BYTES messages; (seconds, echo equal)."""
+    flat = memoryview(data.reshape(-1).view(np.uint8))
+    received = bytearray(len(flat))
+
+    def requests() -> Iterator[bytes]:
+        for offset in range(0, len(flat), CHUNK_BYTES):
+            yield flat[offset: offset + CHUNK_BYTES].tobytes()
+
+    start = time.perf_counter()
+    position = 0
+    for message in pipe(requests(), timeout=RPC_TIMEOUT_S):
+        received[position: position + len(message)] = message
+        position += len(message)
+    seconds = time.perf_counter() - start
+    return seconds, position == len(flat) and received == flat
+
+
+# -- the mesh ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Mesh:
+    inventory: object
+    compile: object
+    worker: object
+    small_shards: object  # dispatch with ACCELMESH_MAX_SHARD_BYTES=SMALL_SHARD_BYTES
+    default: object  # dispatch with its defaults
+    bounded: object  # dispatch with BOUNDED_ENV: a small in-flight budget
+
+
+def report_if_ended(process, failing: bool) -> None:
+    """When the benchmark fails, say which mesh process had ended, with its last output lines."""
+    code = process.process.poll()
+    if failing and code is not None:
+        tail = "\n  ".join(process.output[-10:])
+        progress(f"{process.name} (pid {process.process.pid}) had ended with code {code}; its last lines:\n  {tail}")
+
+
+def start_mesh(stack: ExitStack, workdir: Path) -> Mesh:
+    """The embedded mesh's processes, with three dispatchers configured through their environment."""
+    from accelmesh.embedded import start_compile, start_inventory, start_worker
+    from accelmesh.runtime.launcher import start_service
+
+    def started(process):
+        stack.callback(process.terminate)
+        stack.push(lambda *exc: report_if_ended(process, exc[0] is not None))
+        return process
+
+    def dispatch(name: str, env: dict[str, str]):
+        args = ["--listen", "127.0.0.1:0", "--inventory", inventory.address, "--compile", compile_.address,
+                "--data-dir", str(workdir / name)]
+        return started(start_service(name, "dispatch_svc", args, env=env))
+
+    inventory = started(start_inventory(workdir))
+    compile_ = started(start_compile(workdir))
+    worker = started(start_worker(inventory.address, devices=WORKER_DEVICES, emulate=EMULATE,
+                                  artifact_dir=workdir / "worker-artifacts"))
+    small = dispatch("dispatch-small-shards", {"ACCELMESH_MAX_SHARD_BYTES": str(SMALL_SHARD_BYTES)})
+    default = dispatch("dispatch-default", {})
+    bounded = dispatch("dispatch-bounded", {k: str(v) for k, v in BOUNDED_ENV.items()})
+    return Mesh(inventory, compile_, worker, small, default, bounded)
+
+
+# -- (a) per-shard overhead ------------------------------------------------------------------------
+
+
+def local_call(program, rule, params: list[np.ndarray], x: np.ndarray, device) -> Callable[[], list[np.ndarray]]:
+    """The program as the worker's rule builds it, compiled here for `x`'s shape; one call of it."""
+    import jax
+
+    from accelmesh.artifacts import xla_compiler_options
+    from compile_svc.lowering import apply_build_options
+
+    resident = [jax.device_put(p, device) for p in params]
+    compiled = jax.jit(apply_build_options(program, rule.build)).lower(
+        *resident, jax.device_put(x, device)).compile(compiler_options=xla_compiler_options(rule.build))
+
+    def call() -> list[np.ndarray]:
+        outputs = jax.block_until_ready(compiled(*resident, jax.device_put(x, device)))
+        return [np.asarray(o) for o in outputs]
+
+    return call
+
+
+def worker_style_call(data: bytes, arrays: list[np.ndarray], device) -> Callable[[], list[np.ndarray]]:
+    """The worker's own artifact loaded here and called as the worker calls it: every input
+    (parameters too) put on the device, block_until_ready, outputs back to numpy."""
+    import jax
+
+    from accelmesh.artifacts import load_executable
+
+    loaded = load_executable(data, device=device)
+
+    def call() -> list[np.ndarray]:
+        outputs = jax.block_until_ready(loaded(*jax.device_put(list(arrays), device)))
+        return [np.asarray(o) for o in jax.tree.leaves(outputs)]
+
+    return call
+
+
+def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, plan: Plan, floor_pipe) -> dict:
+    import jax
+
+    from accelmesh.client import MeshClient
+    from compile_svc.programs import default_registry
+    from compile_svc.rules import load_rules
+    from dispatch_svc import model as m
+    from dispatch_svc.execution import CancelScope
+    from dispatch_svc.mesh_client import GrpcMesh
+    from dispatch_svc.runner import JobDevice
+    from dispatch_svc.worker.artifacts import ArtifactStore
+
+    program = default_registry().get(name)
+    width = program.inputs[0].shape[1]
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((plan.shards * rows_per_shard, width)).astype(np.float32)
+    one = x[:rows_per_shard]
+    params = [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
+    with MeshClient(mesh.small_shards.address) as client:
+        progress(f"overhead {name}: warm-up job of {plan.shards} shards")
+        client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
+        one_walls = []
+        for _ in range(plan.one_shard_jobs):
+            start = time.perf_counter()
+            client.run(name, {"x": one}, max_devices=1, timeout=RPC_TIMEOUT_S)
+            one_walls.append(time.perf_counter() - start)
+        walls, records, outputs = [], [], None
+        for job in range(plan.shard_jobs):
+            start = time.perf_counter()
+            result = client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
+            walls.append(time.perf_counter() - start)
+            records.extend(result.job.shards)
+            outputs = next(iter(result.outputs.values()))
+            progress(f"overhead {name}: job {job + 1}: {len(result.job.shards)} shards in {walls[-1]:.2f} s")
+    shards_per_job = len(records) // plan.shard_jobs
+    devices = sorted({r.device_id for r in records})
+    target_types = sorted({r.target_type for r in records})
+    rules = sorted({r.rule for r in records})
+
+    # The dispatcher's Execute call on its own: GrpcMesh.execute from here, same device and artifact.
+    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, max_message_bytes=MAX_MESSAGE_BYTES,
+                         chunk_bytes=CHUNK_BYTES)
+    try:
+        candidates = grpc_mesh.candidate_devices(m.Constraints(max_devices=1))
+        described = grpc_mesh.describe_program(name, "")
+        (build,) = grpc_mesh.compile(described, candidates, [rows_per_shard])
+        device = JobDevice(candidates[0].spec, candidates[0].node_address, build.target_type)
+        shipped = grpc_mesh.fetch_parameters(described, 0) if described.parameters else []
+        arrays = [*zip((p.name for p in described.parameters), shipped), ("x", one)]
+        artifact = build.executables.get(rows_per_shard, build.portable)
+        direct = time_calls(lambda: grpc_mesh.execute("bench-direct", 0, 1, device, build, artifact, arrays,
+                                                      rows_per_shard, CancelScope()), plan.direct_calls)
+    finally:
+        grpc_mesh.close()
+    store = ArtifactStore(workdir / "bench-artifacts", max_message_bytes=MAX_MESSAGE_BYTES)
+    try:
+        artifact_bytes = store.get(artifact.key, artifact.digest, mesh.compile.address)
+    finally:
+        store.close()
+    # The floor of any bidirectional stream call here: as many messages of the same sizes as the
+    # Execute request (a shard header, then a tensor header and its chunks per array), echoed.
+    messages = [b"h" * 200]
+    for _, array in arrays:
+        messages.append(b"t" * 64)
+        messages.extend(array.tobytes()[i: i + CHUNK_BYTES] for i in range(0, max(1, array.nbytes), CHUNK_BYTES))
+    floor = time_calls(lambda: list(floor_pipe(iter(messages), timeout=RPC_TIMEOUT_S)), plan.floor_calls)
+    outputs_per_shard = len(program.outputs)
+
+    rule = load_rules().match(device.spec)
+    jax_device = jax.devices("cpu")[0]
+    call = local_call(program, rule, params, one, jax_device)
+    local = time_calls(call, plan.local_calls, warmup=20)
+    same_artifact = (time_calls(worker_style_call(artifact_bytes, [a for _, a in arrays], jax_device),
+                                plan.local_calls, warmup=20) if artifact.format == "executable" else None)
+    expected = np.asarray(jax.jit(program.fn)(*params, x)[0])  # the whole job on one device
+    local_p50 = percentile(local, 50)
+
+    total = [r.total_seconds for r in records]
+    rest = [r.total_seconds - r.queue_seconds - r.load_seconds - r.execute_seconds for r in records]
+    shard = summary_ms(total)
+    wall_per_shard = sum(walls) / (len(walls) * shards_per_job)
+    one_p50 = percentile(one_walls, 50)
+    marginal = (percentile(walls, 50) - one_p50) / (shards_per_job - 1) if shards_per_job > 1 else None
+    overhead_ms = (shard["p50_ms"] - local_p50 * 1e3)
+    return {
+        "program": name,
+        "rows_per_shard": rows_per_shard,
+        "input_bytes_per_shard": one.nbytes,
+        "parameter_bytes_per_shard": sum(p.nbytes for p in params),
+        "shards_per_job": shards_per_job,
+        "timed_jobs": len(walls),
+        "how_shard_count_was_obtained": (
+            f"dispatcher started with ACCELMESH_MAX_SHARD_BYTES={SMALL_SHARD_BYTES}: the planner caps a shard at "
+            f"{SMALL_SHARD_BYTES} // {one.nbytes // rows_per_shard} row bytes = {rows_per_shard} rows, and the job "
+            f"has {len(x)} rows; max_devices=1 puts every shard on one device"),
+        "devices": devices, "target_types": target_types, "rules": rules,
+        "results_match_local": bool(outputs is not None and np.allclose(outputs, expected, rtol=1e-5, atol=1e-5)),
+        "mesh_shard_total": shard,
+        "components_p50_ms": {
+            "queue": round(percentile([r.queue_seconds for r in records], 50) * 1e3, 3),
+            "load": round(percentile([r.load_seconds for r in records], 50) * 1e3, 3),
+            "execute": round(percentile([r.execute_seconds for r in records], 50) * 1e3, 3),
+            "rest_rpc_and_transport": round(percentile(rest, 50) * 1e3, 3),
+        },
+        "local_execute": summary_ms(local),
+        "local_worker_artifact_called_like_the_worker": summary_ms(same_artifact) if same_artifact else None,
+        "ratio_worker_execute_over_local_worker_artifact_p50": ratio(
+            percentile([r.execute_seconds for r in records], 50), percentile(same_artifact, 50)) if same_artifact else None,
+        "artifact_format": artifact.format,
+        "direct_execute_device": device.id,
+        "direct_execute_rpc": summary_ms(direct),
+        "bare_stream_call": summary_ms(floor),
+        "execute_call_messages": {
+            "requests": len(messages),
+            "responses": len(STAGE_MESSAGES) + 2 * outputs_per_shard + 1,
+            "of_which_stage_messages": len(STAGE_MESSAGES),
+            "bare_stream_call_echoes": len(messages),
+            "note": "responses: one per stage (" + ", ".join(STAGE_MESSAGES) + "), a header and one chunk per "
+                    "output, the timings; GrpcMesh.execute reads only the tensors and the timings",
+        },
+        "job_wall_per_shard_ms": round(wall_per_shard * 1e3, 3),
+        "one_shard_job_wall": summary_ms(one_walls),
+        "marginal_ms_per_shard": round(marginal * 1e3, 3) if marginal is not None else None,
+        "overhead_ms_per_shard": round(overhead_ms, 3),
+        "overhead_ms_per_shard_from_job_wall": round(wall_per_shard * 1e3 - local_p50 * 1e3, 3),
+        "ratio_shard_total_over_local_p50": ratio(shard["p50_ms"], local_p50 * 1e3),
+        "ratio_shard_total_over_direct_execute_p50": ratio(shard["p50_ms"], percentile(direct, 50) * 1e3),
+        "ratio_direct_execute_over_bare_stream_p50": ratio(percentile(direct, 50), percentile(floor, 50)),
+        "goal_ms": OVERHEAD_GOAL_MS,
+        "meets_goal": overhead_ms < OVERHEAD_GOAL_MS,
+    }
+
+
+def message_cost(overhead: dict) -> dict:
+    """What one more message on a stream costs here, from the two bare floors: mlp_classifier's
+    Execute request carries its 6 parameter tensors as 12 more messages than identity's."""
+    (small, _), (large, _) = OVERHEAD_PROGRAMS
+    a, b = overhead[small], overhead[large]
+    extra = b["execute_call_messages"]["requests"] - a["execute_call_messages"]["requests"]
+    per_message = (b["bare_stream_call"]["p50_ms"] - a["bare_stream_call"]["p50_ms"]) / (2 * extra)
+    return {
+        "bare_ms_per_message_each_way": round(per_message, 3),
+        "method": f"({large} bare_stream_call p50 - {small} bare_stream_call p50) / (2 x {extra} extra messages, "
+                  f"echoed); includes the ~{(b['input_bytes_per_shard'] + b['parameter_bytes_per_shard'] - a['input_bytes_per_shard']) // 1024} "
+                  "KiB more payload",
+        "estimated_ms_per_shard_for_stage_messages": round(per_message * len(STAGE_MESSAGES), 3),
+        f"estimated_ms_per_shard_for_{large}_parameter_messages": round(per_message * extra, 3),
+    }
+
+
+# -- (b) streaming -----------------------------------------------------------------------------------
+
+
+def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = STREAM_TIMEOUT_S) -> dict:
+    """One RunJob of `data` through `dispatch`, with its memory and CPU accounted."""
+    dispatch_pid, worker_pid = dispatch.process.pid, worker.process.pid
+    before = {"dispatch": proc_status_kib(dispatch_pid)["VmRSS"], "worker": proc_status_kib(worker_pid)["VmRSS"]}
+    reset = reset_peak_rss(dispatch_pid) and reset_peak_rss(worker_pid)
+    cpu = {"client": time.process_time(), "dispatch": cpu_seconds(dispatch_pid), "worker": cpu_seconds(worker_pid)}
+    with RssSampler(dispatch_pid) as dispatch_rss, RssSampler(worker_pid) as worker_rss:
+        start = time.perf_counter()
+        result = client.run(STREAM_PROGRAM, {"x": data}, timeout=timeout_s)
+        seconds = time.perf_counter() - start
+    cpu = {"client": time.process_time() - cpu["client"], "dispatch": cpu_seconds(dispatch_pid) - cpu["dispatch"],
+           "worker": cpu_seconds(worker_pid) - cpu["worker"]}
+
+    def memory(pid: int, rss_before_kib: int, sampled: RssSampler) -> dict:
+        peak = proc_status_kib(pid)["VmHWM"] * 1024
+        return {"input_bytes": data.nbytes, "rss_before_bytes": rss_before_kib * 1024, "peak_rss_bytes_vmhwm": peak,
+                "rise_bytes": peak - rss_before_kib * 1024,
+                "ratio_rise_over_input": ratio(peak - rss_before_kib * 1024, data.nbytes),
+                "sampled_peak_bytes": {k: v * 1024 for k, v in sampled.peak_kib.items()}}
+
+    shards = result.job.shards
+    return {
+        "seconds": seconds,
+        "equal": bool(np.array_equal(result.outputs["y"], data)),
+        "cpu_s": cpu,
+        "shards": len(shards),
+        "shard_rows": sorted({s.rows for s in shards}),
+        "devices": len({s.device_id for s in shards}),
+        "load_s_total": sum(s.load_seconds for s in shards),
+        "execute_s_total": sum(s.execute_seconds for s in shards),
+        "dispatch_memory": memory(dispatch_pid, before["dispatch"], dispatch_rss),
+        "worker_memory": memory(worker_pid, before["worker"], worker_rss),
+        "vmhwm_reset": reset,
+    }
+
+
+def bare_run(pipe, relay: RoleProcess, sink: RoleProcess, data: np.ndarray) -> dict:
+    cpu = {"client": time.process_time(), "relay": cpu_seconds(relay.pid), "sink": cpu_seconds(sink.pid)}
+    seconds, equal = bare_stream(pipe, data)
+    cpu = {"client": time.process_time() - cpu["client"], "relay": cpu_seconds(relay.pid) - cpu["relay"],
+           "sink": cpu_seconds(sink.pid) - cpu["sink"]}
+    return {"seconds": seconds, "equal": equal, "cpu_s": cpu}
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return round(nbytes / 1e6 / seconds, 1)
+
+
+def cpu_per_wall(runs: list[dict]) -> dict:
+    """CPU seconds each process spent per wall second (2.0 = both cores; one Python process's
+    threads share one GIL, so about 1.0 is its ceiling for Python code)."""
+    wall = sum(r["seconds"] for r in runs)
+    return {k: round(sum(r["cpu_s"][k] for r in runs) / wall, 2) for k in runs[0]["cpu_s"]}
+
+
+def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
+    """A job 8x the dispatcher's in-flight budget: does it finish, and does memory follow the budget?"""
+    from accelmesh.client import MeshClient
+
+    shard_rows = BOUNDED_ENV["ACCELMESH_MAX_SHARD_BYTES"] // data[0].nbytes
+    job = data[: BOUNDED_INPUT_BYTES // data[0].nbytes]
+    out = {"dispatcher_env": BOUNDED_ENV, "input_bytes": job.nbytes, "timeout_s": BOUNDED_TIMEOUT_S}
+    with MeshClient(mesh.bounded.address, chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES) as client:
+        client.run(STREAM_PROGRAM, {"x": job[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # one shard: warm
+        progress(f"streaming: {job.nbytes // MIB} MiB through a dispatcher with an "
+                 f"{BOUNDED_ENV['ACCELMESH_INFLIGHT_BYTES'] // MIB} MiB in-flight budget")
+        start = time.perf_counter()
+        try:
+            run = mesh_stream(mesh.bounded, mesh.worker, client, job, BOUNDED_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            return {**out, "completed": False, "error": f"{exc.code().name} after {time.perf_counter() - start:.1f} s",
+                    "peak_rss_bytes_vmhwm": proc_status_kib(mesh.bounded.process.pid)["VmHWM"] * 1024}
+    memory = run["dispatch_memory"]
+    return {**out, "completed": run["equal"], "seconds": round(run["seconds"], 3), "shards": run["shards"],
+            "mb_per_s": mbps(job.nbytes, run["seconds"]), "rss_before_bytes": memory["rss_before_bytes"],
+            "peak_rss_bytes_vmhwm": memory["peak_rss_bytes_vmhwm"], "rise_bytes": memory["rise_bytes"],
+            "ratio_rise_over_input": memory["ratio_rise_over_input"],
+            "ratio_rise_over_inflight_budget": ratio(memory["rise_bytes"], BOUNDED_ENV["ACCELMESH_INFLIGHT_BYTES"])}
+
+
+def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
+    from accelmesh.client import MeshClient
+    from compile_svc.programs.builtin import IDENTITY_WIDTH
+    from dispatch_svc.config import DispatchConfig
+
+    defaults = DispatchConfig()
+    row_bytes = IDENTITY_WIDTH * 4
+    shard_rows = defaults.max_shard_bytes // row_bytes
+    data = np.random.default_rng(11).standard_normal((plan.stream_bytes // row_bytes, IDENTITY_WIDTH)).astype(np.float32)
+    probe = data[: MEMORY_PROBE_BYTES // row_bytes]
+    pipe = pipe_stub(relay.address)
+    mesh_runs, bare_runs = [], []
+    with MeshClient(mesh.default.address, chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES) as client:
+        progress(f"streaming: warm-up, one {shard_rows}-row shard through the mesh, "
+                 f"{data.nbytes // MIB} MiB through the bare pipeline")
+        client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact
+        warm_bare = bare_run(pipe, relay, sink, data)
+        progress(f"streaming: {probe.nbytes // MIB} MiB through the mesh (memory against input size)")
+        small = mesh_stream(mesh.default, mesh.worker, client, probe)
+        for rep in range(plan.stream_reps):
+            arms = [("mesh", lambda: mesh_runs.append(mesh_stream(mesh.default, mesh.worker, client, data))),
+                    ("bare", lambda: bare_runs.append(bare_run(pipe, relay, sink, data)))]
+            for arm, run in arms if rep % 2 == 0 else arms[::-1]:
+                run()
+                last = (mesh_runs if arm == "mesh" else bare_runs)[-1]
+                progress(f"streaming: {arm} {mbps(data.nbytes, last['seconds'])} MB/s")
+    mesh_mbps = [mbps(data.nbytes, r["seconds"]) for r in mesh_runs]
+    bare_mbps = [mbps(data.nbytes, r["seconds"]) for r in bare_runs]
+    first = mesh_runs[0]  # the first full-size job: later ones start from a heap the allocator kept
+    peak = max(r["dispatch_memory"]["peak_rss_bytes_vmhwm"] for r in mesh_runs)
+    return {
+        "program": STREAM_PROGRAM,
+        "input_bytes": data.nbytes, "output_bytes": data.nbytes,
+        "chunk_bytes": CHUNK_BYTES, "max_message_bytes": MAX_MESSAGE_BYTES,
+        "dispatcher_settings": {"max_shard_bytes": defaults.max_shard_bytes, "inflight_bytes": defaults.inflight_bytes,
+                                "chunk_bytes": defaults.chunk_bytes, "source": "defaults (no ACCELMESH_* set)"},
+        "mesh_shape": "MeshClient.run -> dispatch RunJob -> worker Execute per shard (both devices) -> back",
+        "bare_shape": "client -> relay process -> sink process (echo) -> relay -> client; grpcio generic "
+                      "stream-stream handlers, raw bytes messages",
+        "mb_per_s_definition": "input bytes / 1e6 / wall seconds of the whole call (the same bytes also come back)",
+        "mesh": {
+            "mb_per_s": mesh_mbps, "mb_per_s_p50": percentile(mesh_mbps, 50),
+            "results_equal_input": all(r["equal"] for r in mesh_runs),
+            "shards": first["shards"], "shard_rows": first["shard_rows"], "devices": first["devices"],
+            "worker_execute_s_per_run": round(percentile([r["execute_s_total"] for r in mesh_runs], 50), 3),
+            "artifact_load_s_per_run": round(percentile([r["load_s_total"] for r in mesh_runs], 50), 3),
+            "cpu_s_per_wall_s": cpu_per_wall(mesh_runs),
+        },
+        "bare": {
+            "mb_per_s": bare_mbps, "mb_per_s_p50": percentile(bare_mbps, 50),
+            "warmup_mb_per_s": mbps(data.nbytes, warm_bare["seconds"]),
+            "echo_equal_input": all(r["equal"] for r in bare_runs),
+            "cpu_s_per_wall_s": cpu_per_wall(bare_runs),
+        },
+        "ratio_mesh_over_bare_p50": ratio(percentile(mesh_mbps, 50), percentile(bare_mbps, 50)),
+        "goal_ratio": STREAM_GOAL_RATIO,
+        "meets_goal": percentile(mesh_mbps, 50) >= STREAM_GOAL_RATIO * percentile(bare_mbps, 50),
+        "dispatcher_memory": {
+            "peak_rss_bytes_vmhwm": peak,
+            "ratio_peak_rss_over_input": ratio(peak, data.nbytes),
+            "vmhwm_reset_before_each_job": small["vmhwm_reset"] and all(r["vmhwm_reset"] for r in mesh_runs),
+            "by_input_size": [small["dispatch_memory"], first["dispatch_memory"]],
+            "rise_exceeds_input": first["dispatch_memory"]["rise_bytes"] >= data.nbytes,
+            "note": "VmHWM reset through /proc/<pid>/clear_refs before each job; rise = peak - RSS before the job; "
+                    "RssAnon is the process's own heap, RssFile its file-backed pages (libraries, mapped files)",
+        },
+        "worker_memory": {"by_input_size": [small["worker_memory"], first["worker_memory"]]},
+        "small_inflight_budget": bench_bounded(mesh, data),
+    }
+
+
+# -- (c, d) planning: bench/planning.py's functions --------------------------------------------------
+
+
+def bench_planning(plan: Plan) -> dict:
+    import planning  # the sibling script: this file runs from bench/, which Python puts first on sys.path
+
+    from compile_svc.rules import load_rules
+
+    rules = load_rules()
+    out: dict = {}
+    if planning.GAVEL_CSV.exists():
+        progress("planning: gavel job types on K80 + P100 + V100")
+        gavel = planning.bench_gavel(rules)
+        out["gavel_weighted_vs_equal"] = {
+            **{k: v for k, v in gavel.items() if k != "per_job_type"},
+            "ratio_equal_over_weighted_per_job_type": {job: v["ratio_equal_over_weighted"]
+                                                      for job, v in gavel["per_job_type"].items()},
+        }
+        out["gavel_skipped_reason"] = None
+    else:
+        out["gavel_weighted_vs_equal"] = None
+        out["gavel_skipped_reason"] = planning.skipped(planning.GAVEL_CSV, "gavel_weighted_vs_equal")
+    if planning.PAI_CSV.exists():
+        progress("planning: one job over the PAI inventory")
+        pai = planning.bench_pai(rules, plan.pai_runs)
+        out["pai_planning_cost"] = {**pai, "gpu_nodes": pai_gpu_nodes(planning)}
+        out["pai_skipped_reason"] = None
+    else:
+        out["pai_planning_cost"] = None
+        out["pai_skipped_reason"] = planning.skipped(planning.PAI_CSV, "pai_planning_cost")
+    return out
+
+
+def pai_gpu_nodes(planning) -> int:
+    import csv
+
+    with planning.PAI_CSV.open(newline="") as handle:
+        return sum(1 for row in csv.DictReader(handle)
+                   if row["gpu_type"].strip() in planning.PAI_TYPES and int(row["cap_gpu"]) > 0)
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import jax
+
+    return {
+        "cores": os.cpu_count(),
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(), "grpc": grpc.__version__, "jax": jax.__version__,
+        "numpy": np.__version__, "platform": platform.platform(),
+        "otel_env": sorted(k for k in os.environ if k.startswith("OTEL_")),
+        "accelmesh_env": sorted(k for k in os.environ if k.startswith("ACCELMESH_")),  # inherited by the mesh
+    }
+
+
+def summary(result: dict) -> dict:
+    overhead = result["per_shard_overhead"]
+    stream = result["streaming"]
+    gavel = result["gavel_weighted_vs_equal"]
+    pai = result["pai_planning_cost"]
+    return {
+        "overhead_ms_per_shard": {name: o["overhead_ms_per_shard"] for name, o in overhead.items()},
+        "overhead_goal_ms": OVERHEAD_GOAL_MS,
+        "overhead_meets_goal": {name: o["meets_goal"] for name, o in overhead.items()},
+        "stream_mb_per_s": {"mesh": stream["mesh"]["mb_per_s_p50"], "bare": stream["bare"]["mb_per_s_p50"]},
+        "stream_ratio_mesh_over_bare": stream["ratio_mesh_over_bare_p50"],
+        "stream_goal_ratio": STREAM_GOAL_RATIO,
+        "stream_meets_goal": stream["meets_goal"],
+        "dispatcher_peak_rss_bytes": stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"],
+        "stream_input_bytes": stream["input_bytes"],
+        "dispatcher_rise_exceeds_input": stream["dispatcher_memory"]["rise_exceeds_input"],
+        "job_over_inflight_budget_completes": stream["small_inflight_budget"]["completed"],
+        "grpc_ms_per_message_each_way": result["grpc_message_cost"]["bare_ms_per_message_each_way"],
+        "gavel_geomean_ratio_equal_over_weighted": gavel["geomean_ratio_equal_over_weighted"] if gavel else None,
+        "pai_plan_one_job_p50_ms": ({name: v["throughput_and_plan"]["p50_ms"] for name, v in pai["variants"].items()}
+                                    if pai else None),
+        "pai_devices": pai["devices"] if pai else None,
+    }
+
+
+def run_benchmark(plan: Plan, mode: str) -> dict:
+    started = time.perf_counter()
+    result: dict = {"benchmark": "dispatch", "mode": mode, "machine": machine()}
+    # Processes stop (the stack) before their folder goes.
+    with tempfile.TemporaryDirectory(prefix="accelmesh-bench-dispatch-") as tmp, ExitStack() as stack:
+        progress("starting inventory, compile, worker, three dispatchers, sink and relay")
+        mesh = start_mesh(stack, Path(tmp))
+        sink = start_role("sink", "--listen", "127.0.0.1:0")
+        stack.callback(sink.stop)
+        relay = start_role("relay", "--listen", "127.0.0.1:0", "--sink", sink.address)
+        stack.callback(relay.stop)
+        result["setup"] = {
+            "worker": {"cpu_devices": WORKER_DEVICES, "emulate": list(EMULATE)},
+            "dispatchers": {"per_shard_overhead": {"ACCELMESH_MAX_SHARD_BYTES": SMALL_SHARD_BYTES},
+                            "streaming": "defaults", "small_inflight_budget": BOUNDED_ENV},
+            "processes": "inventory, compile, worker, 3 x dispatch (python -m ...), sink and relay "
+                         "(this file, --role), all on loopback; the bench process is the client",
+        }
+        floor_pipe = pipe_stub(sink.address)
+        result["per_shard_overhead"] = {name: bench_overhead(mesh, Path(tmp), name, rows, plan, floor_pipe)
+                                        for name, rows in OVERHEAD_PROGRAMS}
+        result["grpc_message_cost"] = message_cost(result["per_shard_overhead"])
+        result["streaming"] = bench_streaming(mesh, relay, sink, plan)
+    result.update(bench_planning(plan))
+    result["summary"] = summary(result)
+    result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke run, not a measurement")
+    parser.add_argument("--role", choices=("bench", "relay", "sink"), default="bench",
+                        help="internal: the bare pipeline's processes")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="relay and sink: where to serve")
+    parser.add_argument("--sink", default="", help="relay: the sink's address")
+    args = parser.parse_args(argv)
+    if args.role != "bench":
+        serve_role(args.role, args.listen, args.sink)
+        return 0
+    mode = "quick" if args.quick else "full"
+    result = run_benchmark(QUICK if args.quick else FULL, mode)
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

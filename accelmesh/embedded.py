@@ -72,6 +72,8 @@ def start_embedded_mesh(
     devices: int = 4,
     emulate: Sequence[str] = DEFAULT_EMULATE,
     inventory_listen: str = "127.0.0.1:0",
+    compile_listen: str = "127.0.0.1:0",
+    dispatch_listen: str = "127.0.0.1:0",
     poll_interval_s: float = 5.0,
     lost_after_polls: int = 3,
     echo: bool = False,
@@ -82,10 +84,11 @@ def start_embedded_mesh(
                                 lost_after_polls=lost_after_polls, echo=echo)
     mesh = EmbeddedMesh(data_dir, inventory)
     try:
-        mesh.compile = start_compile(data_dir, echo=echo)
+        mesh.compile = start_compile(data_dir, listen=compile_listen, echo=echo)
         mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo,
                                          artifact_dir=data_dir / "worker-artifacts"))
-        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, echo=echo)
+        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, listen=dispatch_listen,
+                                       echo=echo)
     except BaseException:
         mesh.stop()
         raise

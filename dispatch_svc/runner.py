@@ -186,6 +186,7 @@ class JobRunner:
     # -- running ---------------------------------------------------------------------------
 
     def start(self, spec: m.JobSpec) -> tuple[m.JobRecord, LiveJob]:
+        self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
         job = self.book.create(spec)
         live = LiveJob()
         with self._lock:

@@ -226,3 +226,17 @@ def test_dispatcher_memory_stays_bounded_while_a_large_input_streams(mesh, tmp_p
         assert growth < DISPATCH_GROWTH_BOUND_BYTES, f"dispatcher grew by {growth / 2**20:.0f} MiB"
     finally:
         small.terminate()
+
+
+def test_cancel_stops_a_running_job_and_releases_its_devices(client, mesh):
+    tokens = np.random.default_rng(5).integers(0, 512, size=(6000, 32), dtype=np.int32)
+    job_id = client.submit("transformer_encoder", {"tokens": tokens})
+    for event in client.watch(job_id):
+        if event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED:
+            break
+    job = client.cancel(job_id)
+    assert job.state == pb.JOB_STATE_CANCELLED
+    assert list(client.watch(job_id))[-1].type == pb.JOB_EVENT_TYPE_CANCELLED
+    assert reservations(mesh) == []
+    error = rpc_error(client.fetch_result, job_id)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "cancelled" in error.details()

@@ -6,18 +6,23 @@ import signal
 import threading
 import time
 
+from accelmesh.cli.compile import DEFAULT_COMPILE
 from accelmesh.cli.inventory import DEFAULT_INVENTORY, inventory_stub, list_all_devices
 from accelmesh.cli.tables import format_devices
 from accelmesh.embedded import DEFAULT_DATA_DIR, DEFAULT_EMULATE, EmbeddedMesh, start_embedded_mesh
 from accelmesh.runtime.channels import open_channel
 
 
+DEFAULT_DISPATCH = "127.0.0.1:50071"
+
+
 def _start(args) -> EmbeddedMesh:
     emulate = tuple(p for p in args.emulate.split(",") if p) if args.emulate is not None else DEFAULT_EMULATE
-    print(f"starting the mesh: inventory, compile and one worker with {args.devices} CPU devices"
+    print(f"starting the mesh: inventory, compile, dispatch and one worker with {args.devices} CPU devices"
           f"{' emulating ' + ', '.join(emulate) if emulate else ''} ...", flush=True)
     return start_embedded_mesh(
-        args.data_dir, devices=args.devices, emulate=emulate, inventory_listen=args.inventory_listen, echo=args.verbose
+        args.data_dir, devices=args.devices, emulate=emulate, inventory_listen=args.inventory_listen,
+        compile_listen=args.compile_listen, dispatch_listen=args.dispatch_listen, echo=args.verbose,
     )
 
 
@@ -54,11 +59,15 @@ def add_commands(sub) -> None:
                        help=f"comma list of catalog types emulated on the CPU devices (default {','.join(DEFAULT_EMULATE)}; '' for none)")
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="inventory database, artifact cache, uploads")
         p.add_argument("--inventory-listen", default="127.0.0.1:0")
+        p.add_argument("--compile-listen", default="127.0.0.1:0")
+        p.add_argument("--dispatch-listen", default="127.0.0.1:0")
         p.add_argument("--verbose", action="store_true", help="echo the services' logs")
 
     up = sub.add_parser("up", help="run inventory, compile and a worker on this machine until Ctrl-C")
     mesh_flags(up)
-    up.set_defaults(func=cmd_up, inventory_listen=DEFAULT_INVENTORY)
+    # `up` serves on the well-known ports, so the other commands' defaults find it.
+    up.set_defaults(func=cmd_up, inventory_listen=DEFAULT_INVENTORY, compile_listen=DEFAULT_COMPILE,
+                    dispatch_listen=DEFAULT_DISPATCH)
     demo = sub.add_parser("demo", help="start the embedded mesh, run an inference and a training job across its devices, stop")
     mesh_flags(demo)
     demo.add_argument("--samples", type=int, default=4096, help="sequences for the inference job")

@@ -26,8 +26,8 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     time (each arm carries the input there and back). The arms alternate. The dispatcher's peak
     RSS during the job (VmHWM, reset before it through /proc/<pid>/clear_refs) and sampled
     VmRSS / RssAnon / RssFile, at 64 MiB and at 256 MiB, show whether memory follows the input;
-    CPU seconds per process show where the time goes. Then a 64 MiB job through a third
-    dispatcher whose in-flight budget is 8 MiB: does it finish, and does memory follow the budget?
+    CPU seconds per process show where the time goes. Then 32 MiB and 128 MiB jobs through a third
+    dispatcher whose in-flight budget is 8 MiB: do they finish, and does the peak stay put?
 (c) gavel_weighted_vs_equal and (d) pai_planning_cost: bench/planning.py's own functions, run
     here (see that file); skipped with a note when ../shared/data is absent.
 Compare ratios across machines, not milliseconds.
@@ -74,8 +74,8 @@ MEMORY_PROBE_BYTES = 64 * MIB  # a smaller job first, so peak RSS is seen agains
 STREAM_TIMEOUT_S = 120.0
 # A dispatcher whose in-flight budget is far below the job: its memory should follow the budget.
 BOUNDED_ENV = {"ACCELMESH_INFLIGHT_BYTES": 8 * MIB, "ACCELMESH_MAX_SHARD_BYTES": 2 * MIB}
-BOUNDED_INPUT_BYTES = 64 * MIB
-BOUNDED_TIMEOUT_S = 20.0  # ~1 s of work here: a job still running by then has stalled
+BOUNDED_INPUT_BYTES = (32 * MIB, 128 * MIB)  # in this order: the peak after the larger one is the test
+BOUNDED_TIMEOUT_S = 30.0  # a few seconds of work here: a job still running by then has stalled
 OVERHEAD_GOAL_MS = 5.0
 STREAM_GOAL_RATIO = 0.5  # mesh MB/s over bare MB/s
 PIPE_SERVICE = "bench.dispatch.Pipe"
@@ -574,28 +574,39 @@ def cpu_per_wall(runs: list[dict]) -> dict:
 
 
 def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
-    """A job 8x the dispatcher's in-flight budget: does it finish, and does memory follow the budget?"""
+    """Jobs 4x and 16x the dispatcher's in-flight budget: do they finish, and does the peak stay put
+    as the job grows (bounded) or grow with it?"""
     from accelmesh.client import MeshClient
 
     shard_rows = BOUNDED_ENV["ACCELMESH_MAX_SHARD_BYTES"] // data[0].nbytes
-    job = data[: BOUNDED_INPUT_BYTES // data[0].nbytes]
-    out = {"dispatcher_env": BOUNDED_ENV, "input_bytes": job.nbytes, "timeout_s": BOUNDED_TIMEOUT_S}
+    out = {"dispatcher_env": BOUNDED_ENV, "timeout_s": BOUNDED_TIMEOUT_S, "jobs": []}
     with MeshClient(mesh.bounded.address, chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES) as client:
-        client.run(STREAM_PROGRAM, {"x": job[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # one shard: warm
-        progress(f"streaming: {job.nbytes // MIB} MiB through a dispatcher with an "
-                 f"{BOUNDED_ENV['ACCELMESH_INFLIGHT_BYTES'] // MIB} MiB in-flight budget")
-        start = time.perf_counter()
-        try:
-            run = mesh_stream(mesh.bounded, mesh.worker, client, job, BOUNDED_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            return {**out, "completed": False, "error": f"{exc.code().name} after {time.perf_counter() - start:.1f} s",
-                    "peak_rss_bytes_vmhwm": proc_status_kib(mesh.bounded.process.pid)["VmHWM"] * 1024}
-    memory = run["dispatch_memory"]
-    return {**out, "completed": run["equal"], "seconds": round(run["seconds"], 3), "shards": run["shards"],
-            "mb_per_s": mbps(job.nbytes, run["seconds"]), "rss_before_bytes": memory["rss_before_bytes"],
-            "peak_rss_bytes_vmhwm": memory["peak_rss_bytes_vmhwm"], "rise_bytes": memory["rise_bytes"],
-            "ratio_rise_over_input": memory["ratio_rise_over_input"],
-            "ratio_rise_over_inflight_budget": ratio(memory["rise_bytes"], BOUNDED_ENV["ACCELMESH_INFLIGHT_BYTES"])}
+        client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # one shard: warm
+        for size in BOUNDED_INPUT_BYTES:
+            job = data[: size // data[0].nbytes]
+            progress(f"streaming: {size // MIB} MiB through a dispatcher with an "
+                     f"{BOUNDED_ENV['ACCELMESH_INFLIGHT_BYTES'] // MIB} MiB in-flight budget")
+            start = time.perf_counter()
+            try:
+                run = mesh_stream(mesh.bounded, mesh.worker, client, job, BOUNDED_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                out["jobs"].append({"input_bytes": size, "completed": False,
+                                    "error": f"{exc.code().name} after {time.perf_counter() - start:.1f} s"})
+                break
+            memory = run["dispatch_memory"]
+            out["jobs"].append({
+                "input_bytes": size, "completed": run["equal"], "seconds": round(run["seconds"], 3),
+                "shards": run["shards"], "mb_per_s": mbps(size, run["seconds"]),
+                **{k: memory[k] for k in ("rss_before_bytes", "peak_rss_bytes_vmhwm", "rise_bytes",
+                                          "ratio_rise_over_input")},
+                "ratio_rise_over_inflight_budget": ratio(memory["rise_bytes"], BOUNDED_ENV["ACCELMESH_INFLIGHT_BYTES"]),
+            })
+    jobs = out["jobs"]
+    out["completed"] = len(jobs) == len(BOUNDED_INPUT_BYTES) and all(j["completed"] for j in jobs)
+    if out["completed"]:
+        out["peak_growth_bytes_from_smaller_to_larger_job"] = jobs[-1]["peak_rss_bytes_vmhwm"] - jobs[0]["peak_rss_bytes_vmhwm"]
+        out["input_growth_bytes"] = jobs[-1]["input_bytes"] - jobs[0]["input_bytes"]
+    return out
 
 
 def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
@@ -743,6 +754,8 @@ def summary(result: dict) -> dict:
         "stream_input_bytes": stream["input_bytes"],
         "dispatcher_rise_exceeds_input": stream["dispatcher_memory"]["rise_exceeds_input"],
         "job_over_inflight_budget_completes": stream["small_inflight_budget"]["completed"],
+        "small_budget_peak_growth_bytes_for_96_mib_more_input":
+            stream["small_inflight_budget"].get("peak_growth_bytes_from_smaller_to_larger_job"),
         "grpc_ms_per_message_each_way": result["grpc_message_cost"]["bare_ms_per_message_each_way"],
         "gavel_geomean_ratio_equal_over_weighted": gavel["geomean_ratio_equal_over_weighted"] if gavel else None,
         "pai_plan_one_job_p50_ms": ({name: v["throughput_and_plan"]["p50_ms"] for name, v in pai["variants"].items()}

@@ -9,6 +9,7 @@ attempts, with every cause named.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -51,6 +52,8 @@ class _Pending:
     shard: Any
     on_done: Callable[[Any], None] | None = None  # runs on the device thread when the shard succeeds
     on_error: Callable[[BaseException], None] | None = None  # runs when the shard has finally failed
+    # The submitter's context (its trace): device threads run the shard inside it.
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
     tried: list[str] = field(default_factory=list)  # device ids
     failures: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
@@ -156,7 +159,7 @@ class DevicePool:
         attempt = Attempt(pending.shard, self._devices[device_id], len(pending.tried) + 1)
         pending.tried.append(device_id)
         try:
-            pending.result = self._run(attempt)
+            pending.result = pending.context.copy().run(self._run, attempt)
             if pending.on_done is not None:
                 pending.on_done(pending.result)
                 pending.result = None  # taken: holding every shard's outputs would grow with the job

@@ -8,6 +8,7 @@ block, so inputs are never held whole: at most `inflight_bytes` of shard inputs 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from opentelemetry import trace
 
 from accelmesh import errors
+from accelmesh.runtime import attributes as attr
 from accelmesh.programs import Program
 from dispatch_svc import model as m
 from dispatch_svc.combine import Accumulator
@@ -105,6 +108,7 @@ class LiveJob:
     """What only the running dispatcher knows about a job: how to stop it and what is final."""
 
     scope: CancelScope = field(default_factory=CancelScope)
+    span: Any = None  # the job's span: opened by run, ended with the job
     released_rows: int = 0  # rows of concatenated outputs that are final, from row 0
     concat_names: tuple[str, ...] = ()  # the outputs those rows belong to
     error: BaseException | None = None
@@ -114,8 +118,9 @@ class LiveJob:
 
 class JobRunner:
     def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
-                 max_shard_bytes: int, inflight_bytes: int):
+                 max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None):
         self.mesh = mesh
+        self._tracer = tracer or trace.NoOpTracer()
         self.book = book
         self.throughput = throughput
         self.max_shard_bytes = max_shard_bytes
@@ -197,17 +202,22 @@ class JobRunner:
         """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
         caller); the shards' results are collected in a background thread (or here)."""
         pool = None
+        live.span = self._tracer.start_span("dispatch.job", attributes={
+            attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
+        token = trace.use_span(live.span, end_on_exit=False)
+        token.__enter__()  # everything this job does, on any thread, is part of its trace
         try:
             program, plan, builds, devices = self.plan(job.spec)
             self.book.update(job, plan=plan, state=m.COMPILING)
             self.book.emit(job, m.PLANNED, plan=plan, message=f"{len(plan.shards)} shards on {len(devices)} devices")
             self.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
             used = {s.device_id for s in plan.shards} if job.spec.kind == m.INFERENCE else {d.id for d in devices}
+            spares = devices  # retries may go to any candidate: each type has its own build
             devices = [d for d in devices if d.id in used]
             params = self._parameters(program, job.spec, feed)
             self.mesh.reserve(job.job_id, self._claims(devices, params, plan), RESERVATION_TTL_S)
             self.book.update(job, state=m.RUNNING)
-            pool = DevicePool(devices, lambda attempt: self._execute(job, program, builds, params, attempt),
+            pool = DevicePool(spares, lambda attempt: self._execute(job, program, builds, params, attempt),
                               live.scope, on_retry=lambda a, cause: self._retried(job, a, cause))
             if job.spec.kind == m.TRAINING:
                 work = self._train(job, live, program, pool, feed, [v for _, v in params])
@@ -216,11 +226,14 @@ class JobRunner:
         except BaseException as exc:
             self._end(job, live, pool, exc)
             raise
+        finally:
+            context = contextvars.copy_context()
+            token.__exit__(None, None, None)
         if background:
-            threading.Thread(target=self._collect, args=(job, live, pool, work), daemon=True,
+            threading.Thread(target=context.run, args=(self._collect, job, live, pool, work), daemon=True,
                              name=f"job-{job.job_id}").start()
         else:
-            self._collect(job, live, pool, work)
+            context.run(self._collect, job, live, pool, work)
 
     def _collect(self, job, live, pool, work) -> None:
         try:
@@ -248,6 +261,10 @@ class JobRunner:
                 log.exception("job %s failed", job.job_id, exc_info=exc)
             live.error = exc
             self.book.finish(job, m.FAILED, error=str(exc) or type(exc).__name__)
+        if live.span is not None:
+            if exc is not None:
+                live.span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            live.span.end()
         live.done.set()
 
     def _parameters(self, program: Program, spec: m.JobSpec, feed: InputFeed) -> list[tuple[str, np.ndarray]]:
@@ -273,8 +290,13 @@ class JobRunner:
                        message=f"shard {shard.index} on {device.id}")
         started = time.perf_counter()
         arrays = [*(params if shard.params is None else shard.params), *zip((i.name for i in program.inputs), shard.inputs)]
-        out = self.mesh.execute(job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                shard.rows, attempt_scope(self, job))
+        with self._tracer.start_as_current_span("dispatch.shard", attributes={
+            attr.JOB_ID: job.job_id, attr.SHARD_INDEX: shard.index, attr.SHARD_ATTEMPT: attempt.number,
+            attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
+            attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
+            attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays)}):
+            out = self.mesh.execute(job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
+                                    shard.rows, attempt_scope(self, job))
         record = self._record(job, shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
         record.execute_seconds, record.total_seconds = out.execute_seconds, time.perf_counter() - started

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
-from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.mesh_client import GrpcMesh
@@ -24,7 +24,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                     max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
     book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
-                       inflight_bytes=config.inflight_bytes)
+                       inflight_bytes=config.inflight_bytes, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
     servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_parameter_bytes)
 
     def shutdown():

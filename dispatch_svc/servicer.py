@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import numpy as np
@@ -60,7 +61,9 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             except Exception as exc:  # noqa: BLE001 - recorded on the job; re-raised below for the status
                 failure.append(exc)
 
-        threading.Thread(target=feed_inputs, name=f"inputs-{job.job_id}", daemon=True).start()
+        # The feeding thread carries this call's context, so the job joins the client's trace.
+        threading.Thread(target=contextvars.copy_context().run, args=(feed_inputs,), name=f"inputs-{job.job_id}",
+                         daemon=True).start()
         sent_rows = 0
         for event in self.book.events(job.job_id):
             yield pb.RunJobResponse(event=tr.event_to_proto(event))

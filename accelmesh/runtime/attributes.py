@@ -10,3 +10,12 @@ POLL_OUTCOME = "accelmesh.poll.outcome"  # "ok" or the error
 FILTER = "accelmesh.filter"
 TASK_KIND = "accelmesh.task.kind"
 
+JOB_KIND = "accelmesh.job.kind"
+PROGRAM = "accelmesh.program"  # "<name>@<version>"
+SHARD_INDEX = "accelmesh.shard.index"
+SHARD_ATTEMPT = "accelmesh.shard.attempt"
+SHARD_ROWS = "accelmesh.shard.rows"
+SHARD_BYTES = "accelmesh.shard.bytes"  # input bytes sent to the worker
+RULE = "accelmesh.rule"
+TARGET_TYPE = "accelmesh.target_type"
+ARTIFACT_KEY = "accelmesh.artifact.key"

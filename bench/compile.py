@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 import jax
+from common import percentile, progress, ratio, summary_ms, time_calls
 import jaxlib
 import numpy as np
 from jax.experimental import serialize_executable
@@ -82,23 +83,12 @@ FULL = Plan(small_reps=11, big_reps=5, hit_calls=200, fetch_calls=200, floor_cal
 QUICK = Plan(small_reps=3, big_reps=1, hit_calls=30, fetch_calls=30, floor_calls=30, warmup=2)
 
 
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-# -- statistics (same conventions as bench/inventory.py) ----------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: a value that was really measured."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-def summary_ms(values: list[float]) -> dict:
-    return {"p50_ms": round(percentile(values, 50), 3), "p95_ms": round(percentile(values, 95), 3),
-            "min_ms": round(min(values), 3), "n": len(values)}
+def summary_min_ms(values: list[float]) -> dict:
+    return {**summary_ms(values), "min_ms": round(min(values), 3)}
 
 
 def summary_s(values: list[float]) -> dict:
@@ -106,20 +96,8 @@ def summary_s(values: list[float]) -> dict:
             "max_s": round(max(values), 4), "n": len(values)}
 
 
-def ratio(numerator: float, denominator: float) -> float | None:
-    return round(numerator / denominator, 3) if denominator > 0 else None
 
 
-def time_calls(call: Callable[[], object], n: int, warmup: int) -> list[float]:
-    """Wall time of ``n`` calls in ms, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter_ns()
-        call()
-        times.append((time.perf_counter_ns() - start) / 1e6)
-    return times
 
 
 # -- programs ------------------------------------------------------------------------------------
@@ -374,9 +352,9 @@ def bench_hits(workdir: Path, program: Program, plan: Plan) -> tuple[dict, dict]
         "batch_sizes": [BATCH],
         "artifacts_per_call": 1 + len(build.executables),
         "bytes_read_per_call": build.portable.size_bytes + executable.size_bytes,
-        "grpc": summary_ms(hit_ms),
-        "in_process": summary_ms(inproc_hit_ms),
-        "grpc_floor_list_rules": summary_ms(floor_ms),
+        "grpc": summary_min_ms(hit_ms),
+        "in_process": summary_min_ms(inproc_hit_ms),
+        "grpc_floor_list_rules": summary_min_ms(floor_ms),
         "ratio_grpc_over_in_process_p50": ratio(hit_p50, percentile(inproc_hit_ms, 50)),
         "ratio_grpc_over_floor_p50": ratio(hit_p50, floor_p50),
     }
@@ -384,8 +362,8 @@ def bench_hits(workdir: Path, program: Program, plan: Plan) -> tuple[dict, dict]
         "artifact": f"executable of {program.ref} at batch {BATCH} (bench-registered program, see docstring)",
         "artifact_bytes": len(data),
         "chunk_bytes": "server default",
-        "grpc": summary_ms(fetch_ms),
-        "in_process_cache_read": summary_ms(inproc_fetch_ms),
+        "grpc": summary_min_ms(fetch_ms),
+        "in_process_cache_read": summary_min_ms(inproc_fetch_ms),
         "ratio_grpc_over_in_process_p50": ratio(fetch_p50, percentile(inproc_fetch_ms, 50)),
         "ratio_grpc_over_floor_p50": ratio(fetch_p50, floor_p50),
         "throughput_mb_per_s_p50": round(len(data) / 1e6 / (fetch_p50 / 1e3), 1),

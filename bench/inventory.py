@@ -27,11 +27,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from common import percentile, progress, ratio, summary_ms, synthetic_node_ip, time_calls
 
 from accelmesh.hardware.catalog import CatalogEntry, load_catalog, resolve_type
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, device_id
@@ -91,38 +92,19 @@ QUICK = Plan(small_calls=30, large_list_calls=10, large_score_calls=3, pai_score
              floor_calls=30, describe_calls=30, poll_cycles=3, warmup=1)
 
 
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 # -- timing ------------------------------------------------------------------------------------
 
 
-def time_calls(call: Callable[[], object], n: int, warmup: int) -> list[float]:
-    """Wall time of ``n`` calls in ms, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter_ns()
-        call()
-        times.append((time.perf_counter_ns() - start) / 1e6)
-    return times
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: a value that was really measured."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100)
-    return ordered[int(rank) - 1]
 
 
 def summary(values: list[float]) -> dict:
-    return {"p50_ms": round(percentile(values, 50), 4), "p95_ms": round(percentile(values, 95), 4), "n": len(values)}
+    return summary_ms(values, digits=4)
 
 
-def ratio(numerator: float, denominator: float) -> float | None:
-    return round(numerator / denominator, 3) if denominator > 0 else None
 
 
 def compare(grpc_ms: list[float], inproc_ms: list[float], floor_p50_ms: float) -> dict:
@@ -140,10 +122,6 @@ def compare(grpc_ms: list[float], inproc_ms: list[float], floor_p50_ms: float) -
 # -- synthetic and PAI inventories ---------------------------------------------------------------
 
 
-def node_ip(index: int) -> str:
-    """The index-th address of 10.0.0.0/8, skipping .0: data only, never dialled."""
-    n = index + 1
-    return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
 
 def device_from_entry(entry: CatalogEntry, ip: str, index: int) -> DeviceSpec:
@@ -163,7 +141,7 @@ def synthetic_nodes(devices: int, now: float, rng: random.Random) -> Iterator[No
     """``devices`` devices, DEVICES_PER_NODE a node, types cycling over the catalog in name order."""
     entries = [load_catalog()[name] for name in sorted(load_catalog())]
     for node in range(-(-devices // DEVICES_PER_NODE)):
-        ip = node_ip(node)
+        ip = synthetic_node_ip(node)
         specs, next_index = [], Counter()
         for k in range(node * DEVICES_PER_NODE, min(devices, (node + 1) * DEVICES_PER_NODE)):
             entry = entries[k % len(entries)]
@@ -191,7 +169,7 @@ def pai_nodes(path: Path, now: float, rng: random.Random) -> tuple[list[NodeDesc
         for index, row in enumerate(csv.DictReader(handle)):
             gpu_type, gpus = row["gpu_type"].strip(), int(row["cap_gpu"])
             machines[gpu_type] += 1
-            ip = node_ip(index)
+            ip = synthetic_node_ip(index)
             if gpu_type == "CPU" or gpus == 0:
                 specs = [pai_cpu_device(ip, int(row["cap_cpu"]), float(row["cap_mem"]))]
             else:
@@ -354,7 +332,7 @@ def bench_poll(workdir: Path, plan: Plan) -> dict:
         for i in range(POLL_NODES):
             # Distinct node IPs: device ids embed the IP, so workers sharing one would collide.
             agent = NodeAgent(
-                node_ip(i), emulate=POLL_PROFILES, hostname=f"bench-worker-{i:03d}",
+                synthetic_node_ip(i), emulate=POLL_PROFILES, hostname=f"bench-worker-{i:03d}",
                 jax_devices=[FakeJaxDevice(id=d) for d in range(len(POLL_PROFILES))],
             )
             server = build_worker(WorkerConfig(listen="127.0.0.1:0"), agent=agent)

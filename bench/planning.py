@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import platform
 import re
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from common import geomean, progress, ratio, summary_ms, synthetic_node_ip, time_calls
 
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.hardware.model import DeviceSpec
@@ -55,32 +55,17 @@ PROGRAM_REF = "resnet50-train@1"
 RUNS = {"full": 25, "quick": 4}
 
 
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: a value that was really measured."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(len(ordered) * q / 100)) - 1]
 
 
 def time_ms(call: Callable[[], object], runs: int) -> dict:
     call()  # warm-up: first-call costs (imports, caches) are not planning
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter_ns()
-        call()
-        times.append((time.perf_counter_ns() - start) / 1e6)
-    return {"p50_ms": round(percentile(times, 50), 3), "p95_ms": round(percentile(times, 95), 3), "n": runs}
+    return summary_ms(time_calls(call, runs, warmup=0))
 
 
-def ratio(numerator: float, denominator: float) -> float | None:
-    return round(numerator / denominator, 3) if denominator > 0 else None
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 # -- (a) Gavel: weighted versus equal shares ------------------------------------------------------
@@ -153,10 +138,6 @@ def bench_gavel(rules: RuleTable) -> dict:
 # -- (b) PAI: planning cost at cluster scale --------------------------------------------------------
 
 
-def node_ip(index: int) -> str:
-    """The index-th address of 10.0.0.0/8, skipping .0: data only."""
-    n = index + 1
-    return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
 
 def pai_devices(rules: RuleTable) -> tuple[list[tuple[DeviceSpec, str, str]], Counter]:
@@ -170,7 +151,7 @@ def pai_devices(rules: RuleTable) -> tuple[list[tuple[DeviceSpec, str, str]], Co
                 continue  # CPU machines: no GPUs to shard over
             entry = resolve_type(PAI_TYPES[gpu_type])
             for local in range(int(row["cap_gpu"])):
-                spec = entry.device_spec(node_ip(index), local)
+                spec = entry.device_spec(synthetic_node_ip(index), local)
                 if spec.type not in per_type:
                     per_type[spec.type] = (rules.target_type(spec).key, rules.match(spec).build.compute_dtype)
                 devices.append((spec, *per_type[spec.type]))

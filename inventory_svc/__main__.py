@@ -1,31 +1,16 @@
 """`python -m inventory_svc`: run the inventory service."""
 
-from __future__ import annotations
-
-import logging
-import os
 import sys
 
-from accelmesh import errors
-from accelmesh.runtime.launcher import ready_line
-from accelmesh.runtime.server import serve_until_signal
+from accelmesh.runtime.server import run_service
 from inventory_svc.config import parse_args
-from inventory_svc.server import build_inventory
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    try:
-        config = parse_args(argv)
-        server, _ = build_inventory(config)
-    except errors.AccelmeshError as exc:
-        print(f"accelmesh-inventory: {exc}", file=sys.stderr)
-        return 2
-    server.start()
-    print(ready_line("inventory", config.listen.rsplit(":", 1)[0], server.port), flush=True)
-    serve_until_signal(server)
-    return 0
+def build(config):
+    from inventory_svc.server import build_inventory  # after logging is configured: building imports the heavy parts
+
+    return build_inventory(config)[0]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_service("inventory", parse_args, build))

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -145,3 +144,16 @@ def test_cli_compiles_for_catalog_types_and_for_the_inventory(mesh):
     # An emulated A100, an emulated V100 and two plain CPU devices: the CPUs share one build.
     assert "for 4 device(s), 3 target type(s)" in out
     assert "executable b=8" in out and "cpu:2,cpu:3" in out
+
+
+@pytest.mark.parametrize("module, args, env, words", [
+    ("inventory_svc", ["--db", "postgres://db/accelmesh"], {}, "PostgreSQL"),
+    ("dispatch_svc", [], {"ACCELMESH_INFLIGHT_BYTES": "lots"}, "ACCELMESH_INFLIGHT_BYTES"),
+    ("compile_svc", [], {"ACCELMESH_MAX_UPLOAD_BYTES": "1"}, "ACCELMESH_MAX_UPLOAD_BYTES"),
+])
+def test_a_service_with_bad_configuration_exits_naming_the_setting(module, args, env, words):
+    import os
+
+    result = subprocess.run([sys.executable, "-m", module, "--listen", "127.0.0.1:0", *args], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, **env})
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr

@@ -9,7 +9,9 @@ Tests bind port 0 and read `server.port`; `serve_until_signal` runs a service pr
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -21,8 +23,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
+from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.errors import ErrorInterceptor
+from accelmesh.runtime.launcher import ready_line
 from accelmesh.runtime.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
@@ -126,3 +130,23 @@ def serve_until_signal(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     server.wait()
+
+
+def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build: Callable[[Any], MeshServer],
+                argv: list[str] | None = None) -> int:
+    """The body of every service's `__main__`: configure, build, announce the port, serve until a signal.
+
+    A bad configuration exits with status 2 and one line naming what to fix, not a traceback.
+    """
+    logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("jax").setLevel(logging.WARNING)
+    try:
+        config = parse_args(argv)
+        server = build(config)
+    except errors.AccelmeshError as exc:
+        print(f"accelmesh-{name}: {exc}", file=sys.stderr)
+        return 2
+    server.start()
+    print(ready_line(name, config.listen.rsplit(":", 1)[0], server.port), flush=True)
+    serve_until_signal(server)
+    return 0

@@ -21,7 +21,8 @@ from accelmesh.hardware.model import PLATFORMS, DeviceSpec
 from accelmesh.programs import COMPUTE_DTYPES, MATMUL_PRECISIONS, BuildOptions, TargetType
 
 RULES_ENV = "ACCELMESH_COMPILE_RULES"
-DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "deploy/rules/compile_rules.toml"
+# Shipped inside the package so an installed wheel has it; deploy/rules/compile_rules.toml links here.
+DEFAULT_RULES_PATH = Path(__file__).resolve().with_name("compile_rules.toml")
 RULE_KEYS = ("name", "description", "match", "build")
 MATCH_KEYS = ("platform", "requires", "forbids", "min_memory_bytes", "max_memory_bytes", "kind")
 BUILD_KEYS = ("compute_dtype", "matmul_precision", "remat", "tolerance", "xla_options")

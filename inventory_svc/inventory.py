@@ -99,10 +99,11 @@ class Inventory:
                     f"or give this worker its own IP with --advertise-ip"
                 )
 
-    def poll_node(self, node: NodeRecord) -> bool:
+    def poll_node(self, node: NodeRecord, reason: str = "interval") -> bool:
         """Describe one node and record the outcome; True when it answered."""
         with self._tracer.start_as_current_span("inventory.poll_node") as span:
             span.set_attribute(attr.NODE_ADDRESS, node.address)
+            span.set_attribute(attr.POLL_REASON, reason)
             try:
                 description = self._describe(node.address, ())
                 now = self._clock()
@@ -139,7 +140,7 @@ class Inventory:
             raise errors.InvalidArgument("device_ids is empty; name the devices to refresh")
         records = [self.get_device(device_id) for device_id in device_ids]
         nodes = {r.node_id: self.store.get_node(r.node_id) for r in records}
-        answered = dict(zip(nodes, self._map_in_context(self.poll_node, list(nodes.values()))))
+        answered = dict(zip(nodes, self._map_in_context(lambda n: self.poll_node(n, "refresh"), list(nodes.values()))))
         silent = [r.id for r in records if not answered[r.node_id]]
         if silent:
             reasons = "; ".join(f"{n}: {self.store.get_node(n).last_error}" for n, ok in answered.items() if not ok)

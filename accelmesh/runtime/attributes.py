@@ -3,12 +3,9 @@
 DEVICE_ID = "accelmesh.device.id"
 DEVICE_COUNT = "accelmesh.device.count"
 NODE_ADDRESS = "accelmesh.node.address"
-NODE_IP = "accelmesh.node.ip"
 JOB_ID = "accelmesh.job.id"
 POLL_REASON = "accelmesh.poll.reason"  # "interval" or "refresh"
 POLL_OUTCOME = "accelmesh.poll.outcome"  # "ok" or the error
-FILTER = "accelmesh.filter"
-TASK_KIND = "accelmesh.task.kind"
 
 JOB_KIND = "accelmesh.job.kind"
 PROGRAM = "accelmesh.program"  # "<name>@<version>"

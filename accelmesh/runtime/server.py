@@ -3,7 +3,7 @@
     server = create_server([Service(name, add_fn, servicer)], address="127.0.0.1:0")
     server.start(); ... server.stop()
 
-Tests bind port 0 and read `server.port`; `serve_until_signal` runs a service process.
+Tests bind port 0 and read `server.port`; `run_service` is the body of every service process.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class MeshServer:
         self.tracer_provider = tracer_provider
         self._on_stop = list(on_stop)
         self._stopped = threading.Event()
+        self._finished = threading.Event()  # set once stop() has run every hook and flushed
 
     def start(self) -> MeshServer:
         self.server.start()
@@ -85,10 +86,11 @@ class MeshServer:
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush()
             self.tracer_provider.shutdown()
+        self._finished.set()
 
     def wait(self) -> None:
-        self._stopped.wait()
-        self.server.wait_for_termination()
+        """Until stop() has finished: gRPC stopped, hooks run, telemetry flushed."""
+        self._finished.wait()
 
 
 def create_server(
@@ -121,22 +123,25 @@ def create_server(
     return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop)
 
 
-def serve_until_signal(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Block until SIGTERM or SIGINT, then stop gracefully; the caller has started the server."""
+def stop_on_signals(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> None:
+    """SIGTERM or SIGINT stops the server gracefully (on a thread: a handler must not block)."""
+
     def shutdown(signum, _frame):
         log.info("signal %s: stopping with %.1f s grace", signal.Signals(signum).name, grace_s)
         threading.Thread(target=server.stop, args=(grace_s,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-    server.wait()
 
 
 def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build: Callable[[Any], MeshServer],
-                argv: list[str] | None = None) -> int:
+                argv: list[str] | None = None, *, after_start: Callable[[Any, MeshServer], None] | None = None,
+                host: Callable[[Any], str] = lambda config: config.listen.rsplit(":", 1)[0]) -> int:
     """The body of every service's `__main__`: configure, build, announce the port, serve until a signal.
 
     A bad configuration exits with status 2 and one line naming what to fix, not a traceback.
+    `after_start` runs before the ready line (a worker registers there, so whoever waits for the
+    line finds its devices listed).
     """
     logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
@@ -146,7 +151,10 @@ def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build:
     except errors.AccelmeshError as exc:
         print(f"accelmesh-{name}: {exc}", file=sys.stderr)
         return 2
+    stop_on_signals(server)  # before the ready line: whoever reads it may send SIGTERM at once
     server.start()
-    print(ready_line(name, config.listen.rsplit(":", 1)[0], server.port), flush=True)
-    serve_until_signal(server)
+    if after_start is not None:
+        after_start(config, server)
+    print(ready_line(name, host(config), server.port), flush=True)
+    server.wait()
     return 0

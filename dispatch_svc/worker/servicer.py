@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Iterator
@@ -133,7 +134,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             finally:
                 stages.put(None)
 
-        threading.Thread(target=run, name=f"shard-{shard.device_id}", daemon=True).start()
+        # The executor thread carries this call's context: the artifact fetch joins the job's trace.
+        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=f"shard-{shard.device_id}",
+                         daemon=True).start()
         while (stage := stages.get()) is not None:
             yield pb.ExecuteResponse(stage=STAGES[stage])
         try:

@@ -1,0 +1,86 @@
+"""The deploy files, checked as text (no YAML parser is a dependency): every accelmesh process they
+run exports traces to the collector, the collector forwards to Jaeger, and the modules and
+ACCELMESH_* variables they name exist. Docker and a cluster are not needed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+SERVICES = {"inventory": "inventory_svc", "compile": "compile_svc", "worker": "dispatch_svc.worker",
+            "dispatch": "dispatch_svc"}
+COLLECTOR = "http://otel-collector:4317"
+
+
+def children(text: str, parent: str) -> dict[str, str]:
+    """The blocks of the keys directly under a top-level `parent:` key, by indentation."""
+    lines = text.splitlines()
+    start = lines.index(f"{parent}:") + 1
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in lines[start:]:
+        if line and not line[0].isspace() and not line.startswith("#"):
+            break  # the next top-level key
+        key = re.match(r"^  ([\w./-]+):", line)
+        if key:
+            current = key[1]
+            blocks[current] = []
+        elif current is not None:
+            blocks[current].append(line)
+    return {name: "\n".join(body) for name, body in blocks.items()}
+
+
+def test_every_compose_service_of_the_mesh_exports_to_the_collector():
+    services = children((DEPLOY / "compose.yaml").read_text(), "services")
+    assert set(SERVICES) | {"otel-collector", "jaeger"} == set(services)
+    for name, module in SERVICES.items():
+        block = services[name]
+        assert f'command: ["python", "-m", "{module}"]' in block
+        assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in block, f"{name} does not export to the collector"
+        assert f'OTEL_SERVICE_NAME: "accelmesh-{name}"' in block
+    assert "./otel-collector.yaml:/etc/otelcol/config.yaml" in services["otel-collector"]
+    assert '"16686:16686"' in services["jaeger"]
+
+
+def test_the_collector_sends_traces_to_jaeger():
+    config = (DEPLOY / "otel-collector.yaml").read_text()
+    receivers, exporters = children(config, "receivers"), children(config, "exporters")
+    assert "endpoint: 0.0.0.0:4317" in receivers["otlp"]  # reachable from the other containers
+    assert re.search(r"^\s+endpoint: jaeger:4317$", exporters["otlp/jaeger"], re.M)
+    pipeline = re.search(r"^    traces:\n((?:      .*\n?)+)", config, re.M)
+    assert pipeline, "no traces pipeline"
+    assert "receivers: [otlp]" in pipeline[1] and "exporters: [otlp/jaeger]" in pipeline[1]
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_k8s_workload_runs_a_module_and_traces(name):
+    manifest = (K8S / f"{name}.yaml").read_text()
+    assert f'command: ["python", "-m", "{SERVICES[name]}"]' in manifest
+    assert "name: accelmesh-env" in manifest  # envFrom the shared ConfigMap
+    assert re.search(rf"name: OTEL_SERVICE_NAME\n\s+value: accelmesh-{name}\n", manifest)
+    assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in (K8S / "config.yaml").read_text()
+
+
+def test_k8s_workers_are_a_daemonset_named_by_the_node_ip():
+    manifest = (K8S / "worker.yaml").read_text()
+    assert "kind: DaemonSet" in manifest
+    assert re.search(r"name: ACCELMESH_NODE_IP\n\s+valueFrom:\n\s+fieldRef:\n\s+fieldPath: status.hostIP", manifest)
+    kustomization = (K8S / "kustomization.yaml").read_text()
+    listed = set(re.findall(r"^  - ([\w-]+\.yaml)$", kustomization, re.M))
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_deploy_names_only_modules_and_variables_the_code_has():
+    texts = [p.read_text() for p in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.glob("*.yaml")]]
+    for module in set(re.findall(r'"-m", "([\w.]+)"', "\n".join(texts))):
+        assert importlib.util.find_spec(module) is not None, f"deploy runs {module}, which does not exist"
+    source = "\n".join(p.read_text() for package in ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc"]
+                       for p in (ROOT / package).rglob("*.py"))
+    for variable in set(re.findall(r"\bACCELMESH_[A-Z_]+", "\n".join(texts))):
+        assert f'"{variable}"' in source, f"deploy sets {variable}, which no service reads"

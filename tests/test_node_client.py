@@ -1,0 +1,106 @@
+"""A client in another language: clients/node/run_job.js (@grpc/grpc-js + @grpc/proto-loader on the
+repo's own .proto files, no generated code) runs mlp_classifier through a real mesh, and its
+logits equal a single-device run of the same program in Python.
+
+The test installs the Node client's locked dependencies (`npm ci`) when they are missing or
+older than package-lock.json; it is skipped only when `node` or `npm` is not on PATH."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accelmesh.client import MeshClient
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.embedded import start_embedded_mesh
+from compile_svc.programs import default_registry
+
+pytestmark = pytest.mark.slow
+
+NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
+DEVICE_ID = re.compile(r"^\d+\.\d+\.\d+\.\d+/(cuda|cpu|rocm|tpu):\d+$")
+ROWS = 600
+FEATURES = 64
+NPM_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def node_client() -> Path:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        missing = " and ".join(name for name, path in (("node", node), ("npm", npm)) if path is None)
+        pytest.skip(f"{missing} not on PATH: install Node.js (>= 18, with npm) to test clients/node")
+    installed = NODE_CLIENT / "node_modules" / ".package-lock.json"  # written by every npm install/ci
+    lock = NODE_CLIENT / "package-lock.json"
+    # Two test runs at once must not both rewrite node_modules: install under an exclusive lock.
+    with open(Path(tempfile.gettempdir()) / "accelmesh-node-client-npm.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+            result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, capture_output=True,
+                                    text=True, timeout=NPM_TIMEOUT_S)
+            assert result.returncode == 0, f"npm ci failed in {NODE_CLIENT}:\n{result.stdout}\n{result.stderr}"
+    return NODE_CLIENT
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    # One emulated V100 (the cuda-fp32 rule) and one CPU device: fp32 rules reproduce the reference.
+    with start_embedded_mesh(tmp_path_factory.mktemp("mesh"), devices=2, emulate=("v100-32gb",)) as running:
+        yield running
+
+
+def node_inputs(rows: int) -> np.ndarray:
+    """The batch run_job.js builds: x[i][j] = ((i*64 + j) % 17) / 17, rounded to float32."""
+    return ((np.arange(rows * FEATURES) % 17) / 17).astype(np.float32).reshape(rows, FEATURES)
+
+
+def test_node_client_runs_a_job_and_matches_the_single_device_reference(node_client, mesh):
+    result = subprocess.run(
+        ["node", "run_job.js", mesh.dispatch.address, "--rows", str(ROWS)],
+        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert result.returncode == 0, f"run_job.js failed ({result.returncode}):\n{result.stderr}"
+    (line,) = result.stdout.splitlines()
+    out = json.loads(line)
+
+    assert out["state"] == "JOB_STATE_SUCCEEDED"
+    assert out["device_ids"] and all(DEVICE_ID.match(d) for d in out["device_ids"]), out["device_ids"]
+    assert sum(s["rows"] for s in out["shards"]) == ROWS
+    planned = {d for t in out["targets"] for d in t["device_ids"]}
+    assert set(out["device_ids"]) <= planned
+
+    # The job the Node client reports is the dispatcher's job, as Python sees it.
+    with MeshClient(mesh.dispatch.address) as client:
+        job = client.get(out["job_id"])
+    assert job.state == pb.JOB_STATE_SUCCEEDED and job.spec.program == "mlp_classifier"
+    assert [s.device_id for s in job.shards] == out["device_ids"]
+
+    program = default_registry().get("mlp_classifier")
+    (expected,) = program.fn(*program.init_params(0), node_inputs(ROWS))  # the mesh's parameter_seed is 0
+    expected = np.asarray(expected)
+    logits = np.asarray(out["logits"], dtype=np.float32)
+    assert out["logits_shape"] == [ROWS, 10] and logits.shape == expected.shape
+    dtypes = {t["compute_dtype"] for t in out["targets"]}
+    if dtypes == {"fp32"}:
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+    else:  # a host CPU with bf16 units gets a bf16 rule: hold it to that rule's tolerance instead
+        assert np.max(np.abs(logits - expected)) / np.max(np.abs(expected)) <= 5e-2, out["targets"]
+
+
+def test_node_client_exits_non_zero_when_the_job_cannot_run(node_client, mesh):
+    result = subprocess.run(
+        ["node", "run_job.js", mesh.dispatch.address, "--rows", "4", "--filter", 'type = "no-such-type"'],
+        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert "FAILED_PRECONDITION" in result.stderr and "no-such-type" in result.stderr

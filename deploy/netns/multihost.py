@@ -57,6 +57,7 @@ IP_TIMEOUT_S = 15.0
 NETNS_PATTERN = re.compile(r"^am-(?P<tag>\d+)-h\d+$")
 LINK_PATTERN = re.compile(r"^am(?:br|v)(?P<tag>\d+)(?:h\d+)?$")
 DEFAULT_EMULATE = ("v100-32gb", "v100-32gb")
+DATA_PREFIX = "accelmesh-multihost-"  # the script's data folder: <tmp>/accelmesh-multihost-<tag>-<random>
 
 
 class NetnsUnavailable(RuntimeError):
@@ -64,7 +65,7 @@ class NetnsUnavailable(RuntimeError):
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    result = subprocess.run(["ip", *args], check=False, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
     if check and result.returncode != 0:
         raise subprocess.CalledProcessError(result.returncode, ["ip", *args], result.stdout, result.stderr)
     return result
@@ -150,10 +151,6 @@ class NetnsHosts:
     def restore(self, host: Host) -> None:
         ip("link", "set", host.veth, "up")
 
-    def pids(self, host: Host) -> list[int]:
-        out = ip("netns", "pids", host.netns, check=False).stdout
-        return [int(p) for p in out.split()]
-
     def destroy(self) -> list[str]:
         """Undo everything `create` made, newest first; kill anything still in a namespace.
         Returns what could not be removed (empty when all is gone)."""
@@ -213,9 +210,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _processes_using(address: str) -> list[int]:
+    """Pids of the processes whose command line names `address:<port>` (the services of one run)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            if any(a.decode(errors="replace").startswith(f"{address}:") for a in args):
+                pids.append(int(entry.name))
+    return pids
+
+
 def cleanup_stale() -> list[str]:
-    """Remove namespaces, links and guard routes of runs whose process is gone (e.g. SIGKILLed)."""
+    """Remove what runs whose process is gone (e.g. SIGKILLed) left: the services they started,
+    their namespaces, links, guard routes and data folders."""
     removed = []
+    for line in ip("-4", "-o", "addr", "show", check=False).stdout.splitlines():
+        fields = line.split()
+        match = LINK_PATTERN.match(fields[1]) if len(fields) > 3 else None
+        if match and fields[1].startswith("ambr") and not _alive(int(match["tag"])):
+            gateway = fields[3].split("/")[0]
+            pids = _processes_using(gateway)
+            _kill_all([str(p) for p in pids])
+            removed += [f"process {p} (serving on {gateway})" for p in pids]
     for line in ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         match = NETNS_PATTERN.match(name)
@@ -238,6 +257,11 @@ def cleanup_stale() -> list[str]:
             if match and match[1] not in bridged:
                 ip("route", "del", "unreachable", match[1], "metric", str(GUARD_METRIC), check=False)
                 removed.append(f"route unreachable {match[1]}")
+    for folder in Path(tempfile.gettempdir()).glob(f"{DATA_PREFIX}*"):
+        tag = folder.name[len(DATA_PREFIX):].split("-", 1)[0]
+        if tag.isdigit() and not _alive(int(tag)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(f"folder {folder}")
     return removed
 
 
@@ -288,9 +312,13 @@ class MultiHostMesh:
     workers: dict[int, ServiceProcess] = field(default_factory=dict)  # by host index
 
     def stop(self) -> None:
-        for process in [self.dispatch, *self.workers.values(), self.compile, self.inventory]:
-            if process is not None:
-                process.terminate()
+        """SIGTERM to every process at once, then wait for each (SIGKILL after its grace)."""
+        processes = [p for p in [self.dispatch, *self.workers.values(), self.compile, self.inventory] if p is not None]
+        for process in processes:
+            if process.process.poll() is None:
+                process.process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.terminate()
 
     def __enter__(self) -> MultiHostMesh:
         return self
@@ -302,7 +330,7 @@ class MultiHostMesh:
 def start_multihost_mesh(
     hosts: NetnsHosts, data_dir: str | Path, *, devices: int = 2, emulate: Sequence[str] = DEFAULT_EMULATE,
     poll_interval_s: float = 0.25, lost_after_polls: int = 2, dispatch_env: dict[str, str] | None = None,
-    echo: bool = False,
+    worker_env: dict[str, str] | None = None, echo: bool = False,
 ) -> MultiHostMesh:
     """Inventory and compile service on the bridge address (the hosts reach them there), the
     dispatcher on loopback (only clients on this machine call it), one worker in every host."""
@@ -319,7 +347,8 @@ def start_multihost_mesh(
                     "--artifact-dir", str(data_dir / f"worker-h{host.index}")]
             if emulate:
                 args += ["--emulate", ",".join(emulate)]
-            return start_in_netns(host.netns, f"worker-h{host.index}", "dispatch_svc.worker", args, echo=echo)
+            return start_in_netns(host.netns, f"worker-h{host.index}", "dispatch_svc.worker", args, env=worker_env,
+                                  echo=echo)
 
         with ThreadPoolExecutor(max_workers=len(hosts.hosts)) as pool:
             futures = {host.index: pool.submit(worker, host) for host in hosts.hosts}
@@ -383,6 +412,8 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
                 marks["cut"] = now
                 log(f"  {now - started:6.2f} s  CUT host {cut.index} ({cut.ip}): {cut.veth} down, "
                     f"while shard {event.shard.index} runs there")
+                log("           (a dispatcher without gRPC keepalive notices a silent host only at the shard "
+                    "deadline, dispatch_svc/mesh_client.py SHARD_TIMEOUT_S; Ctrl-C stops and cleans up)")
             if event.type == pb.JOB_EVENT_TYPE_SHARD_RETRIED:
                 marks.setdefault("retry", now)
                 log(f"  {now - started:6.2f} s  {event.message}")
@@ -473,12 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     def stop_on_signal(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, stop_on_signal)
-    signal.signal(signal.SIGHUP, stop_on_signal)
+    # SIGINT too: a shell starts background jobs with it ignored, and they must still clean up.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop_on_signal)
     emulate = tuple(p.strip() for p in args.emulate.split(",") if p.strip())
     hosts = NetnsHosts(args.hosts)
     mesh = None
-    data_dir = tempfile.mkdtemp(prefix="accelmesh-multihost-")
+    data_dir = tempfile.mkdtemp(prefix=f"{DATA_PREFIX}{hosts.tag}-")
     status = 0
     try:
         hosts.create()

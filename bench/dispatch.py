@@ -471,8 +471,9 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
         },
         "local_execute": summary_ms(local),
         "local_worker_artifact_called_like_the_worker": summary_ms(same_artifact) if same_artifact else None,
-        "ratio_worker_execute_over_local_worker_artifact_p50": ratio(
-            percentile([r.execute_seconds for r in records], 50), percentile(same_artifact, 50)) if same_artifact else None,
+        "ratio_worker_execute_over_local_worker_artifact_p50": (ratio(
+            percentile([r.execute_seconds for r in records], 50), percentile(same_artifact, 50))
+            if same_artifact else None),
         "artifact_format": artifact.format,
         "direct_execute_device": device.id,
         "direct_execute_rpc": summary_ms(direct),
@@ -505,11 +506,11 @@ def message_cost(overhead: dict) -> dict:
     a, b = overhead[small], overhead[large]
     extra = b["execute_call_messages"]["requests"] - a["execute_call_messages"]["requests"]
     per_message = (b["bare_stream_call"]["p50_ms"] - a["bare_stream_call"]["p50_ms"]) / (2 * extra)
+    more_kib = (b["input_bytes_per_shard"] + b["parameter_bytes_per_shard"] - a["input_bytes_per_shard"]) // 1024
     return {
         "bare_ms_per_message_each_way": round(per_message, 3),
         "method": f"({large} bare_stream_call p50 - {small} bare_stream_call p50) / (2 x {extra} extra messages, "
-                  f"echoed); includes the ~{(b['input_bytes_per_shard'] + b['parameter_bytes_per_shard'] - a['input_bytes_per_shard']) // 1024} "
-                  "KiB more payload",
+                  f"echoed); includes the ~{more_kib} KiB more payload",
         "estimated_ms_per_shard_for_stage_messages": round(per_message * len(STAGE_MESSAGES), 3),
         f"estimated_ms_per_shard_for_{large}_parameter_messages": round(per_message * extra, 3),
     }
@@ -548,6 +549,7 @@ def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = S
         "devices": len({s.device_id for s in shards}),
         "load_s_total": sum(s.load_seconds for s in shards),
         "execute_s_total": sum(s.execute_seconds for s in shards),
+        "shard_total_s_total": sum(s.total_seconds for s in shards),
         "dispatch_memory": memory(dispatch_pid, before["dispatch"], dispatch_rss),
         "worker_memory": memory(worker_pid, before["worker"], worker_rss),
         "vmhwm_reset": reset,
@@ -604,7 +606,8 @@ def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
     jobs = out["jobs"]
     out["completed"] = len(jobs) == len(BOUNDED_INPUT_BYTES) and all(j["completed"] for j in jobs)
     if out["completed"]:
-        out["peak_growth_bytes_from_smaller_to_larger_job"] = jobs[-1]["peak_rss_bytes_vmhwm"] - jobs[0]["peak_rss_bytes_vmhwm"]
+        out["peak_growth_bytes_from_smaller_to_larger_job"] = (jobs[-1]["peak_rss_bytes_vmhwm"]
+                                                               - jobs[0]["peak_rss_bytes_vmhwm"])
         out["input_growth_bytes"] = jobs[-1]["input_bytes"] - jobs[0]["input_bytes"]
     return out
 
@@ -617,7 +620,8 @@ def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Pla
     defaults = DispatchConfig()
     row_bytes = IDENTITY_WIDTH * 4
     shard_rows = defaults.max_shard_bytes // row_bytes
-    data = np.random.default_rng(11).standard_normal((plan.stream_bytes // row_bytes, IDENTITY_WIDTH)).astype(np.float32)
+    rows = plan.stream_bytes // row_bytes
+    data = np.random.default_rng(11).standard_normal((rows, IDENTITY_WIDTH)).astype(np.float32)
     probe = data[: MEMORY_PROBE_BYTES // row_bytes]
     pipe = pipe_stub(relay.address)
     mesh_runs, bare_runs = [], []
@@ -655,6 +659,10 @@ def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Pla
             "shards": first["shards"], "shard_rows": first["shard_rows"], "devices": first["devices"],
             "worker_execute_s_per_run": round(percentile([r["execute_s_total"] for r in mesh_runs], 50), 3),
             "artifact_load_s_per_run": round(percentile([r["load_s_total"] for r in mesh_runs], 50), 3),
+            # Sum of the shards' Execute calls over (devices x wall): near 1 means every device's
+            # thread was inside an Execute call all along, so those calls, not input ingest, set the pace.
+            "device_threads_busy_fraction": ratio(sum(r["shard_total_s_total"] for r in mesh_runs),
+                                                  sum(r["devices"] * r["seconds"] for r in mesh_runs)),
             "cpu_s_per_wall_s": cpu_per_wall(mesh_runs),
         },
         "bare": {
@@ -740,6 +748,7 @@ def machine() -> dict:
 def summary(result: dict) -> dict:
     overhead = result["per_shard_overhead"]
     stream = result["streaming"]
+    bounded = stream["small_inflight_budget"]
     gavel = result["gavel_weighted_vs_equal"]
     pai = result["pai_planning_cost"]
     return {
@@ -753,9 +762,9 @@ def summary(result: dict) -> dict:
         "dispatcher_peak_rss_bytes": stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"],
         "stream_input_bytes": stream["input_bytes"],
         "dispatcher_rise_exceeds_input": stream["dispatcher_memory"]["rise_exceeds_input"],
-        "job_over_inflight_budget_completes": stream["small_inflight_budget"]["completed"],
-        "small_budget_peak_growth_bytes_for_96_mib_more_input":
-            stream["small_inflight_budget"].get("peak_growth_bytes_from_smaller_to_larger_job"),
+        "job_over_inflight_budget_completes": bounded["completed"],
+        "small_budget_peak_growth_bytes": bounded.get("peak_growth_bytes_from_smaller_to_larger_job"),
+        "small_budget_input_growth_bytes": bounded.get("input_growth_bytes"),
         "grpc_ms_per_message_each_way": result["grpc_message_cost"]["bare_ms_per_message_each_way"],
         "gavel_geomean_ratio_equal_over_weighted": gavel["geomean_ratio_equal_over_weighted"] if gavel else None,
         "pai_plan_one_job_p50_ms": ({name: v["throughput_and_plan"]["p50_ms"] for name, v in pai["variants"].items()}

@@ -20,7 +20,7 @@ class DispatchConfig:
     data_dir: str = ".accelmesh/dispatch"  # ACCELMESH_DISPATCH_DIR: job records and results
     result_retention_s: float = 24 * 3600.0  # ACCELMESH_RESULT_RETENTION_S: results deleted after this
     max_shard_bytes: int = 16 * MIB  # ACCELMESH_MAX_SHARD_BYTES: inputs of one shard, at most
-    inflight_bytes: int = 256 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
+    inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
     max_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_PARAMETER_BYTES: client parameters per job
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES

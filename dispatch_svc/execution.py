@@ -23,6 +23,9 @@ from accelmesh import errors
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
+# Shards in flight per device: while one runs, the next one's inputs are already on their way,
+# so the device does not wait for the transfer. The worker still runs them one at a time.
+SHARDS_IN_FLIGHT_PER_DEVICE = 2
 RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
 
 
@@ -114,7 +117,8 @@ class DevicePool:
         self._load: dict[str, int] = {d: 0 for d in self._devices}
         self._queues: dict[str, queue.Queue] = {d: queue.Queue() for d in self._devices}
         self._threads = [
-            threading.Thread(target=self._serve, args=(d,), name=f"shards-{d}", daemon=True) for d in self._devices
+            threading.Thread(target=self._serve, args=(d,), name=f"shards-{d}", daemon=True)
+            for d in self._devices for _ in range(SHARDS_IN_FLIGHT_PER_DEVICE)
         ]
         for thread in self._threads:
             thread.start()
@@ -134,7 +138,8 @@ class DevicePool:
 
     def close(self) -> None:
         for q in self._queues.values():
-            q.put(None)
+            for _ in range(SHARDS_IN_FLIGHT_PER_DEVICE):
+                q.put(None)
         for thread in self._threads:
             thread.join()
 

@@ -85,7 +85,7 @@ def header(model: Model, device: str, batch: int, fmt: str = "executable", **cha
     fields = dict(job_id="job-1", shard_index=0, attempt=1, device_id=device, target_type=build.target_type,
                   artifact_key=artifact.key, artifact_digest=artifact.digest, artifact_format=artifact.format,
                   rule=build.rule, compile_address=model.compile_address, input_count=len(model.params) + 1,
-                  batch_size=batch)
+                  batch_size=batch, report_stages=True)
     return pb.ShardHeader(**{**fields, **changes})
 
 
@@ -185,6 +185,14 @@ def test_outputs_match_the_single_device_reference(worker, mlp, device_id, fmt, 
     else:
         error = float(np.max(np.abs(logits - want))) / scale
         assert 0 < error <= rule.tolerance, f"{rule.compute_dtype} run is off by {error:.2e}"
+
+
+def test_without_report_stages_only_outputs_and_timings_come_back(worker, mlp):
+    quiet = execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH, report_stages=False),
+                                     [*mlp.params, digits(EXECUTABLE_BATCH)]))
+    loud = run_mlp(worker, mlp, CPU, EXECUTABLE_BATCH)
+    assert quiet.stages == [] and quiet.timings is not None
+    np.testing.assert_array_equal(quiet.outputs[0], loud.outputs[0])
 
 
 def test_a_second_shard_of_the_same_shape_skips_loading(worker, mlp):

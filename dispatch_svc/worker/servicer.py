@@ -109,7 +109,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def Execute(self, request_iterator, context):
         started = time.perf_counter()
         try:
-            shard = shard_from_proto(read_header(request_iterator))
+            head = read_header(request_iterator)
+            shard = shard_from_proto(head)
             span = trace.get_current_span()
             span.set_attribute(attr.JOB_ID, shard.job_id)
             span.set_attribute(attr.DEVICE_ID, shard.device_id)
@@ -118,6 +119,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         except grpc.RpcError:  # the request stream broke: the caller cancelled or timed out
             if context.is_active():
                 raise
+            return
+        if not head.report_stages:
+            # Nothing to stream while it runs: run right here, without a thread and a queue.
+            try:
+                result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
+                                           on_stage=lambda stage: None, cancelled=lambda: not context.is_active())
+            except ex.ShardCancelled:
+                return
+            yield from self._results(result)
             return
         # The executor runs on its own thread so its stages reach the caller as they happen; the
         # device lock is held there, never across a yield to a caller that might not read.
@@ -143,6 +153,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             result = outcome.result()
         except ex.ShardCancelled:
             return
+        yield from self._results(result)
+
+    def _results(self, result: ex.ShardResult):
         for index, array in enumerate(result.outputs):
             header, chunks = split(f"output_{index}", array, self._chunk_bytes)
             yield pb.ExecuteResponse(tensor=header)

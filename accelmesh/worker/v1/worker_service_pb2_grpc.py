@@ -64,7 +64,7 @@ class WorkerServiceServicer:
     def Execute(self, request_iterator, context):
         """Runs one shard on one of this node's devices. In: a ShardHeader, then every input tensor
         (parameters first, then data inputs) as a TensorHeader followed by its chunks. Out:
-        progress, then every output as a TensorHeader followed by its chunks, then the timings.
+        stages if asked for, then every output as a TensorHeader followed by its chunks, then the timings.
         Cancelling the call stops the shard.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

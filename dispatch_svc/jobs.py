@@ -164,7 +164,7 @@ class JobBook:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
-        self._fail_interrupted_jobs()
+        self.interrupted = self._fail_interrupted_jobs()  # their reservations are the caller's to release
         self.expire_results()
 
     def close(self) -> None:
@@ -214,12 +214,16 @@ class JobBook:
             (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job))),
         )
 
-    def _fail_interrupted_jobs(self) -> None:
+    def _fail_interrupted_jobs(self) -> list[str]:
         rows = self._db.execute(
             "SELECT record FROM jobs WHERE state NOT IN (?, ?, ?)", m.FINAL_STATES
         ).fetchall()
+        interrupted = []
         for (text,) in rows:
-            self.finish(record_from(json.loads(text)), m.FAILED, RESTART_ERROR)
+            job = record_from(json.loads(text))
+            self.finish(job, m.FAILED, RESTART_ERROR)
+            interrupted.append(job.job_id)
+        return interrupted
 
     def expire_results(self) -> int:
         now = self._clock()

@@ -128,6 +128,20 @@ class GrpcMesh:
         return JobDevice(spec, msg.node_address)
 
     def refresh(self, devices: Sequence[JobDevice]) -> list[JobDevice]:
+        try:
+            return self._refresh(devices)
+        except errors.Unavailable:
+            # One silent node fails the whole refresh. Until the inventory calls it lost (a few
+            # missed polls later) the job runs on the nodes that did answer: they were polled just
+            # now, so their missed-poll count is back to zero. The silent one is not polled again.
+            nodes = self._call("inventory", self.inventory.ListNodes, inv_pb.ListNodesRequest()).nodes
+            answered = {n.address for n in nodes if n.state == inv_pb.NODE_STATE_ACTIVE and n.missed_polls == 0}
+            survivors = [d for d in devices if d.node_address in answered]
+            if not survivors or len(survivors) == len(devices):
+                raise
+            return self._refresh(survivors)
+
+    def _refresh(self, devices: Sequence[JobDevice]) -> list[JobDevice]:
         response = self._call("inventory refresh", self.inventory.RefreshDevices,
                               inv_pb.RefreshDevicesRequest(device_ids=[d.id for d in devices]))
         return [self._device(d) for d in response.devices if d.health == common_pb2.DEVICE_HEALTH_HEALTHY]
@@ -181,6 +195,14 @@ class GrpcMesh:
                     address, tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
         return worker_service_pb2_grpc.WorkerServiceStub(channel)
 
+    def _forget_worker(self, address: str) -> None:
+        """A channel whose worker went away sits in reconnect backoff (seconds, growing to minutes)
+        and fails every call at once, even after the worker is back; the next call dials afresh.
+        Not closed here: another device's call may still be on it, and gRPC closes it when the
+        last one lets go."""
+        with self._lock:
+            self._workers.pop(address, None)
+
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
                 scope: CancelScope) -> ShardOutput:
@@ -208,16 +230,21 @@ class GrpcMesh:
                     current = TensorAssembler(part.tensor, "output")
                     outputs.append(current)
                 elif kind == "chunk":
+                    if current is None:
+                        raise errors.InvalidArgument("a chunk came before any tensor header")
                     current.add(part.chunk)
                 elif kind == "timings":
                     timings = part.timings
+            if timings is None:
+                raise ShardFailed("worker ended the stream without timings")
+            results = [a.result() for a in outputs]  # a tensor cut short fails this attempt, not the job
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self._forget_worker(device.node_address)
             raise ShardFailed(f"{exc.code().name}: {exc.details()}") from None
         except errors.InvalidArgument as exc:
             raise ShardFailed(f"worker sent a malformed result: {exc}") from None
         finally:
             unregister()
-        if timings is None:
-            raise ShardFailed("worker ended the stream without timings")
-        return ShardOutput([a.result() for a in outputs], timings.queue_seconds, timings.load_seconds,
+        return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)

@@ -244,6 +244,10 @@ class JobRunner:
         self._end(job, live, pool, None)
 
     def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None) -> None:
+        # Decided before this method cancels the scope itself: only a cancel from outside (CancelJob,
+        # the client's deadline or disconnect) makes the job CANCELLED; a bug stays a failure.
+        cancelled = isinstance(exc, Cancelled) or (
+            exc is not None and live.scope.cancelled.is_set() and not isinstance(exc, errors.AccelmeshError))
         if exc is not None:
             live.scope.cancel()  # stop the job's other shards on their workers
         if pool is not None:
@@ -254,11 +258,11 @@ class JobRunner:
             log.warning("releasing %s failed: %s", job.job_id, release_error)
         if exc is None:
             self.book.finish(job, m.SUCCEEDED, message="done")
-        elif isinstance(exc, Cancelled) or (live.scope.cancelled.is_set() and not isinstance(exc, errors.AccelmeshError)):
+        elif cancelled:
             self.book.finish(job, m.CANCELLED, error="cancelled")
         else:
             if not isinstance(exc, errors.AccelmeshError):
-                log.exception("job %s failed", job.job_id, exc_info=exc)
+                log.error("job %s failed", job.job_id, exc_info=exc)
             live.error = exc
             self.book.finish(job, m.FAILED, error=str(exc) or type(exc).__name__)
         if live.span is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+from accelmesh import errors
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
@@ -16,6 +19,8 @@ from dispatch_svc.servicer import DispatchServicer
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
 
+log = logging.getLogger(__name__)
+
 
 def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
     if tracer_provider is None:
@@ -23,6 +28,11 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     mesh = GrpcMesh(config.inventory, config.compile, tracer_provider=tracer_provider,
                     max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
     book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s)
+    for job_id in book.interrupted:  # a crashed dispatcher left them holding devices
+        try:
+            mesh.release(job_id)
+        except errors.AccelmeshError as exc:  # inventory down: the leases lapse on their own
+            log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
     servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_parameter_bytes)

@@ -50,12 +50,16 @@ class ServiceProcess:
 
 
 def start_service(
-    name: str, module: str, args: Sequence[str], *, env: dict[str, str] | None = None, echo: bool = False
+    name: str, module: str, args: Sequence[str], *, env: dict[str, str] | None = None, echo: bool = False,
+    prefix: Sequence[str] = (),
 ) -> ServiceProcess:
-    """Run `python -m module args...`; return once it printed its ready line."""
+    """Run `[prefix...] python -m module args...`; return once it printed its ready line.
+
+    `prefix` runs the service through another command that execs it, e.g. `ip netns exec <ns>`.
+    """
     proc_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [*prefix, sys.executable, "-m", module, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -39,16 +39,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelmesh import errors
 from accelmesh.embedded import start_compile, start_dispatch, start_inventory
-from accelmesh.runtime.launcher import READY, START_TIMEOUT_S, ServiceProcess
+from accelmesh.runtime.launcher import ServiceProcess, start_service
 
 SUBNET_PREFIX = "10.231"  # private; only ever configured on the links made here
 GUARD_METRIC = 65000  # the `unreachable` route's priority: the bridge's own route (metric 0) wins while it exists
@@ -270,36 +268,9 @@ def cleanup_stale() -> list[str]:
 
 def start_in_netns(netns: str, name: str, module: str, args: Sequence[str], *, env: dict[str, str] | None = None,
                    echo: bool = False) -> ServiceProcess:
-    """`ip netns exec <netns> python -m module args`, returned once it printed its ready line
-    (accelmesh.runtime.launcher.start_service, with the namespace in front). `ip netns exec`
+    """`ip netns exec <netns> python -m module args`, once it printed its ready line. `ip netns exec`
     execs the command, so the process is the service itself and SIGTERM reaches it."""
-    process = subprocess.Popen(
-        ["ip", "netns", "exec", netns, sys.executable, "-m", module, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-    )
-    output: list[str] = []
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump():
-        for line in process.stdout:
-            output.append(line.rstrip("\n"))
-            if echo:
-                print(f"[{name}] {line}", end="", file=sys.stderr)
-            match = READY.search(line)
-            if match and not ready.is_set():
-                found["address"] = match["address"]
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, name=f"{name}-output", daemon=True).start()
-    if not ready.wait(START_TIMEOUT_S) or "address" not in found:
-        process.kill()
-        process.wait()
-        tail = "\n".join(output[-20:])
-        raise errors.Unavailable(f"{name} in {netns} did not start (exit code {process.returncode}); its output:\n{tail}")
-    return ServiceProcess(name, process, found["address"], output)
+    return start_service(name, module, args, env=env, echo=echo, prefix=("ip", "netns", "exec", netns))
 
 
 @dataclass

@@ -201,12 +201,12 @@ def peak_rss_bytes(pid: int) -> int:
     raise AssertionError("no VmHWM in /proc status")
 
 
-# 160 MiB in and 160 MiB out through a dispatcher allowed 8 MiB of shard inputs in flight. Its
-# peak memory may grow by that budget, the shards being assembled or combined, and gRPC's
-# transport buffers on five streams (measured: ~65 MiB for 96 MiB and for 192 MiB alike, so
-# it does not grow with the job). The bound is half the input, checked on the real process.
-STREAM_INPUT_BYTES = 160 * 1024 * 1024
-DISPATCH_GROWTH_BOUND_BYTES = 80 * 1024 * 1024
+# 256 MiB in and 256 MiB out through a dispatcher allowed 8 MiB of shard inputs in flight. Its
+# peak memory may grow by that budget, the shards being assembled, two shards in flight per
+# device with their outputs, and gRPC's transport buffers on every stream (measured: 65-85 MiB
+# for 96, 160 and 192 MiB alike, so it does not grow with the job). The bound is half the input.
+STREAM_INPUT_BYTES = 256 * 1024 * 1024
+DISPATCH_GROWTH_BOUND_BYTES = 128 * 1024 * 1024
 
 
 def test_dispatcher_memory_stays_bounded_while_a_large_input_streams(mesh, tmp_path):
@@ -222,7 +222,7 @@ def test_dispatcher_memory_stays_bounded_while_a_large_input_streams(mesh, tmp_p
             result = c.run("identity", {"x": x}, filter=FP32_ONLY)
         growth = peak_rss_bytes(small.process.pid) - before
         np.testing.assert_array_equal(result.outputs["y"], x)
-        assert len(result.job.shards) >= 80  # 2 MiB shards
+        assert len(result.job.shards) >= 128  # 2 MiB shards
         assert growth < DISPATCH_GROWTH_BOUND_BYTES, f"dispatcher grew by {growth / 2**20:.0f} MiB"
     finally:
         small.terminate()

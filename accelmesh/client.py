@@ -21,7 +21,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
-from accelmesh.runtime.tensors import TensorAssembler, dtype_code, split, to_proto
+from accelmesh.runtime.tensors import TensorCollector, dtype_code, split, to_proto
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
@@ -79,22 +79,6 @@ def request_parts(spec: pb.JobSpec, inputs: Mapping[str, np.ndarray],
         yield "block", pb.InputBlock(first_row=first, tensors=[to_proto(a[first: first + step]) for a in arrays])
 
 
-class ResultAssembler:
-    """Collects result tensors whose chunks may interleave (each chunk names its tensor)."""
-
-    def __init__(self):
-        self._open: dict[str, TensorAssembler] = {}
-
-    def header(self, header: common_pb2.TensorHeader) -> None:
-        self._open[header.name] = TensorAssembler(header, "result")
-
-    def chunk(self, chunk: common_pb2.TensorChunk) -> None:
-        self._open[chunk.name].add(chunk)
-
-    def results(self) -> dict[str, np.ndarray]:
-        return {name: assembler.result() for name, assembler in self._open.items()}
-
-
 class MeshClient:
     def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
@@ -118,7 +102,7 @@ class MeshClient:
         spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
         requests = (pb.RunJobRequest(**{field: message})
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
-        events, results, job = [], ResultAssembler(), None
+        events, results, job = [], TensorCollector("result"), None
         for response in self.stub.RunJob(requests, timeout=timeout):
             part = response.WhichOneof("part")
             if part == "event":
@@ -155,7 +139,7 @@ class MeshClient:
         return self.stub.CancelJob(pb.CancelJobRequest(job_id=job_id)).job
 
     def fetch_result(self, job_id: str) -> dict[str, np.ndarray]:
-        results = ResultAssembler()
+        results = TensorCollector("result")
         for response in self.stub.FetchResult(pb.FetchResultRequest(job_id=job_id)):
             if response.WhichOneof("part") == "tensor":
                 results.header(response.tensor)
@@ -164,4 +148,4 @@ class MeshClient:
         return results.results()
 
 
-__all__ = ["JobResult", "MeshClient", "ResultAssembler", "job_spec", "request_parts"]
+__all__ = ["JobResult", "MeshClient", "job_spec", "request_parts"]

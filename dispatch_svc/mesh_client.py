@@ -17,7 +17,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
-from accelmesh.runtime.tensors import TensorAssembler, dtype_name, split
+from accelmesh.runtime.tensors import TensorCollector, dtype_name, split
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import model as m
@@ -172,18 +172,17 @@ class GrpcMesh:
                 for b in response.builds]
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
-        leaves, current = [], None
+        leaves = TensorCollector("parameter")
         try:
             for part in self.compiler.FetchParameters(compile_pb.FetchParametersRequest(
                     program=program.name, version=program.version, seed=seed), timeout=CALL_TIMEOUT_S):
                 if part.WhichOneof("part") == "tensor":
-                    current = TensorAssembler(part.tensor, "parameter")
-                    leaves.append(current)
+                    leaves.header(part.tensor)
                 else:
-                    current.add(part.chunk)
+                    leaves.chunk(part.chunk)
         except grpc.RpcError as exc:
             raise _grpc_failure(exc, "compile service parameters") from None
-        return [a.result() for a in leaves]
+        return list(leaves.results().values())
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -222,22 +221,19 @@ class GrpcMesh:
 
         call = self._worker(device.node_address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
         unregister = scope.register(call.cancel)
-        outputs, current, timings = [], None, None
+        outputs, timings = TensorCollector("output"), None
         try:
             for part in call:
                 kind = part.WhichOneof("part")
                 if kind == "tensor":
-                    current = TensorAssembler(part.tensor, "output")
-                    outputs.append(current)
+                    outputs.header(part.tensor)
                 elif kind == "chunk":
-                    if current is None:
-                        raise errors.InvalidArgument("a chunk came before any tensor header")
-                    current.add(part.chunk)
+                    outputs.chunk(part.chunk)
                 elif kind == "timings":
                     timings = part.timings
             if timings is None:
                 raise ShardFailed("worker ended the stream without timings")
-            results = [a.result() for a in outputs]  # a tensor cut short fails this attempt, not the job
+            results = list(outputs.results().values())  # a tensor cut short fails this attempt, not the job
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self._forget_worker(device.node_address)

@@ -10,7 +10,7 @@ from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
-from accelmesh.runtime.tensors import TensorAssembler, dtype_code_for_name, dtype_name, from_proto
+from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name, dtype_name, from_proto
 from dispatch_svc import model as m
 from dispatch_svc.training import TrainingOptions
 
@@ -136,7 +136,7 @@ class StreamFeed:
         self._held = None  # the first block, read while looking for the end of the parameters
 
     def parameters(self) -> list[tuple[str, np.ndarray]]:
-        leaves, current, total = [], None, 0
+        leaves, total = TensorCollector("parameter"), 0
         for message in self._requests:
             part = message.WhichOneof("part")
             if part == "parameter":
@@ -144,18 +144,15 @@ class StreamFeed:
                 if total > self._max_parameter_bytes:
                     raise errors.ResourceExhausted(
                         f"parameters exceed {self._max_parameter_bytes} bytes; raise ACCELMESH_MAX_PARAMETER_BYTES")
-                current = TensorAssembler(message.parameter, "parameter")
-                leaves.append(current)
+                leaves.header(message.parameter)
             elif part == "parameter_chunk":
-                if current is None:
-                    raise errors.InvalidArgument("a parameter_chunk arrived before any parameter header")
-                current.add(message.parameter_chunk)
+                leaves.chunk(message.parameter_chunk)
             elif part == "block":
                 self._held = message.block
                 break
             else:
                 raise errors.InvalidArgument(f"unexpected {part} after the spec; send parameters, then blocks")
-        return [(a.name, a.result()) for a in leaves]
+        return list(leaves.results().items())
 
     def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]:
         expected = 0

@@ -231,3 +231,27 @@ def test_bad_input_is_invalid_argument_naming_the_tensor(action, fragments):
         action()
     missing = [f for f in fragments if f not in str(info.value)]
     assert not missing, f"{str(info.value)!r} lacks {missing}"
+
+
+def test_a_collector_rebuilds_interleaved_tensors_in_header_order():
+    from accelmesh.runtime.tensors import TensorCollector
+
+    a, b = np.arange(10, dtype=np.float32), np.arange(6, dtype=np.int32).reshape(2, 3)
+    (ha, ca), (hb, cb) = split("a", a, 8), split("b", b, 8)
+    collector = TensorCollector("output")
+    collector.header(ha)
+    collector.header(hb)
+    chunks_a, chunks_b = list(ca), list(cb)
+    for pair in zip(chunks_a, chunks_b):  # interleaved: each chunk names its tensor
+        for chunk in pair:
+            collector.chunk(chunk)
+    for chunk in chunks_a[len(chunks_b):]:
+        collector.chunk(chunk)
+    results = collector.results()
+    assert list(results) == ["a", "b"]
+    np.testing.assert_array_equal(results["a"], a)
+    np.testing.assert_array_equal(results["b"], b)
+    with pytest.raises(errors.InvalidArgument, match="announced twice"):
+        collector.header(ha)
+    with pytest.raises(errors.InvalidArgument, match="before its header"):
+        TensorCollector("output").chunk(chunks_a[0])

@@ -162,3 +162,26 @@ class TensorAssembler:
                 f"{self.field} '{self.name}': stream ended after {self._received} of {len(self._buffer)} bytes"
             )
         return np.frombuffer(self._buffer, dtype=self.dtype).reshape(self.shape)
+
+
+class TensorCollector:
+    """Rebuilds every tensor of a stream: a TensorHeader opens one, TensorChunks (which name their
+    tensor, so tensors may interleave) fill it; results keep the order the headers came in."""
+
+    def __init__(self, field: str = "tensor"):
+        self.field = field
+        self._open: dict[str, TensorAssembler] = {}
+
+    def header(self, header: common_pb2.TensorHeader) -> None:
+        if header.name in self._open:
+            raise errors.InvalidArgument(f"{self.field} '{header.name}' was announced twice")
+        self._open[header.name] = TensorAssembler(header, self.field)
+
+    def chunk(self, chunk: common_pb2.TensorChunk) -> None:
+        assembler = self._open.get(chunk.name)
+        if assembler is None:
+            raise errors.InvalidArgument(f"{self.field}: a chunk of '{chunk.name}' came before its header")
+        assembler.add(chunk)
+
+    def results(self) -> dict[str, np.ndarray]:
+        return {name: assembler.result() for name, assembler in self._open.items()}

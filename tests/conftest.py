@@ -89,3 +89,20 @@ def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         call(*args, **kwargs)
     return info.value
+
+
+def reservations(mesh) -> list:
+    """Every live reservation in a running mesh's inventory."""
+    from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+
+    with open_channel(mesh.inventory.address) as channel:
+        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
+        return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """A process's peak resident memory (VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")

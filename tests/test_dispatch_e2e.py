@@ -14,12 +14,10 @@ from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.datasets import load_digits, train_test_split
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.embedded import start_embedded_mesh
-from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.tensors import to_proto
 from compile_svc.programs import default_registry
-from conftest import rpc_error
+from conftest import peak_rss_bytes, reservations, rpc_error
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +38,6 @@ def client(mesh):
     with MeshClient(mesh.dispatch.address) as c:
         yield c
 
-
-def reservations(mesh) -> list:
-    with open_channel(mesh.inventory.address) as channel:
-        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
-        return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
 
 
 def reference(program_name, *inputs, seed=0):
@@ -193,12 +186,6 @@ def test_request_parts_block_inputs_under_the_chunk_size():
     blocks = [m for field, m in parts if field == "block"]
     assert sum(b.tensors[0].shape[0] for b in blocks) == 1000 and all(b.ByteSize() <= 64 * 1024 + 256 for b in blocks)
 
-
-def peak_rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc status")
 
 
 # 256 MiB in and 256 MiB out through a dispatcher allowed 8 MiB of shard inputs in flight. Its

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import rpc_error
+from conftest import reservations, rpc_error
 
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
@@ -114,11 +114,6 @@ def inventory_stub(mesh):
     channel = open_channel(mesh.inventory.address)
     return channel, inventory_service_pb2_grpc.InventoryServiceStub(channel)
 
-
-def reservations(mesh) -> list:
-    channel, stub = inventory_stub(mesh)
-    with channel:
-        return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
 
 
 def node_state(mesh, address: str) -> int:

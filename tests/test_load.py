@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +23,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from compile_svc.programs import default_registry
+
+from conftest import peak_rss_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +80,6 @@ def most_at_once(jobs) -> int:
         peak = max(peak, running)
     return peak
 
-
-def peak_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc status")
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,10 @@ class LayerInfo:
     flops_per_sample: float  # XLA cost analysis of the layer at batch 1
     bytes_accessed_per_sample: float
     activation_bytes_per_sample: int  # size of the layer's output for one sample
+    # Tied weights: an earlier layer whose parameters this one also reads (counted in the
+    # owner's parameter_count/bytes), and their bytes, needed again where the owner is not.
+    shared_from: str = ""
+    shared_parameter_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ def layer_to_proto(layer: LayerInfo) -> pb.Layer:
         flops_per_sample=layer.flops_per_sample,
         bytes_accessed_per_sample=layer.bytes_accessed_per_sample,
         activation_bytes_per_sample=layer.activation_bytes_per_sample,
+        shared_from=layer.shared_from,
+        shared_parameter_bytes=layer.shared_parameter_bytes,
     )
 
 

@@ -51,7 +51,8 @@ def program_from_proto(msg: compile_pb.Program) -> Program:
         digest=msg.digest,
         layers=tuple(LayerInfo(layer.name, layer.kind, layer.order, {p.name: tuple(p.shape) for p in layer.parameters},
                                layer.parameter_count, layer.parameter_bytes, layer.flops_per_sample,
-                               layer.bytes_accessed_per_sample, layer.activation_bytes_per_sample)
+                               layer.bytes_accessed_per_sample, layer.activation_bytes_per_sample,
+                               layer.shared_from, layer.shared_parameter_bytes)
                      for layer in msg.layers),
     )
 

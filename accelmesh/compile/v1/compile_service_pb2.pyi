@@ -60,7 +60,7 @@ class OutputSpec(_message.Message):
     def __init__(self, tensor: _Optional[_Union[TensorSpec, _Mapping]] = ..., combine: _Optional[_Union[CombineRule, str]] = ...) -> None: ...
 
 class Layer(_message.Message):
-    __slots__ = ("name", "kind", "order", "parameters", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample")
+    __slots__ = ("name", "kind", "order", "parameters", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from", "shared_parameter_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,8 @@ class Layer(_message.Message):
     FLOPS_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     BYTES_ACCESSED_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FROM_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     order: int
@@ -79,7 +81,9 @@ class Layer(_message.Message):
     flops_per_sample: float
     bytes_accessed_per_sample: float
     activation_bytes_per_sample: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., order: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ...) -> None: ...
+    shared_from: str
+    shared_parameter_bytes: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., order: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ..., shared_from: _Optional[str] = ..., shared_parameter_bytes: _Optional[int] = ...) -> None: ...
 
 class Program(_message.Message):
     __slots__ = ("name", "version", "kind", "description", "parameters", "inputs", "outputs", "digest", "layers", "parameter_count")
@@ -249,18 +253,28 @@ class ExplainRuleResponse(_message.Message):
     def __init__(self, rule: _Optional[_Union[Rule, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[RuleVerdict, _Mapping]]] = ..., target_type: _Optional[str] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("program", "version", "inputs", "targets", "batch_sizes")
+    __slots__ = ("program", "version", "inputs", "targets", "batch_sizes", "layers")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     targets: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    layers: LayerRange
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ...) -> None: ...
+
+class LayerRange(_message.Message):
+    __slots__ = ("first", "count")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    count: int
+    def __init__(self, first: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("key", "format", "batch_size", "size_bytes", "digest", "platform", "cache_hit", "build_seconds")
@@ -297,14 +311,16 @@ class TargetBuild(_message.Message):
     def __init__(self, target_type: _Optional[str] = ..., rule: _Optional[_Union[Rule, _Mapping]] = ..., device_ids: _Optional[_Iterable[str]] = ..., portable: _Optional[_Union[Artifact, _Mapping]] = ..., executables: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
-    __slots__ = ("program", "version", "builds")
+    __slots__ = ("program", "version", "builds", "stage")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUILDS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     builds: _containers.RepeatedCompositeFieldContainer[TargetBuild]
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., builds: _Optional[_Iterable[_Union[TargetBuild, _Mapping]]] = ...) -> None: ...
+    stage: Program
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., builds: _Optional[_Iterable[_Union[TargetBuild, _Mapping]]] = ..., stage: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
 
 class FetchArtifactRequest(_message.Message):
     __slots__ = ("key", "chunk_bytes")

@@ -20,8 +20,8 @@ they are normalised to sum 1. Otherwise the default rule is a roofline argument:
 Candidates lacking a peak rate or a bandwidth are left out of the median; if none has both,
 B = I and compute gets half the weight.
 
-Score: each metric is divided by its maximum over the candidates (so components are 0..1, and
-0 when no candidate has any), then combined as the weighted sum. Ranking is by score, highest
+Score: accelmesh.scoring.combine (each metric over its maximum among the candidates, then the
+weighted sum; the dispatcher's layer placement uses the same function). Ranking is by score, highest
 first, ties by device id so it is deterministic. Callers choose the candidates: pass healthy
 devices only (ListDevices' default filter does that).
 """
@@ -31,40 +31,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import PRECISIONS
+from accelmesh.scoring import DeviceStatus, Weights, combine
 from inventory_svc.store import DeviceRecord
 
 TASK_KINDS = ("training", "inference")
 DEFAULT_INTENSITY_FLOP_PER_BYTE = {"training": 100.0, "inference": 10.0}
 MEMORY_SHARE = {"training": 2.0 / 3.0, "inference": 0.5}  # memory's part of the non-compute weight
-
-
-@dataclass(frozen=True)
-class Weights:
-    compute: float
-    memory: float
-    bandwidth: float
-
-    def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise InvalidArgument(
-                    f"task.weights.{item.name} must be a finite number >= 0, got {value!r}; "
-                    "or leave task.weights unset to use the default rule"
-                )
-        if self.compute + self.memory + self.bandwidth <= 0:
-            raise InvalidArgument(
-                "task.weights.compute, task.weights.memory and task.weights.bandwidth are all 0; "
-                "give at least one a positive weight, or leave task.weights unset to use the default rule"
-            )
-
-    def normalised(self) -> Weights:
-        total = self.compute + self.memory + self.bandwidth
-        return Weights(self.compute / total, self.memory / total, self.bandwidth / total)
 
 
 @dataclass(frozen=True)
@@ -87,13 +63,6 @@ class TaskProfile:
                 f"task.arithmetic_intensity must be a finite number of FLOP per byte > 0, got {intensity!r}; "
                 "or leave it unset for the default of its kind"
             )
-
-
-@dataclass(frozen=True)
-class DeviceStatus:
-    compute_tflops: float
-    memory_free_bytes: int
-    bandwidth_gbps: float
 
 
 @dataclass(frozen=True)
@@ -143,31 +112,11 @@ def score_devices(
         raise InvalidArgument(f"limit must be >= 0 (0 or unset means all), got {limit}")
     weights = weights_for(profile, records)
     statuses = [status_of(record, profile.precision) for record in records]
-    peaks = {
-        "compute": max((s.compute_tflops for s in statuses), default=0.0),
-        "memory": max((s.memory_free_bytes for s in statuses), default=0),
-        "bandwidth": max((s.bandwidth_gbps for s in statuses), default=0.0),
-    }
-    scored = []
-    for record, status in zip(records, statuses):
-        components = {
-            "compute": _share(status.compute_tflops, peaks["compute"]),
-            "memory": _share(status.memory_free_bytes, peaks["memory"]),
-            "bandwidth": _share(status.bandwidth_gbps, peaks["bandwidth"]),
-        }
-        score = (
-            weights.compute * components["compute"]
-            + weights.memory * components["memory"]
-            + weights.bandwidth * components["bandwidth"]
-        )
-        scored.append(ScoredDevice(record, score, components, weights, status))
+    scored = [ScoredDevice(record, score, components, weights, status)
+              for record, status, (score, components) in zip(records, statuses, combine(statuses, weights))]
     scored.sort(key=lambda item: (-item.score, item.record.id))
     return scored[:limit] if limit else scored
 
 
 def _unit(value: float) -> float:
     return min(1.0, max(0.0, value))
-
-
-def _share(value: float, peak: float) -> float:
-    return value / peak if peak > 0 else 0.0

@@ -1,0 +1,72 @@
+"""The status score of a device (MISSION B1, B2): one definition for the inventory's
+ScoreDevices and for the dispatcher's layer placement, which re-scores devices after each
+layer it places (B5) without a round trip per layer.
+
+Each metric is divided by its maximum over the candidates (so components are 0..1, and 0
+when no candidate has any), then the components are combined as the weighted sum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from accelmesh.errors import InvalidArgument
+
+METRICS = ("compute", "memory", "bandwidth")
+
+
+@dataclass(frozen=True)
+class Weights:
+    compute: float
+    memory: float
+    bandwidth: float
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise InvalidArgument(
+                    f"task.weights.{item.name} must be a finite number >= 0, got {value!r}; "
+                    "or leave task.weights unset to use the default rule"
+                )
+        if self.compute + self.memory + self.bandwidth <= 0:
+            raise InvalidArgument(
+                "task.weights.compute, task.weights.memory and task.weights.bandwidth are all 0; "
+                "give at least one a positive weight, or leave task.weights unset to use the default rule"
+            )
+
+    def normalised(self) -> Weights:
+        total = self.compute + self.memory + self.bandwidth
+        return Weights(self.compute / total, self.memory / total, self.bandwidth / total)
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    compute_tflops: float  # free processing capability at the task's precision
+    memory_free_bytes: int
+    bandwidth_gbps: float
+
+
+def combine(statuses: Sequence[DeviceStatus], weights: Weights) -> list[tuple[float, dict[str, float]]]:
+    """(score, components) of each status, normalised over `statuses`; `weights` should be normalised."""
+    peaks = {
+        "compute": max((s.compute_tflops for s in statuses), default=0.0),
+        "memory": max((s.memory_free_bytes for s in statuses), default=0),
+        "bandwidth": max((s.bandwidth_gbps for s in statuses), default=0.0),
+    }
+    out = []
+    for status in statuses:
+        components = {
+            "compute": _share(status.compute_tflops, peaks["compute"]),
+            "memory": _share(status.memory_free_bytes, peaks["memory"]),
+            "bandwidth": _share(status.bandwidth_gbps, peaks["bandwidth"]),
+        }
+        score = sum(getattr(weights, name) * components[name] for name in METRICS)
+        out.append((score, components))
+    return out
+
+
+def _share(value: float, peak: float) -> float:
+    return value / peak if peak > 0 else 0.0

@@ -1,0 +1,236 @@
+"""Layer placement (MISSION B4-B6): the ranked method on hand-checked cases, the balanced
+strategy against brute force, and the layer-table checks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from accelmesh.errors import InvalidArgument, ResourceExhausted
+from accelmesh.scoring import Weights
+from dispatch_svc.planner.placement import (
+    Device, LayerCost, Model, NoRoom, Task, check_layers, evaluate, lower_bound_seconds, parameter_split,
+    place_balanced, place_ranked, sequential_fill,
+)
+
+GB = 10**9
+
+
+def layer(name: str, order: int, params: int, *, flops: float = 0.0, act: int = 0, **extra) -> LayerCost:
+    return LayerCost(name, order, params, params * 4, flops_per_sample=flops, activation_bytes_per_sample=act, **extra)
+
+
+def device(name: str, tflops: float, memory: int, bandwidth: float = 1000.0, link: float = 100.0,
+           target_type: str = "") -> Device:
+    return Device(name, target_type or name, tflops, memory, bandwidth, link)
+
+
+def task(**kw) -> Task:
+    kw.setdefault("headroom", 0.0)
+    kw.setdefault("micro_batch_rows", 1)
+    return Task(**kw)
+
+
+# -- ranked -------------------------------------------------------------------------------------
+
+
+def test_ranked_places_largest_layers_first_on_the_best_device_with_room():
+    layers = [layer("small", 0, 10**8), layer("big", 1, 10**9), layer("mid", 2, 5 * 10**8)]
+    devices = [device("a", 100.0, 5 * GB), device("b", 50.0, 5 * GB)]
+    placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(1, 0, 0))), devices)
+    # big (4 GB) goes to the faster a; a is then 4/5.6 of the model's FLOPs busy, so b scores
+    # higher for mid; small goes where the weighted status is best after both.
+    assert placement.assignment[1] == "a"
+    assert placement.assignment[2] == "b"
+    lines = placement.explain
+    assert lines[1].startswith("big ") and lines[2].startswith("mid ") and lines[3].startswith("small ")
+    assert all("->" in line for line in lines[1:4])
+
+
+def test_a_layer_that_fits_nowhere_names_the_layer_and_the_largest_free_memory():
+    layers = [layer("huge", 0, 3 * GB), layer("tiny", 1, 10**6)]  # 12 GB of parameters
+    devices = [device("a", 10.0, 10 * GB), device("b", 10.0, 9 * GB)]  # 19 GB in all: enough in total
+    with pytest.raises(NoRoom) as err:
+        place_ranked(Model(layers, task()), devices)
+    message = str(err.value)
+    assert "'huge'" in message and "10,000,000,000 bytes free (a)" in message
+    assert err.value.shortfall_bytes == 12 * GB - 10 * GB
+    assert isinstance(err.value, ResourceExhausted)
+
+
+def test_a_model_larger_than_every_device_together_reports_the_shortfall():
+    layers = [layer(f"l{i}", i, GB) for i in range(5)]  # 20 GB
+    devices = [device("a", 10.0, 8 * GB), device("b", 10.0, 8 * GB)]
+    with pytest.raises(NoRoom) as err:
+        place_ranked(Model(layers, task(headroom=0.5)), devices)
+    assert err.value.shortfall_bytes == 20 * GB - 8 * GB
+    assert "short by 12,000,000,000 bytes" in str(err.value)
+
+
+def test_the_device_count_caps_the_devices_used():
+    layers = [layer(f"l{i}", i, GB // 4) for i in range(6)]  # 1 GB each
+    devices = [device(name, 10.0, 4 * GB) for name in "abc"]
+    capped = place_ranked(Model(layers, task(device_count=2)), devices)
+    assert len(set(capped.assignment)) == 2
+    free = place_ranked(Model(layers, task(device_count=3)), devices)
+    assert len(set(free.assignment)) == 3
+    # Derived from memory: 6 GB over devices of 4 GB usable needs 2 of them.
+    derived = place_ranked(Model(layers, task()), devices)
+    assert len(set(derived.assignment)) == 2
+    assert "so 2 device(s)" in derived.explain[0]
+
+
+def test_a_device_count_larger_than_the_pool_is_invalid():
+    with pytest.raises(InvalidArgument, match="placement.device_count is 4 but only 2"):
+        place_ranked(Model([layer("l", 0, 10)], task(device_count=4)), [device("a", 1, GB), device("b", 1, GB)])
+
+
+def test_reserving_a_layer_changes_where_the_next_one_goes():
+    layers = [layer("first", 0, GB // 4), layer("second", 1, GB // 4)]
+    devices = [device("a", 10.0, 4 * GB), device("b", 10.0, 4 * GB)]
+    placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(0, 1, 0))), devices)
+    # Identical devices: the first layer takes a (ties by id); its 1 GB reservation lowers a's
+    # free memory, so the second sees b as the better device.
+    assert placement.assignment == ("a", "b")
+    assert "3,000,000,000 B left" in placement.explain[1]
+
+
+def test_weights_decide_between_a_compute_rich_and_a_memory_rich_device():
+    layers = [layer("only", 0, GB // 4)]
+    devices = [device("fast", 300.0, 16 * GB), device("roomy", 30.0, 80 * GB)]
+    compute = place_ranked(Model(layers, task(device_count=1, weights=Weights(1, 0, 0))), devices)
+    memory = place_ranked(Model(layers, task(device_count=1, weights=Weights(0, 1, 0))), devices)
+    assert compute.assignment == ("fast",)
+    assert memory.assignment == ("roomy",)
+
+
+def test_tied_parameters_count_once_when_owner_and_user_share_a_device():
+    layers = [layer("embed", 0, GB // 4), layer("body", 1, GB // 4),
+              layer("head", 2, 0, shared_from="embed", shared_parameter_bytes=GB)]
+    model = Model(layers, task())
+    devices = [device("a", 10.0, 10 * GB), device("b", 10.0, 10 * GB)]
+    together = evaluate(model, devices, ["a", "b", "a"])
+    apart = evaluate(model, devices, ["a", "b", "b"])
+    assert together.memory_bytes["a"] == GB  # embed, and head reads its copy
+    assert apart.memory_bytes["b"] == 2 * GB and apart.memory_bytes["a"] == GB
+
+
+def test_training_needs_optimizer_state_and_the_activation_working_set():
+    layers = [layer("l", 0, 1000, act=100)]
+    inference = Model(layers, task(micro_batch_rows=4))
+    training = Model(layers, task(kind="training", micro_batch_rows=4))
+    assert inference.need == [4000 + (400 + 400) * 2]
+    assert training.need == [3 * 4000 + (400 + 400) * 4]
+
+
+# -- balanced -----------------------------------------------------------------------------------
+
+
+def brute_force(model: Model, devices: list[Device], count: int) -> float:
+    """The smallest feasible step time over every contiguous split and device assignment."""
+    n = len(model)
+    best = math.inf
+    for stages in range(1, min(n, count) + 1):
+        for cuts in itertools.combinations(range(1, n), stages - 1):
+            bounds = [0, *cuts, n]
+            for chosen in itertools.permutations(devices, stages):
+                assignment = []
+                for d, (a, b) in zip(chosen, zip(bounds, bounds[1:])):
+                    assignment.extend([d.id] * (b - a))
+                ev = evaluate(model, devices, assignment)
+                if ev.feasible:
+                    best = min(best, ev.step_seconds)
+    return best
+
+
+def random_instance(rng: random.Random):
+    n = rng.randint(2, 6)
+    layers = [LayerCost(f"l{i}", i, p := rng.randint(1, 40) * 10**7, p * 4,
+                        flops_per_sample=rng.uniform(1e9, 4e10), bytes_accessed_per_sample=rng.uniform(0, 2e8),
+                        activation_bytes_per_sample=rng.choice([10**5, 10**6, 10**7]))
+              for i in range(n)]
+    kinds = [("fast", 120.0, 16 * GB, 900.0, 300.0), ("big", 40.0, 40 * GB, 1500.0, 150.0),
+             ("slow", 8.0, 24 * GB, 300.0, 15.0)]
+    devices = []
+    for i in range(rng.randint(2, 4)):
+        name, tflops, memory, bandwidth, link = rng.choice(kinds)
+        memory = int(memory * rng.choice([0.05, 0.1, 0.3, 1.0]))  # sometimes tight
+        devices.append(Device(f"d{i}", name, tflops, memory, bandwidth, link))
+    return layers, devices
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_balanced_finds_the_brute_force_optimum(seed):
+    rng = random.Random(seed)
+    layers, devices = random_instance(rng)
+    count = rng.randint(1, len(devices))
+    model = Model(layers, task(device_count=count, micro_batch_rows=rng.choice([1, 8, 32])))
+    optimum = brute_force(model, devices, count)
+    if math.isinf(optimum):
+        with pytest.raises(NoRoom):
+            place_balanced(model, devices)
+        return
+    placement = place_balanced(model, devices)
+    assert placement.evaluation.feasible
+    assert placement.evaluation.step_seconds == pytest.approx(optimum, rel=1e-9)
+    assert len(set(placement.assignment)) <= count
+    runs = [k for k, _ in itertools.groupby(placement.assignment)]
+    assert len(runs) == len(set(runs)), "a device holds one contiguous stage"
+
+
+def test_balanced_is_never_slower_than_ranked_or_the_baselines_when_all_fit():
+    layers = [layer("embed", 0, 10**8, flops=1e8, act=10**6)]
+    layers += [layer(f"block_{i}", i + 1, 2 * 10**8, flops=4e11, act=10**6) for i in range(8)]
+    layers += [layer("head", 9, 10**8, flops=2e8, act=10**3)]
+    devices = [device("a0", 150.0, 4 * GB, target_type="a"), device("a1", 150.0, 4 * GB, target_type="a"),
+               device("v0", 60.0, 8 * GB, target_type="v")]
+    model = Model(layers, task(device_count=3, micro_batch_rows=8))
+    balanced = place_balanced(model, devices)
+    others = [place_ranked(model, devices), sequential_fill(model, devices), parameter_split(model, devices, 3)]
+    for other in others:
+        if other.evaluation.feasible:
+            assert balanced.evaluation.step_seconds <= other.evaluation.step_seconds * (1 + 1e-9), other.strategy
+    assert balanced.evaluation.step_seconds >= lower_bound_seconds(model, devices)
+    assert balanced.evaluation.cross_transfers == len(balanced.evaluation.stages) - 1
+
+
+def test_balanced_plans_many_devices_quickly_and_explains_itself():
+    layers = [layer(f"l{i}", i, 3 * 10**8, flops=6e11, act=10**6) for i in range(100)]
+    devices = [device(f"n{i}/{t}", rate, memory, target_type=t)
+               for i in range(250) for t, rate, memory in (("a", 150.0, 40 * GB), ("v", 60.0, 32 * GB),
+                                                           ("t", 30.0, 16 * GB), ("k", 4.0, 12 * GB))]
+    placement = place_balanced(Model(layers, task(micro_batch_rows=4)), devices)
+    assert placement.evaluation.feasible
+    assert placement.explain[0].startswith("balanced: 100 layers in order over 1000 devices in 4 classes")
+
+
+# -- layer tables -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([], "placement.layers is empty"),
+    ([layer("a", 0, 10), layer("a", 1, 10)], "placement.layers[1].name 'a' is also placement.layers[0].name"),
+    ([layer("a", 0, 10), layer("b", 2, 10)], "must number the 2 layers 0..1"),
+    ([LayerCost("a", 0, -5, 4)], "placement.layers[0].parameter_count of layer 'a' must be a finite number >= 0"),
+    ([LayerCost("a", 0, 1000, 10)], "placement.layers[0].parameter_bytes of layer 'a' is 10 for 1000 parameters"),
+    ([LayerCost("a", 0, 10, 40, flops_per_sample=float("nan"))], "flops_per_sample of layer 'a'"),
+    ([layer("a", 0, 10, shared_from="b"), layer("b", 1, 10)], "shared_from 'b' of layer 'a' must name an earlier"),
+    ([LayerCost("", 0, 10, 40)], "placement.layers[0].name is empty"),
+])
+def test_inconsistent_layer_tables_are_refused_naming_the_row(rows, message):
+    with pytest.raises(InvalidArgument) as err:
+        check_layers(rows)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(headroom=1.0), "memory_headroom must be in [0, 1)"),
+    (dict(micro_batch_rows=0), "micro_batch_rows must be >= 1"),
+    (dict(device_count=-1), "device_count must be >= 0"),
+])
+def test_bad_placement_options_are_refused(bad, message):
+    with pytest.raises(InvalidArgument, match=message.replace("[", r"\[").replace(")", r"\)")):
+        Model([layer("a", 0, 10)], Task(**bad))

@@ -84,18 +84,30 @@ def test_the_device_count_caps_the_devices_used():
 
 
 def test_a_device_count_larger_than_the_pool_is_invalid():
-    with pytest.raises(InvalidArgument, match="placement.device_count is 4 but only 2"):
+    with pytest.raises(InvalidArgument, match="spec.placement.device_count is 4 but only 2"):
         place_ranked(Model([layer("l", 0, 10)], task(device_count=4)), [device("a", 1, GB), device("b", 1, GB)])
 
 
 def test_reserving_a_layer_changes_where_the_next_one_goes():
-    layers = [layer("first", 0, GB // 4), layer("second", 1, GB // 4)]
-    devices = [device("a", 10.0, 4 * GB), device("b", 10.0, 4 * GB)]
-    placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(0, 1, 0))), devices)
-    # Identical devices: the first layer takes a (ties by id); its 1 GB reservation lowers a's
-    # free memory, so the second sees b as the better device.
-    assert placement.assignment == ("a", "b")
-    assert "3,000,000,000 B left" in placement.explain[1]
+    layers = [layer("big", 0, 6 * 10**8), layer("mid", 1, 10**8), layer("small", 2, 10**8)]
+    devices = [device("a", 20.0, 8 * GB), device("b", 10.0, 8 * GB), device("c", 5.0, 8 * GB)]
+    placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(1, 0, 0))), devices)
+    # big opens the fastest device a, mid opens the next best b (the model gets 2 devices).
+    # a starts twice as fast as b, but once big's 3/4 of the model's FLOPs are reserved on it,
+    # a has 20 x 1/4 = 5 TFLOP/s free against b's 10 x 7/8: small goes to b.
+    assert placement.assignment == ("a", "b", "b")
+    assert placement.scores["a"] > placement.scores["b"]
+    assert "5,600,000,000 B left" in placement.explain[1]  # a's 8 GB less big's 2.4 GB
+    assert "chosen devices had room" in placement.explain[3]
+
+
+def test_the_largest_layers_open_as_many_devices_as_the_model_needs():
+    layers = [layer(f"l{i}", i, GB // 4) for i in range(4)]
+    devices = [device("fast", 100.0, 40 * GB), device("slow", 10.0, 40 * GB)]
+    placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(1, 0, 0))), devices)
+    assert set(placement.assignment) == {"fast", "slow"}
+    alone = place_ranked(Model(layers, task(device_count=1, weights=Weights(1, 0, 0))), devices)
+    assert set(alone.assignment) == {"fast"}
 
 
 def test_weights_decide_between_a_compute_rich_and_a_memory_rich_device():
@@ -211,14 +223,14 @@ def test_balanced_plans_many_devices_quickly_and_explains_itself():
 
 
 @pytest.mark.parametrize("rows, message", [
-    ([], "placement.layers is empty"),
-    ([layer("a", 0, 10), layer("a", 1, 10)], "placement.layers[1].name 'a' is also placement.layers[0].name"),
+    ([], "spec.placement.layers is empty"),
+    ([layer("a", 0, 10), layer("a", 1, 10)], "spec.placement.layers[1].name 'a' is also spec.placement.layers[0].name"),
     ([layer("a", 0, 10), layer("b", 2, 10)], "must number the 2 layers 0..1"),
-    ([LayerCost("a", 0, -5, 4)], "placement.layers[0].parameter_count of layer 'a' must be a finite number >= 0"),
-    ([LayerCost("a", 0, 1000, 10)], "placement.layers[0].parameter_bytes of layer 'a' is 10 for 1000 parameters"),
+    ([LayerCost("a", 0, -5, 4)], "spec.placement.layers[0].parameter_count of layer 'a' must be a finite number >= 0"),
+    ([LayerCost("a", 0, 1000, 10)], "spec.placement.layers[0].parameter_bytes of layer 'a' is 10 for 1000 parameters"),
     ([LayerCost("a", 0, 10, 40, flops_per_sample=float("nan"))], "flops_per_sample of layer 'a'"),
     ([layer("a", 0, 10, shared_from="b"), layer("b", 1, 10)], "shared_from 'b' of layer 'a' must name an earlier"),
-    ([LayerCost("", 0, 10, 40)], "placement.layers[0].name is empty"),
+    ([LayerCost("", 0, 10, 40)], "spec.placement.layers[0].name is empty"),
 ])
 def test_inconsistent_layer_tables_are_refused_naming_the_row(rows, message):
     with pytest.raises(InvalidArgument) as err:

@@ -5,8 +5,9 @@ Two strategies share one cost and memory model, so their predictions compare lik
 - `place_ranked` is the method of MISSION B: layers sorted by parameter count, largest first;
   each goes to the device with the best task-weighted status (accelmesh.scoring.combine, the
   inventory's own formula) among those whose free memory holds it; what the layer needs is
-  reserved and the statuses are updated before the next layer (B5); once the model's device
-  count is reached, the remaining layers go only to devices already chosen (B6).
+  reserved and the statuses are updated before the next layer (B5). The model's device count
+  N (B6: the client's, else the fewest best devices whose memory holds it) decides the pool:
+  the N largest layers each open a new device, the remaining layers go only to chosen ones.
 - `place_balanced` keeps layer order: contiguous stages, one per device, chosen by dynamic
   programming to minimise the pipeline's step time under each device's memory.
 
@@ -273,15 +274,15 @@ def check_task(task: Task) -> None:
     if task.kind not in (INFERENCE, TRAINING):
         raise InvalidArgument(f"task kind must be {INFERENCE} or {TRAINING}, got {task.kind!r}")
     if not (isinstance(task.headroom, (int, float)) and 0.0 <= task.headroom < 1.0):
-        raise InvalidArgument(f"placement.memory_headroom must be in [0, 1), got {task.headroom!r}; "
+        raise InvalidArgument(f"spec.placement.memory_headroom must be in [0, 1), got {task.headroom!r}; "
                               f"leave it unset for {DEFAULT_HEADROOM}")
     if task.micro_batch_rows < 1:
-        raise InvalidArgument(f"placement.micro_batch_rows must be >= 1, got {task.micro_batch_rows}")
+        raise InvalidArgument(f"spec.placement.micro_batch_rows must be >= 1, got {task.micro_batch_rows}")
     if task.device_count < 0:
-        raise InvalidArgument(f"placement.device_count must be >= 0 (0 derives it from memory), got {task.device_count}")
+        raise InvalidArgument(f"spec.placement.device_count must be >= 0 (0 derives it from memory), got {task.device_count}")
 
 
-def check_layers(layers: Sequence[LayerCost], where: str = "placement.layers") -> None:
+def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layers") -> None:
     """A layer table must be complete and consistent; every problem names its row and field."""
     if not layers:
         raise InvalidArgument(f"{where} is empty; a model needs at least one layer")
@@ -335,7 +336,7 @@ def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, 
     task = model.task
     if task.device_count:
         if task.device_count > len(devices):
-            raise InvalidArgument(f"placement.device_count is {task.device_count} but only {len(devices)} devices "
+            raise InvalidArgument(f"spec.placement.device_count is {task.device_count} but only {len(devices)} devices "
                                   "match the job's constraints; ask for fewer or leave it 0")
         return task.device_count
     total = model.total_need()
@@ -385,17 +386,24 @@ def _ranked(model: Model, devices: Sequence[Device], scores: dict[str, float], c
     share = [f / model.total_flops if model.total_flops else 1.0 / len(model) for f in model.flops]
     for i in order:
         layer = model.layers[i]
-        pool = [d for d in devices if d.id in chosen] if len(chosen) >= count else list(devices)
-        needs = {d.id: _need_on(model, i, d.id, assignment) for d in pool}
+        # Until `count` devices are chosen each layer opens a new one (the largest layers spread
+        # over the devices the model needs); after that only chosen devices take layers (B6).
+        opening = len(chosen) < count
+        pool = [d for d in devices if (d.id in chosen) != opening]
+        needs = {d.id: _need_on(model, i, d.id, assignment) for d in devices}
         fits = [d for d in pool if needs[d.id] <= free[d.id]]
+        if not fits and opening:  # no new device holds it: a chosen one may
+            pool = [d for d in devices if d.id in chosen]
+            fits = [d for d in pool if needs[d.id] <= free[d.id]]
         if not fits:
+            pool = pool or list(devices)
             largest = max(pool, key=lambda d: free[d.id])
-            where = f"any of the {count} chosen devices" if len(chosen) >= count else "any device"
+            where = f"any of the {count} chosen devices" if not opening else "any device"
             raise NoRoom(
                 f"layer {layer.name!r} ({layer.parameter_count:,} parameters) needs {needs[largest.id]:,} bytes but "
                 f"{where} has at most {free[largest.id]:,} bytes free ({largest.id}): short by "
                 f"{needs[largest.id] - free[largest.id]:,} bytes", shortfall_bytes=needs[largest.id] - free[largest.id],
-                wider=len(chosen) >= count)
+                wider=not opening)
         statuses = [_status(d, free[d.id], load[d.id]) for d in devices]
         scored = {d.id: s for d, (s, _) in zip(devices, combine(statuses, weights))}
         ranked = sorted(fits, key=lambda d: (-scored[d.id], d.id))
@@ -414,7 +422,7 @@ def _ranked(model: Model, devices: Sequence[Device], scores: dict[str, float], c
         explain.append(
             f"{layer.name} ({layer.parameter_count:,} params, needs {needs[best.id]:,} B) -> {best.id} "
             f"score {scored[best.id]:.3f}{runner_up}; {len(fits)} of {len(pool)} "
-            f"{'chosen ' if len(pool) < len(devices) else ''}devices had room; reserved, {free[best.id]:,} B left"
+            f"{'new' if new else 'chosen'} devices had room; reserved, {free[best.id]:,} B left"
             + (f"; device {len(chosen)} of {count}" if new else ""))
     placed = tuple(a for a in assignment if a is not None)
     evaluation = evaluate(model, devices, placed)

@@ -19,6 +19,7 @@ class CompileConfig:
     max_upload_bytes: int = 64 * 1024**2  # ACCELMESH_MAX_UPLOAD_BYTES: largest UploadProgram artifact
     max_batch_sizes: int = 16  # ACCELMESH_MAX_BATCH_SIZES: executables one Compile call may ask for
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+    max_parameter_bytes: int = 2 * 1024**3  # ACCELMESH_MAX_PARAMETER_BYTES: largest model FetchParameters initialises
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
@@ -38,4 +39,5 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
         max_upload_bytes=env_int("ACCELMESH_MAX_UPLOAD_BYTES", d.max_upload_bytes, env, minimum=1024),
         max_batch_sizes=env_int("ACCELMESH_MAX_BATCH_SIZES", d.max_batch_sizes, env, minimum=1),
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
+        max_parameter_bytes=env_int("ACCELMESH_MAX_PARAMETER_BYTES", d.max_parameter_bytes, env, minimum=1),
     )

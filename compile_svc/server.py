@@ -30,7 +30,7 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
     )
     uploads = UploadStore(Path(config.programs_dir), registry, config.max_upload_bytes)
     uploads.restore()
-    servicer = CompileServicer(compiler, uploads, config.max_message_bytes)
+    servicer = CompileServicer(compiler, uploads, config.max_message_bytes, config.max_parameter_bytes)
     server = create_server(
         [Service(SERVICE_NAME, compile_service_pb2_grpc.add_CompileServiceServicer_to_server, servicer)],
         address=config.listen,

@@ -1,4 +1,5 @@
-"""Parameter files: .npz archives whose keys are leaf names ('block_0/attn/wq').
+"""Parameter files: .npz archives whose keys are leaf names ('block_0/attn/wq'), and the size
+limit on initial parameters a service materialises.
 
 Loaded with allow_pickle=False: a parameter file is data and must never execute code.
 """
@@ -6,6 +7,7 @@ Loaded with allow_pickle=False: a parameter file is data and must never execute 
 from __future__ import annotations
 
 import io
+import math
 import os
 import zipfile
 from collections.abc import Sequence
@@ -13,7 +15,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from accelmesh.errors import InvalidArgument
+from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.programs import Program
 
 ParamSource = str | os.PathLike[str] | bytes | BinaryIO
@@ -44,6 +46,23 @@ def save_params(program: Program, leaves: Sequence[np.ndarray], target: str | os
     arrays = {spec.name: np.asarray(leaf) for spec, leaf in zip(program.parameters, leaves)}
     _validated(program, arrays)
     np.savez(target, **arrays)
+
+
+def parameter_bytes(program: Program) -> int:
+    """Bytes of the program's parameters at their declared dtypes, from the specs alone."""
+    return sum(math.prod(spec.shape) * np.dtype(spec.dtype).itemsize for spec in program.parameters)
+
+
+def check_initialisable(program: Program, max_bytes: int) -> None:
+    """Refuse to materialise initial parameters beyond max_bytes (a published-size model would
+    take this host's memory): raise ResourceExhausted naming the program, its size and the limit."""
+    size = parameter_bytes(program)
+    if size > max_bytes:
+        raise ResourceExhausted(
+            f"program {program.ref} has {size} parameter bytes ({size / 1024**3:.2f} GiB), over this compile "
+            f"service's limit of {max_bytes} bytes for initial parameters (ACCELMESH_MAX_PARAMETER_BYTES); "
+            "models of this size are served here for planning (DescribeProgram, placement), not to run: "
+            "send the parameters with the job, or raise the limit on a host with the memory")
 
 
 def _validated(program: Program, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -1,4 +1,8 @@
-"""Programs by (name, version): built-ins, plugins found through entry points, and uploads."""
+"""Programs by (name, version): built-ins, plugins found through entry points, and uploads.
+
+Published-size models are registered deferred (see DeferredEntry): start-up only records their
+names, listing builds their signatures, and get/describe builds their layer tables.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ from typing import Any
 
 from accelmesh.errors import FailedPrecondition, NotFound
 from accelmesh.programs import Program
-from compile_svc.programs.builtin import builtin_entries
-from compile_svc.programs.layers import LayerFn, ProgramEntry
+from compile_svc.programs.builtin import builtin_deferred, builtin_entries
+from compile_svc.programs.layers import DeferredEntry, LayerFn, ProgramEntry
 
 ENTRY_POINT_GROUP = "accelmesh.programs"
 
@@ -27,10 +31,11 @@ def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
 
 
 class ProgramRegistry:
-    """Thread-safe: the servicer registers uploads while other requests read."""
+    """Thread-safe: the servicer registers uploads while other requests read. Deferred entries
+    are built outside the registry lock, so one slow first build blocks no other program."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], ProgramEntry] = {}
+        self._entries: dict[tuple[str, str], ProgramEntry | DeferredEntry] = {}
         self._lock = threading.Lock()
 
     def register(self, program: Program, layer_fns: Iterable[LayerFn] = ()) -> Program:
@@ -38,15 +43,26 @@ class ProgramRegistry:
         key = (program.name, program.version)
         with self._lock:
             existing = self._entries.get(key)
-            if existing is not None:
-                if _content(existing.program) != _content(program):
-                    raise FailedPrecondition(
-                        f"program {program.ref} is already registered with different content "
-                        f"(digest {existing.program.digest[:12]}, new {program.digest[:12]}); "
-                        "register it under a new version")
-                return existing.program
-            self._entries[key] = ProgramEntry(program, tuple(layer_fns))
-        return program
+            if existing is None:
+                self._entries[key] = ProgramEntry(program, tuple(layer_fns))
+                return program
+        current = _program(existing)
+        if _content(current) != _content(program):
+            raise FailedPrecondition(
+                f"program {program.ref} is already registered with different content "
+                f"(digest {current.digest[:12]}, new {program.digest[:12]}); "
+                "register it under a new version")
+        return current
+
+    def register_deferred(self, deferred: DeferredEntry) -> None:
+        """Add a program that is built when first asked for; its name and version must be free."""
+        key = (deferred.name, deferred.version)
+        with self._lock:
+            existing = self._entries.get(key)
+            if existing is not None and existing is not deferred:
+                raise FailedPrecondition(f"program {deferred.name}@{deferred.version} is already registered; "
+                                         "register it under a new version")
+            self._entries[key] = deferred
 
     def get(self, name: str, version: str = "") -> Program:
         """The named program; an empty version means the highest registered version."""
@@ -57,10 +73,12 @@ class ProgramRegistry:
         return self._entry(name, version).layer_fns
 
     def list(self) -> list[Program]:
+        """Every program; deferred ones may come without their layer table (get has it)."""
         with self._lock:
             entries = list(self._entries.values())
-        entries.sort(key=lambda e: (e.program.name, version_key(e.program.version)))
-        return [e.program for e in entries]
+        programs = [_program(e) for e in entries]
+        programs.sort(key=lambda p: (p.name, version_key(p.version)))
+        return programs
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP, *,
                           entry_points: Callable[..., Iterable[Any]] = importlib.metadata.entry_points
@@ -96,11 +114,16 @@ class ProgramRegistry:
             raise NotFound(f"program {name!r} is not registered; available programs: "
                            f"{', '.join(names) or 'none'}")
         if not version:
-            return versions[max(versions, key=version_key)]
+            version = max(versions, key=version_key)
         if version not in versions:
             available = ", ".join(sorted(versions, key=version_key))
             raise NotFound(f"program {name!r} has no version {version!r}; available versions: {available}")
-        return versions[version]
+        found = versions[version]
+        return found.entry() if isinstance(found, DeferredEntry) else found
+
+
+def _program(entry: ProgramEntry | DeferredEntry) -> Program:
+    return entry.summary() if isinstance(entry, DeferredEntry) else entry.program
 
 
 def _content(program: Program) -> tuple[object, ...]:
@@ -122,5 +145,7 @@ def default_registry(group: str = ENTRY_POINT_GROUP) -> ProgramRegistry:
     registry = ProgramRegistry()
     for entry in builtin_entries():
         registry.register(entry.program, entry.layer_fns)
+    for deferred in builtin_deferred():
+        registry.register_deferred(deferred)
     registry.load_entry_points(group)
     return registry

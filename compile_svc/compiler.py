@@ -1,5 +1,8 @@
 """Compile a program for a set of devices: one build per target type, cached by content (MISSION A4, A5).
 
+A request may name consecutive layers of a layered model instead: the stage is derived as a
+program of its own (compile_svc.programs.stages) and built exactly like a whole program.
+
 Devices are grouped by target type (platform, execution platform, kind, rule-relevant flags)
 and the rule each gets; every group is lowered once. The portable StableHLO artifact is always
 built; where the group's execution backend is local, compiled executables are built too for
@@ -24,6 +27,7 @@ from compile_svc import lowering
 from compile_svc.cache import ArtifactCache, CachedArtifact
 from accelmesh.programs import Program, TargetType, TensorSpec
 from compile_svc.programs import ProgramRegistry, check_signature
+from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.rules import Explanation, Rule, RuleTable
 
 STABLEHLO, EXECUTABLE = "stablehlo", "executable"
@@ -52,8 +56,9 @@ class TargetBuild:
 
 @dataclass(frozen=True)
 class CompileResult:
-    program: Program
+    program: Program  # the registered program
     builds: tuple[TargetBuild, ...]
+    stage: Program | None = None  # what was built when the request named layers
 
 
 def local_platforms() -> frozenset[str]:
@@ -76,6 +81,7 @@ class Compiler:
         self._max_batch_sizes = max_batch_sizes
         self._local = local if local is not None else local_platforms()
         self._lock = threading.Lock()
+        self.stages = StageCatalog()
 
     def explain(self, device: DeviceSpec) -> Explanation:
         return self.rules.explain(device)
@@ -88,10 +94,15 @@ class Compiler:
         *,
         inputs: Sequence[TensorSpec] = (),
         batch_sizes: Sequence[int] = (),
+        layers: LayerRange | None = None,
     ) -> CompileResult:
         program = self.registry.get(name, version)
+        stage = None
+        if layers is not None:
+            stage = self.stages.stage(program, self.registry.layer_functions(name, program.version), layers)
+        to_build = stage if stage is not None else program
         if inputs:
-            check_signature(program, list(inputs))
+            check_signature(to_build, list(inputs))
         if not targets:
             raise errors.InvalidArgument("targets is empty; pass the devices to build for (as ListDevices returns them)")
         sizes = sorted(set(batch_sizes))
@@ -107,8 +118,8 @@ class Compiler:
             rule = self.rules.match(device)
             target = self.rules.target_type(device)
             groups.setdefault((target.key, rule.name), (target, rule, []))[2].append(device.id)
-        builds = [self._build(program, target, rule, ids, sizes) for target, rule, ids in groups.values()]
-        return CompileResult(program, tuple(builds))
+        builds = [self._build(to_build, target, rule, ids, sizes) for target, rule, ids in groups.values()]
+        return CompileResult(program, tuple(builds), stage)
 
     def _build(self, program: Program, target: TargetType, rule: Rule, ids: list[str], sizes: list[int]) -> TargetBuild:
         platform = target.execution_platform

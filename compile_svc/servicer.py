@@ -9,15 +9,19 @@ from accelmesh.runtime.devices import device_from_proto
 from accelmesh.runtime.tensors import split
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
+from compile_svc.config import CompileConfig
+from compile_svc.programs.params_io import check_initialisable
 from compile_svc.uploads import UploadStore
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 
 class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
-    def __init__(self, compiler: Compiler, uploads: UploadStore, max_message_bytes: int):
+    def __init__(self, compiler: Compiler, uploads: UploadStore, max_message_bytes: int,
+                 max_parameter_bytes: int = CompileConfig.max_parameter_bytes):
         self.compiler = compiler
         self.uploads = uploads
+        self.max_parameter_bytes = max_parameter_bytes
         # A chunk plus its envelope must fit in one message.
         self._max_chunk_bytes = max_message_bytes - 1024
 
@@ -75,13 +79,16 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
         targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
         inputs = [tr.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
+        layers = tr.layer_range_from_proto(request.layers) if request.HasField("layers") else None
         result = self.compiler.compile(
-            request.program, request.version, targets, inputs=inputs, batch_sizes=list(request.batch_sizes)
+            request.program, request.version, targets, inputs=inputs, batch_sizes=list(request.batch_sizes),
+            layers=layers,
         )
         return pb.CompileResponse(
             program=result.program.name,
             version=result.program.version,
             builds=[tr.build_to_proto(b) for b in result.builds],
+            stage=tr.program_to_proto(result.stage) if result.stage is not None else None,
         )
 
     def FetchArtifact(self, request, context):
@@ -104,6 +111,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             )
         if not -(2**31) <= request.seed < 2**31:
             raise errors.InvalidArgument(f"seed {request.seed} must fit in 32 bits")
+        check_initialisable(program, self.max_parameter_bytes)
         chunk = min(DEFAULT_CHUNK_BYTES, self._max_chunk_bytes)
         for spec, value in zip(program.parameters, program.init_params(request.seed)):
             header, chunks = split(spec.name, value, chunk)

@@ -8,6 +8,7 @@ from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import dtype_code_for_name, dtype_name
 from compile_svc.compiler import EXECUTABLE, BuiltArtifact, TargetBuild
 from accelmesh.programs import LayerInfo, Program, TensorSpec
+from compile_svc.programs.stages import LayerRange
 from compile_svc.rules import Explanation, Rule
 
 BATCH = -1  # how a symbolic batch dimension travels in TensorSpec.shape
@@ -31,6 +32,10 @@ def tensor_spec_from_proto(msg: pb.TensorSpec, field: str) -> TensorSpec:
     if any(d < BATCH for d in msg.shape):
         raise errors.InvalidArgument(f"{field}.shape {list(msg.shape)}: dimensions are >= 0, or -1 for the batch")
     return TensorSpec(msg.name, dtype_name(msg.dtype, f"{field}.dtype"), tuple(None if d == BATCH else d for d in msg.shape))
+
+
+def layer_range_from_proto(msg: pb.LayerRange) -> LayerRange:
+    return LayerRange(first=msg.first, count=msg.count)
 
 
 def layer_to_proto(layer: LayerInfo) -> pb.Layer:

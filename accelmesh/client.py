@@ -46,6 +46,7 @@ def job_spec(
     parameter_seed: int = 0,
     client_parameters: bool = False,
     name: str = "",
+    placement: pb.PlacementOptions | None = None,
 ) -> pb.JobSpec:
     return pb.JobSpec(
         program=program,
@@ -59,6 +60,7 @@ def job_spec(
         parameter_seed=parameter_seed,
         training=training,
         name=name,
+        placement=placement,
     )
 
 

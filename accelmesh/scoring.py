@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from accelmesh.errors import InvalidArgument
 
 METRICS = ("compute", "memory", "bandwidth")
@@ -51,22 +53,21 @@ class DeviceStatus:
 
 def combine(statuses: Sequence[DeviceStatus], weights: Weights) -> list[tuple[float, dict[str, float]]]:
     """(score, components) of each status, normalised over `statuses`; `weights` should be normalised."""
-    peaks = {
-        "compute": max((s.compute_tflops for s in statuses), default=0.0),
-        "memory": max((s.memory_free_bytes for s in statuses), default=0),
-        "bandwidth": max((s.bandwidth_gbps for s in statuses), default=0.0),
-    }
-    out = []
-    for status in statuses:
-        components = {
-            "compute": _share(status.compute_tflops, peaks["compute"]),
-            "memory": _share(status.memory_free_bytes, peaks["memory"]),
-            "bandwidth": _share(status.bandwidth_gbps, peaks["bandwidth"]),
-        }
-        score = sum(getattr(weights, name) * components[name] for name in METRICS)
-        out.append((score, components))
+    components = normalised(np.array([s.compute_tflops for s in statuses], float),
+                            np.array([s.memory_free_bytes for s in statuses], float),
+                            np.array([s.bandwidth_gbps for s in statuses], float))
+    scores = weighted(components, weights)
+    return [(float(scores[i]), {name: float(components[name][i]) for name in METRICS}) for i in range(len(statuses))]
+
+
+def normalised(compute: np.ndarray, memory: np.ndarray, bandwidth: np.ndarray) -> dict[str, np.ndarray]:
+    """Each metric over its maximum among the candidates: 0..1, all 0 when none has any."""
+    out = {}
+    for name, values in zip(METRICS, (compute, memory, bandwidth)):
+        peak = values.max() if values.size else 0.0
+        out[name] = values / peak if peak > 0 else np.zeros_like(values)
     return out
 
 
-def _share(value: float, peak: float) -> float:
-    return value / peak if peak > 0 else 0.0
+def weighted(components: dict[str, np.ndarray], weights: Weights) -> np.ndarray:
+    return sum(getattr(weights, name) * components[name] for name in METRICS)

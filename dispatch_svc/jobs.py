@@ -25,6 +25,7 @@ import numpy as np
 
 from accelmesh import errors
 from dispatch_svc import model as m
+from dispatch_svc.planner.placement import LayerCost
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -45,7 +46,29 @@ def _plan_from(d: dict | None) -> m.Plan | None:
         shards=tuple(m.ShardPlan(**s) for s in d["shards"]),
         predicted_seconds=d["predicted_seconds"],
         equal_split_predicted_seconds=d["equal_split_predicted_seconds"],
+        placement=_placement_from(d.get("placement")),
     )
+
+
+def _placement_from(d: dict | None) -> m.PlacementPlan | None:
+    if d is None:
+        return None
+    return m.PlacementPlan(**{
+        **d,
+        "layers": tuple(m.LayerPlacement(**x) for x in d["layers"]),
+        "stages": tuple(m.StagePlan(**x) for x in d["stages"]),
+        "devices": tuple(m.DeviceLoad(**{**x, "layers": tuple(x["layers"])}) for x in d["devices"]),
+        "weights": tuple(d["weights"]),
+        "candidates": tuple(m.PlacementSummary(**x) for x in d["candidates"]),
+        "explain": tuple(d["explain"]),
+    })
+
+
+def _placement_spec_from(d: dict | None) -> m.PlacementSpec | None:
+    if d is None:
+        return None
+    return m.PlacementSpec(**{**d, "weights": tuple(d["weights"]) if d["weights"] else None,
+                              "layers": tuple(LayerCost(**x) for x in d["layers"])})
 
 
 def _spec_from(d: dict) -> m.JobSpec:
@@ -55,6 +78,7 @@ def _spec_from(d: dict) -> m.JobSpec:
             "constraints": m.Constraints(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["constraints"].items()}),
             "inputs": tuple(m.InputDecl(i["name"], i["dtype"], tuple(i["shape"])) for i in d["inputs"]),
             "training": m.TrainingOptions(**d["training"]) if d["training"] else None,
+            "placement": _placement_spec_from(d.get("placement")),
         }
     )
 

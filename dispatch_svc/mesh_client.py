@@ -22,7 +22,7 @@ from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import model as m
 from dispatch_svc.execution import CancelScope, ShardFailed
-from dispatch_svc.runner import ArtifactRef, Build, JobDevice, ShardOutput
+from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 COMBINE = {compile_pb.COMBINE_RULE_CONCAT: "concat", compile_pb.COMBINE_RULE_SUM: "sum", compile_pb.COMBINE_RULE_MEAN: "mean"}
 KINDS = {compile_pb.PROGRAM_KIND_FUNCTION: "function", compile_pb.PROGRAM_KIND_MODEL: "model",
@@ -59,6 +59,12 @@ def program_from_proto(msg: compile_pb.Program) -> Program:
 
 def _artifact(msg: compile_pb.Artifact) -> ArtifactRef:
     return ArtifactRef(msg.key, msg.digest, FORMATS[msg.format], msg.batch_size)
+
+
+def _builds(response: compile_pb.CompileResponse) -> list[Build]:
+    return [Build(b.target_type, b.rule.name, b.rule.build.compute_dtype, b.rule, tuple(b.device_ids),
+                  _artifact(b.portable), {e.batch_size: _artifact(e) for e in b.executables})
+            for b in response.builds]
 
 
 def _constraints_filter(c: m.Constraints) -> str:
@@ -147,6 +153,22 @@ class GrpcMesh:
                               inv_pb.RefreshDevicesRequest(device_ids=[d.id for d in devices]))
         return [self._device(d) for d in response.devices if d.health == common_pb2.DEVICE_HEALTH_HEALTHY]
 
+    def score_devices(self, kind: str, precision: str, intensity: float,
+                      weights: tuple[float, float, float] | None, constraints: m.Constraints) -> Scoring:
+        task = inv_pb.TaskProfile(
+            kind=inv_pb.TASK_KIND_TRAINING if kind == m.TRAINING else inv_pb.TASK_KIND_INFERENCE,
+            precision=precision, arithmetic_intensity=intensity)
+        if weights is not None:
+            task.weights.CopyFrom(inv_pb.TaskWeights(compute=weights[0], memory=weights[1], bandwidth=weights[2]))
+        response = self._call("inventory score", self.inventory.ScoreDevices, inv_pb.ScoreDevicesRequest(
+            task=task, filter=_constraints_filter(constraints)))
+        w = response.weights
+        return Scoring(
+            devices={s.device.id: ScoredStatus(s.score, s.free_compute_tflops, s.device.status.memory_free_bytes,
+                                               s.device.status.utilization, s.device.status.reserved_compute_fraction)
+                     for s in response.devices},
+            weights=(w.compute, w.memory, w.bandwidth), rule=response.weights_rule)
+
     def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None:
         self._call("inventory reserve", self.inventory.ReserveDevices, inv_pb.ReserveDevicesRequest(
             job_id=job_id, ttl_seconds=ttl_s,
@@ -157,6 +179,11 @@ class GrpcMesh:
 
     # -- compile -------------------------------------------------------------------------------
 
+    def explain_rule(self, device: JobDevice) -> RuleChoice:
+        response = self._call("compile service rules", self.compiler.ExplainRule,
+                              compile_pb.ExplainRuleRequest(device=device_to_proto(device.spec)))
+        return RuleChoice(response.target_type, response.rule.name, response.rule.build.compute_dtype)
+
     def describe_program(self, name: str, version: str) -> Program:
         if not name:
             raise errors.InvalidArgument("spec.program is required; ListPrograms on the compile service shows them")
@@ -165,12 +192,23 @@ class GrpcMesh:
         return program_from_proto(response.program)
 
     def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]:
-        response = self._call("compile service", self.compiler.Compile, compile_pb.CompileRequest(
+        return _builds(self._compile(program, devices, batch_sizes))
+
+    def compile_stage(self, program: Program, devices: Sequence[JobDevice], first: int, count: int,
+                      batch_sizes: Sequence[int] = ()) -> tuple[Program, list[Build]]:
+        """Build layers first .. first + count - 1 of a layered model as one pipeline stage; the
+        stage program says what its artifacts take (its parameter leaves, then the activation)."""
+        response = self._compile(program, devices, batch_sizes, compile_pb.LayerRange(first=first, count=count))
+        if not response.HasField("stage"):
+            raise errors.FailedPrecondition(f"the compile service at {self.compile_address} built {program.ref} whole, "
+                                            "not the stage asked for; upgrade it to one that supports layers")
+        return program_from_proto(response.stage), _builds(response)
+
+    def _compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int],
+                 layers: compile_pb.LayerRange | None = None) -> compile_pb.CompileResponse:
+        return self._call("compile service", self.compiler.Compile, compile_pb.CompileRequest(
             program=program.name, version=program.version, batch_sizes=list(batch_sizes),
-            targets=[device_to_proto(d.spec) for d in devices]))
-        return [Build(b.target_type, b.rule.name, b.rule.build.compute_dtype, b.rule, tuple(b.device_ids),
-                      _artifact(b.portable), {e.batch_size: _artifact(e) for e in b.executables})
-                for b in response.builds]
+            targets=[device_to_proto(d.spec) for d in devices], layers=layers))
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
         leaves = TensorCollector("parameter")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dispatch_svc.planner.placement import LayerCost
 from dispatch_svc.training import TrainingOptions
 
 INFERENCE, TRAINING = "inference", "training"
@@ -41,6 +42,18 @@ class Constraints:
 
 
 @dataclass(frozen=True)
+class PlacementSpec:
+    """A model-parallel job: where its layers go and how micro-batches flow (MISSION B)."""
+
+    strategy: str  # placement.RANKED, BALANCED or AUTO
+    device_count: int = 0  # 0: derived from memory
+    headroom: float | None = None  # None: the default
+    weights: tuple[float, float, float] | None = None  # compute, memory, bandwidth; None: derived
+    micro_batch_rows: int = 0  # 0: the default
+    layers: tuple[LayerCost, ...] = ()  # an explicit table, for planning only
+
+
+@dataclass(frozen=True)
 class JobSpec:
     program: str
     version: str = ""
@@ -51,6 +64,7 @@ class JobSpec:
     parameter_seed: int = 0
     training: TrainingOptions | None = None
     name: str = ""
+    placement: PlacementSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,78 @@ class ShardPlan:
 
 
 @dataclass(frozen=True)
+class LayerPlacement:
+    layer: str
+    order: int
+    device_id: str
+    target_type: str
+    parameter_count: int
+    memory_bytes: int
+    compute_seconds: float
+    stage: int
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    index: int
+    device_id: str
+    target_type: str
+    first_layer: int
+    layer_count: int
+    compute_seconds: float
+    transfer_seconds: float
+    artifact_key: str = ""
+    rule: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    device_id: str
+    target_type: str
+    memory_bytes: int
+    memory_capacity_bytes: int
+    compute_seconds: float
+    transfer_seconds: float
+    layers: tuple[str, ...]
+    score: float
+
+
+@dataclass(frozen=True)
+class PlacementSummary:
+    strategy: str
+    feasible: bool
+    predicted_step_seconds: float = 0.0
+    cross_device_transfers: int = 0
+    device_count: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    strategy: str
+    layers: tuple[LayerPlacement, ...]
+    stages: tuple[StagePlan, ...]
+    devices: tuple[DeviceLoad, ...]
+    predicted_step_seconds: float
+    cross_device_transfers: int
+    device_count: int
+    micro_batch_rows: int
+    micro_batches: int
+    predicted_seconds: float
+    lower_bound_step_seconds: float
+    weights: tuple[float, float, float]
+    weights_rule: str
+    candidates: tuple[PlacementSummary, ...]
+    explain: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     targets: tuple[TargetPlan, ...]
     shards: tuple[ShardPlan, ...]
     predicted_seconds: float
     equal_split_predicted_seconds: float
+    placement: PlacementPlan | None = None
 
 
 @dataclass

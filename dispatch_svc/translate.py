@@ -11,7 +11,9 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name, dtype_name, from_proto
+from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from dispatch_svc import model as m
+from dispatch_svc.planner import placement as pl
 from dispatch_svc.training import TrainingOptions
 
 KIND_FROM_PROTO = {pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, pb.JOB_KIND_INFERENCE: m.INFERENCE, pb.JOB_KIND_TRAINING: m.TRAINING}
@@ -26,6 +28,9 @@ EVENT_TO_PROTO = {
     "succeeded": pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": pb.JOB_EVENT_TYPE_FAILED, "cancelled": pb.JOB_EVENT_TYPE_CANCELLED,
 }
 KIND_TO_PROTO = {m.INFERENCE: pb.JOB_KIND_INFERENCE, m.TRAINING: pb.JOB_KIND_TRAINING}
+STRATEGY_FROM_PROTO = {pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
+                       pb.PLACEMENT_STRATEGY_AUTO: pl.AUTO}
+STRATEGY_TO_PROTO = {v: k for k, v in STRATEGY_FROM_PROTO.items()}
 
 
 def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
@@ -64,6 +69,73 @@ def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
         parameter_seed=msg.parameter_seed,
         training=training,
         name=msg.name,
+        placement=placement_from_proto(msg.placement) if msg.HasField("placement") else None,
+    )
+
+
+def placement_from_proto(msg: pb.PlacementOptions) -> m.PlacementSpec:
+    if msg.strategy not in STRATEGY_FROM_PROTO:
+        raise errors.InvalidArgument(
+            f"spec.placement.strategy must be PLACEMENT_STRATEGY_RANKED, _BALANCED or _AUTO, got {msg.strategy}; "
+            "leave spec.placement unset for data-parallel shards")
+    weights = None
+    if msg.HasField("weights"):
+        weights = (msg.weights.compute, msg.weights.memory, msg.weights.bandwidth)
+    return m.PlacementSpec(
+        strategy=STRATEGY_FROM_PROTO[msg.strategy],
+        device_count=msg.device_count,
+        headroom=msg.memory_headroom if msg.HasField("memory_headroom") else None,
+        weights=weights,
+        micro_batch_rows=msg.micro_batch_rows,
+        layers=tuple(pl.LayerCost(
+            name=x.name, order=x.order, parameter_count=x.parameter_count, parameter_bytes=x.parameter_bytes,
+            flops_per_sample=x.flops_per_sample, bytes_accessed_per_sample=x.bytes_accessed_per_sample,
+            activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
+            shared_parameter_bytes=x.shared_parameter_bytes) for x in msg.layers),
+    )
+
+
+def placement_spec_to_proto(spec: m.PlacementSpec) -> pb.PlacementOptions:
+    msg = pb.PlacementOptions(
+        strategy=STRATEGY_TO_PROTO[spec.strategy], device_count=spec.device_count,
+        micro_batch_rows=spec.micro_batch_rows,
+        layers=[pb.LayerCost(name=x.name, order=x.order, parameter_count=x.parameter_count,
+                             parameter_bytes=x.parameter_bytes, flops_per_sample=x.flops_per_sample,
+                             bytes_accessed_per_sample=x.bytes_accessed_per_sample,
+                             activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
+                             shared_parameter_bytes=x.shared_parameter_bytes) for x in spec.layers])
+    if spec.headroom is not None:
+        msg.memory_headroom = spec.headroom
+    if spec.weights is not None:
+        msg.weights.CopyFrom(inv_pb.TaskWeights(compute=spec.weights[0], memory=spec.weights[1],
+                                                bandwidth=spec.weights[2]))
+    return msg
+
+
+def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
+    return pb.Placement(
+        strategy=STRATEGY_TO_PROTO[p.strategy],
+        layers=[pb.LayerPlacement(layer=x.layer, order=x.order, device_id=x.device_id, target_type=x.target_type,
+                                  parameter_count=x.parameter_count, memory_bytes=x.memory_bytes,
+                                  compute_seconds=x.compute_seconds, stage=x.stage) for x in p.layers],
+        stages=[pb.StagePlan(index=x.index, device_id=x.device_id, target_type=x.target_type,
+                             first_layer=x.first_layer, layer_count=x.layer_count, compute_seconds=x.compute_seconds,
+                             transfer_seconds=x.transfer_seconds, artifact_key=x.artifact_key, rule=x.rule)
+                for x in p.stages],
+        devices=[pb.DeviceLoad(device_id=x.device_id, target_type=x.target_type, memory_bytes=x.memory_bytes,
+                               memory_capacity_bytes=x.memory_capacity_bytes, compute_seconds=x.compute_seconds,
+                               transfer_seconds=x.transfer_seconds, layers=list(x.layers), score=x.score)
+                 for x in p.devices],
+        predicted_step_seconds=p.predicted_step_seconds, cross_device_transfers=p.cross_device_transfers,
+        device_count=p.device_count, micro_batch_rows=p.micro_batch_rows, micro_batches=p.micro_batches,
+        predicted_seconds=p.predicted_seconds, lower_bound_step_seconds=p.lower_bound_step_seconds,
+        weights=inv_pb.TaskWeights(compute=p.weights[0], memory=p.weights[1], bandwidth=p.weights[2]),
+        weights_rule=p.weights_rule,
+        candidates=[pb.PlacementSummary(strategy=STRATEGY_TO_PROTO[c.strategy], feasible=c.feasible,
+                                        predicted_step_seconds=c.predicted_step_seconds,
+                                        cross_device_transfers=c.cross_device_transfers,
+                                        device_count=c.device_count, error=c.error) for c in p.candidates],
+        explain=list(p.explain),
     )
 
 
@@ -78,6 +150,7 @@ def plan_to_proto(plan: m.Plan | None) -> pb.Plan | None:
                              rows=s.rows, predicted_seconds=s.predicted_seconds) for s in plan.shards],
         predicted_seconds=plan.predicted_seconds,
         equal_split_predicted_seconds=plan.equal_split_predicted_seconds,
+        placement=placement_to_proto(plan.placement) if plan.placement is not None else None,
     )
 
 
@@ -110,6 +183,7 @@ def spec_to_proto(spec: m.JobSpec) -> pb.JobSpec:
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
         training=pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
                                     momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
+        placement=placement_spec_to_proto(spec.placement) if spec.placement is not None else None,
     )
 
 

@@ -93,11 +93,12 @@ def test_reserving_a_layer_changes_where_the_next_one_goes():
     devices = [device("a", 20.0, 8 * GB), device("b", 10.0, 8 * GB), device("c", 5.0, 8 * GB)]
     placement = place_ranked(Model(layers, task(device_count=2, weights=Weights(1, 0, 0))), devices)
     # big opens the fastest device a, mid opens the next best b (the model gets 2 devices).
-    # a starts twice as fast as b, but once big's 3/4 of the model's FLOPs are reserved on it,
-    # a has 20 x 1/4 = 5 TFLOP/s free against b's 10 x 7/8: small goes to b.
+    # a starts with the better status, but big alone takes the model's whole ideal step (the
+    # slowest layer on its best device bounds it), so a has no compute left and small goes to b.
     assert placement.assignment == ("a", "b", "b")
     assert placement.scores["a"] > placement.scores["b"]
     assert "5,600,000,000 B left" in placement.explain[1]  # a's 8 GB less big's 2.4 GB
+    assert "(100% busy)" in placement.explain[1]
     assert "chosen devices had room" in placement.explain[3]
 
 

@@ -1,0 +1,182 @@
+"""Planning a model-parallel job (MISSION B): the layer table, the devices' status and the
+task's weights from the inventory, the rule each device gets, the placement, the plan.
+
+The weights come from the inventory's ScoreDevices (one definition, B2): the layer table gives
+the task's arithmetic intensity (FLOPs over memory traffic at the job's micro-batch), which the
+inventory's rule turns into weights unless the client gave its own. Statuses (B1) are the
+inventory's (free memory, utilisation, reservations), except that each device's compute is its
+datasheet rate at the dtype its own compile rule computes in (bf16 on an A100, fp32 on a V100),
+which one ScoreDevices precision cannot express; scores combine them with the inventory's
+formula (accelmesh.scoring).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from accelmesh.scoring import Weights
+from dispatch_svc import model as m
+from dispatch_svc.planner import placement as pl
+
+if TYPE_CHECKING:  # the runner imports this module
+    from dispatch_svc.runner import JobDevice, RuleChoice, Scoring
+
+
+@dataclass
+class PlacedJob:
+    plan: m.Plan
+    devices: dict[str, JobDevice]  # the devices the placement uses, with their target types
+    rules: dict[str, RuleChoice]  # by device id
+    layers: tuple[pl.LayerCost, ...]
+
+
+def layer_costs(program: Program) -> tuple[pl.LayerCost, ...]:
+    return tuple(pl.LayerCost(
+        name=x.name, order=x.order, parameter_count=x.parameter_count, parameter_bytes=x.parameter_bytes,
+        flops_per_sample=x.flops_per_sample, bytes_accessed_per_sample=x.bytes_accessed_per_sample,
+        activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
+        shared_parameter_bytes=x.shared_parameter_bytes) for x in program.layers)
+
+
+def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) -> PlacedJob:
+    """Place the model of `spec` on the healthy devices matching its constraints; raises
+    InvalidArgument for a bad table or options, ResourceExhausted (with the shortfall) when no
+    device set holds it."""
+    options = spec.placement
+    if options.layers:
+        layers = options.layers
+        pl.check_layers(layers)
+    else:
+        if not program.layers:
+            raise errors.InvalidArgument(
+                f"program {program.ref} has no layer table, so its layers cannot be placed; use a model program "
+                "(ListPrograms shows kind MODEL) or send spec.placement.layers to plan a table of your own")
+        layers = layer_costs(program)
+        pl.check_layers(layers, f"the layer table of {program.ref}")
+    micro = options.micro_batch_rows or max(1, min(rows, pl.DEFAULT_MICRO_BATCH_ROWS) if rows else pl.DEFAULT_MICRO_BATCH_ROWS)
+    headroom = pl.DEFAULT_HEADROOM if options.headroom is None else options.headroom
+    draft = pl.Task(spec.kind, micro, headroom, options.device_count)
+    intensity = pl.Model(layers, draft).intensity()  # also checks the options
+    if options.weights is not None:
+        Weights(*options.weights)  # refuses negative or all-zero weights before any call
+
+    devices = mesh.candidate_devices(spec.constraints)
+    if not devices:
+        raise errors.FailedPrecondition("no healthy device matches the job's constraints, so there is nothing to place "
+                                        "the model on")
+    devices = mesh.refresh(devices)
+    rules = _rules(mesh, devices)
+    precision = Counter(r.compute_dtype for r in rules.values()).most_common(1)[0][0]
+    scoring = mesh.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints)
+    devices = [dataclasses.replace(d, target_type=rules[d.id].target_type) for d in devices if d.id in scoring.devices]
+    if not devices:
+        raise errors.FailedPrecondition("the inventory scored none of the refreshed devices; retry the job")
+    candidates = [_candidate(d, scoring, rules[d.id]) for d in devices]
+    task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights))
+    model = pl.Model(layers, task)
+
+    tried: list[tuple[str, pl.Placement | None, pl.NoRoom | None]] = []
+    for strategy in ((pl.RANKED, pl.BALANCED) if options.strategy == pl.AUTO else (options.strategy,)):
+        place = pl.place_ranked if strategy == pl.RANKED else pl.place_balanced
+        try:
+            tried.append((strategy, place(model, candidates), None))
+        except pl.NoRoom as exc:
+            tried.append((strategy, None, exc))
+    feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]
+    if not feasible:
+        raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
+    strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != pl.BALANCED))
+    summaries = tuple(
+        m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices))
+        if p is not None else m.PlacementSummary(s, False, error=str(e))
+        for s, p, e in tried)
+    explain = list(chosen.explain)
+    if options.strategy == pl.AUTO:
+        explain.append(f"auto: took {strategy} (" + "; ".join(
+            f"{x.strategy} {x.predicted_step_seconds * 1e3:.3f} ms" if x.feasible else f"{x.strategy} infeasible"
+            for x in summaries) + ")")
+    by_id = {d.id: d for d in devices}
+    total_rows = rows or micro
+    placement = _placement_plan(model, chosen, strategy, by_id, rules, candidates, summaries, explain,
+                                math.ceil(total_rows / micro), scoring)
+    used = {d: by_id[d] for d in chosen.devices}
+    types = list(dict.fromkeys(by_id[d].target_type for d in chosen.devices))
+    rows_per_second = micro / placement.predicted_step_seconds if placement.predicted_step_seconds > 0 else 0.0
+    plan = m.Plan(
+        targets=tuple(m.TargetPlan(t, rules[_first(used, t)].rule_name, rules[_first(used, t)].compute_dtype, "",
+                                   tuple(d for d in used if used[d].target_type == t), rows_per_second, "catalog")
+                      for t in types),
+        shards=(), predicted_seconds=placement.predicted_seconds, equal_split_predicted_seconds=0.0,
+        placement=placement)
+    return PlacedJob(plan, used, rules, tuple(model.layers))
+
+
+def _rules(mesh, devices: list[JobDevice]) -> dict[str, RuleChoice]:
+    """The compile rule of every device, asking once per kind of device."""
+    by_kind: dict[tuple, RuleChoice] = {}
+    out = {}
+    for d in devices:
+        key = (d.spec.type, d.spec.platform, d.spec.capabilities, d.spec.compute_capability, d.spec.execution_platform)
+        if key not in by_kind:
+            by_kind[key] = mesh.explain_rule(d)
+        out[d.id] = by_kind[key]
+    return out
+
+
+def _candidate(device: JobDevice, scoring: Scoring, rule: RuleChoice) -> pl.Device:
+    status = scoring.devices[device.id]
+    perf = device.spec.performance
+    unreserved = 1.0 - min(1.0, max(0.0, status.reserved_compute_fraction))
+    idle = (1.0 - min(1.0, max(0.0, status.utilization))) * unreserved
+    return pl.Device(
+        id=device.id, target_type=device.target_type,
+        peak_tflops=perf.rate_tflops(rule.compute_dtype) * idle,
+        memory_free_bytes=status.memory_free_bytes,
+        memory_bandwidth_gbps=perf.memory_bandwidth_gbps * unreserved,
+        link_gbps=perf.interconnect_bandwidth_gbps)
+
+
+def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id: dict[str, JobDevice],
+                    rules: dict[str, RuleChoice], candidates: list[pl.Device], summaries, explain: list[str],
+                    micro_batches: int, scoring: Scoring) -> m.PlacementPlan:
+    ev = chosen.evaluation
+    stage_of = {}
+    for stage in ev.stages:
+        for i in range(stage.first_layer, stage.first_layer + stage.layer_count):
+            stage_of[i] = stage.index
+    used = chosen.devices
+    return m.PlacementPlan(
+        strategy=strategy,
+        layers=tuple(m.LayerPlacement(layer.name, layer.order, chosen.assignment[i], by_id[chosen.assignment[i]].target_type,
+                                      layer.parameter_count, ev.layer_memory[i], ev.layer_seconds[i], stage_of[i])
+                     for i, layer in enumerate(model.layers)),
+        stages=tuple(m.StagePlan(s.index, s.device_id, by_id[s.device_id].target_type, s.first_layer, s.layer_count,
+                                 s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name)
+                     for s in ev.stages),
+        devices=tuple(m.DeviceLoad(d, by_id[d].target_type, ev.memory_bytes[d], chosen.capacity_bytes[d],
+                                   ev.compute_seconds[d], ev.transfer_seconds[d],
+                                   tuple(model.layers[i].name for i, a in enumerate(chosen.assignment) if a == d),
+                                   chosen.scores.get(d, scoring.devices[d].score))
+                      for d in used),
+        predicted_step_seconds=ev.step_seconds,
+        cross_device_transfers=ev.cross_transfers,
+        device_count=len(used),
+        micro_batch_rows=model.task.micro_batch_rows,
+        micro_batches=micro_batches,
+        predicted_seconds=ev.predicted_seconds(micro_batches),
+        lower_bound_step_seconds=pl.lower_bound_seconds(model, [c for c in candidates if c.id in used]),
+        weights=scoring.weights,
+        weights_rule=scoring.rule,
+        candidates=summaries,
+        explain=tuple(explain),
+    )
+
+
+def _first(used: dict[str, JobDevice], target_type: str) -> str:
+    return next(d for d in used if used[d].target_type == target_type)

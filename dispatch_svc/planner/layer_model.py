@@ -1,0 +1,371 @@
+"""The memory and cost model of a model placed layer by layer on devices (MISSION B3-B6):
+what a layer needs on a device, what a placement costs, how many devices a model needs.
+
+Per layer l on device d, for a micro-batch of b rows:
+
+    memory(l)  = parameter bytes x (1 inference | 3 training: weights, gradients, momentum)
+                 + shared (tied) parameter bytes when their owner sits on another device
+                 + b x (activation in + activation out) x ACTIVATION_COPIES[kind]
+    compute(l) = max(b x FLOPs / (peak rate at the rule's dtype x CATALOG_EFFICIENCY),
+                     memory traffic / (memory bandwidth x BANDWIDTH_EFFICIENCY))
+                 where memory traffic is the compulsory one: parameters read once per
+                 micro-batch, b x (activation in + activation out); training multiplies both
+                 by 3 (forward + backward). XLA's bytes accessed (in the layer table) is measured
+                 before fusion, counting every intermediate, so it overstates what fused
+                 kernels move (30x for a GPT-2 XL block at 1,024 tokens) and is not used here.
+    send(l)    = b x activation bytes / (sender's link bandwidth x BANDWIDTH_EFFICIENCY),
+                 paid by the sender when the next layer runs on another device
+
+A device's time per micro-batch is the sum of compute and send over its layers; the step time
+is the busiest device's (in steady state the pipeline moves one micro-batch per step); a job
+of m micro-batches takes about (one micro-batch through every stage) + (m - 1) x step. A
+device's usable memory is its free memory less `headroom` of it. A layer table without FLOPs
+counts FLOPS_PER_PARAMETER per parameter per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from accelmesh.errors import InvalidArgument, ResourceExhausted
+from accelmesh.scoring import DeviceStatus, Weights, combine
+from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
+
+RANKED, BALANCED, AUTO = "ranked", "balanced", "auto"
+STRATEGIES = (RANKED, BALANCED, AUTO)
+INFERENCE, TRAINING = "inference", "training"
+
+DEFAULT_HEADROOM = 0.1
+DEFAULT_MICRO_BATCH_ROWS = 8
+# Sustained fraction of datasheet memory and link bandwidth (streaming copies reach 80-90%).
+BANDWIDTH_EFFICIENCY = 0.8
+# A device that reports no link bandwidth (a host CPU) sends over 100 Gb/s Ethernet.
+DEFAULT_LINK_GBPS = 12.5
+PARAMETER_COPIES = {INFERENCE: 1, TRAINING: 3}  # training: weights, gradients, SGD momentum
+COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 3.0}  # backward ~ twice the forward
+# Micro-batches whose activations a device holds at once: inference has the one running and
+# the next arriving; training also keeps the forward activations for the backward pass.
+ACTIVATION_COPIES = {INFERENCE: 2, TRAINING: 4}
+FLOPS_PER_PARAMETER = 2.0  # a multiply and an add per parameter per sample (dense layers)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One row of a layer table (LayerInfo, or a client's explicit LayerCost)."""
+
+    name: str
+    order: int
+    parameter_count: int
+    parameter_bytes: int
+    flops_per_sample: float = 0.0
+    bytes_accessed_per_sample: float = 0.0
+    activation_bytes_per_sample: int = 0
+    shared_from: str = ""
+    shared_parameter_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Device:
+    """A candidate device as placement sees it: its free status right now."""
+
+    id: str
+    target_type: str
+    peak_tflops: float  # free peak rate at the device's rule dtype (after utilisation and reservations)
+    memory_free_bytes: int
+    memory_bandwidth_gbps: float
+    link_gbps: float = 0.0  # interconnect, one direction; 0 means DEFAULT_LINK_GBPS
+    # For the status score (B1): compute at the scoring precision; default peak_tflops.
+    score_tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str = INFERENCE
+    micro_batch_rows: int = DEFAULT_MICRO_BATCH_ROWS
+    headroom: float = DEFAULT_HEADROOM
+    device_count: int = 0  # 0: derived from memory (B6)
+    weights: Weights = Weights(1 / 3, 1 / 3, 1 / 3)
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    device_id: str
+    first_layer: int
+    layer_count: int
+    compute_seconds: float
+    transfer_seconds: float
+
+
+@dataclass
+class Evaluation:
+    """What a placement is predicted to cost (the same model for every strategy)."""
+
+    feasible: bool  # every device's memory holds its layers
+    step_seconds: float
+    latency_seconds: float  # one micro-batch through every stage
+    cross_transfers: int
+    stages: list[Stage]
+    memory_bytes: dict[str, int]
+    compute_seconds: dict[str, float]
+    transfer_seconds: dict[str, float]
+    layer_memory: list[int]
+    layer_seconds: list[float]
+    over_memory: list[str]  # devices whose layers do not fit
+
+    def predicted_seconds(self, micro_batches: int) -> float:
+        return self.latency_seconds + max(0, micro_batches - 1) * self.step_seconds
+
+
+@dataclass
+class Placement:
+    strategy: str
+    assignment: tuple[str, ...]  # device id of each layer, in layer order
+    evaluation: Evaluation
+    capacity_bytes: dict[str, int]  # usable memory of each candidate before placing
+    scores: dict[str, float]  # each candidate's status score before placing
+    explain: list[str] = field(default_factory=list)
+
+    @property
+    def devices(self) -> list[str]:
+        """Devices used, in order of first use along the forward pass."""
+        return list(dict.fromkeys(self.assignment))
+
+
+class NoRoom(ResourceExhausted):
+    """No device set holds the model; `shortfall_bytes` says by how much. `wider` is True when
+    devices outside the ones already chosen might still hold it."""
+
+    def __init__(self, message: str, shortfall_bytes: int, wider: bool = False):
+        super().__init__(message)
+        self.shortfall_bytes = shortfall_bytes
+        self.wider = wider
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+class Model:
+    """A layer table in layer order with the task's per-layer figures precomputed."""
+
+    def __init__(self, layers: Sequence[LayerCost], task: Task):
+        check_task(task)
+        self.layers = sorted(layers, key=lambda layer: layer.order)
+        self.task = task
+        b = task.micro_batch_rows
+        index = {layer.name: i for i, layer in enumerate(self.layers)}
+        self.owner = [index[layer.shared_from] if layer.shared_from else -1 for layer in self.layers]
+        self.shared = [layer.shared_parameter_bytes for layer in self.layers]
+        copies, factor = PARAMETER_COPIES[task.kind], COMPUTE_FACTOR[task.kind]
+        self.act = [b * layer.activation_bytes_per_sample for layer in self.layers]  # bytes out per micro-batch
+        act_in = [self.act[0]] + self.act[:-1]  # the first layer's input is not in the table: like its output
+        self.need = [layer.parameter_bytes * copies + (act_in[i] + self.act[i]) * ACTIVATION_COPIES[task.kind]
+                     for i, layer in enumerate(self.layers)]
+        self.shared_need = [s * copies for s in self.shared]
+        self.flops = []
+        self.traffic = []
+        for i, layer in enumerate(self.layers):
+            flops = layer.flops_per_sample
+            if flops <= 0 and layer.bytes_accessed_per_sample <= 0:
+                flops = FLOPS_PER_PARAMETER * layer.parameter_count
+            weights = layer.parameter_bytes + layer.shared_parameter_bytes
+            self.flops.append(b * flops * factor)
+            self.traffic.append((weights + act_in[i] + self.act[i]) * factor)
+        self.total_flops = sum(self.flops)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def compute_seconds(self, layer: int, device: Device) -> float:
+        rate = device.peak_tflops * 1e12 * CATALOG_EFFICIENCY
+        bandwidth = device.memory_bandwidth_gbps * 1e9 * BANDWIDTH_EFFICIENCY
+        flops_s = self.flops[layer] / rate if rate > 0 else (math.inf if self.flops[layer] else 0.0)
+        bytes_s = self.traffic[layer] / bandwidth if bandwidth > 0 else 0.0
+        return max(flops_s, bytes_s)
+
+    def send_seconds(self, layer: int, device: Device) -> float:
+        """Seconds to send layer's output from `device` to another device."""
+        return self.act[layer] / (link_gbps(device) * 1e9 * BANDWIDTH_EFFICIENCY)
+
+    def total_need(self) -> int:
+        return sum(self.need)
+
+    def intensity(self) -> float:
+        """FLOP per byte of memory traffic over the whole model (B2's arithmetic intensity)."""
+        traffic = sum(self.traffic)
+        return self.total_flops / traffic if traffic > 0 else 0.0
+
+
+def link_gbps(device: Device) -> float:
+    return device.link_gbps if device.link_gbps > 0 else DEFAULT_LINK_GBPS
+
+
+def capacity(device: Device, task: Task) -> int:
+    return int(device.memory_free_bytes * (1.0 - task.headroom))
+
+
+def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str]) -> Evaluation:
+    """The predicted step time, memory and transfers of `assignment` (device id per layer)."""
+    by_id = {d.id: d for d in devices}
+    memory: dict[str, int] = {}
+    compute: dict[str, float] = {}
+    send: dict[str, float] = {}
+    stages: list[Stage] = []
+    layer_memory, layer_seconds = [], []
+    cross = 0
+    for i, device_id in enumerate(assignment):
+        device = by_id[device_id]
+        need = model.need[i]
+        if model.owner[i] >= 0 and assignment[model.owner[i]] != device_id:
+            need += model.shared_need[i]
+        seconds = model.compute_seconds(i, device)
+        layer_memory.append(need)
+        layer_seconds.append(seconds)
+        memory[device_id] = memory.get(device_id, 0) + need
+        compute[device_id] = compute.get(device_id, 0.0) + seconds
+        send.setdefault(device_id, 0.0)
+        if stages and stages[-1].device_id == device_id:
+            last = stages[-1]
+            stages[-1] = Stage(last.index, device_id, last.first_layer, last.layer_count + 1,
+                               last.compute_seconds + seconds, 0.0)
+        else:
+            if stages:
+                cross += 1
+                prev = stages[-1]
+                out = model.send_seconds(i - 1, by_id[prev.device_id])
+                stages[-1] = Stage(prev.index, prev.device_id, prev.first_layer, prev.layer_count,
+                                   prev.compute_seconds, out)
+                send[prev.device_id] += out
+            stages.append(Stage(len(stages), device_id, i, 1, seconds, 0.0))
+    step = max((compute[d] + send[d] for d in compute), default=0.0)
+    over = [d for d, used in memory.items() if used > capacity(by_id[d], model.task)]
+    return Evaluation(
+        feasible=not over, step_seconds=step,
+        latency_seconds=sum(s.compute_seconds + s.transfer_seconds for s in stages),
+        cross_transfers=cross, stages=stages, memory_bytes=memory, compute_seconds=compute,
+        transfer_seconds=send, layer_memory=layer_memory, layer_seconds=layer_seconds, over_memory=over)
+
+
+def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
+    """A step time no placement on `devices` can beat. A device's time is at least the sum over
+    its layers of FLOPs / rate and of memory traffic / bandwidth, so the busiest device takes at
+    least the model's FLOPs over the devices' summed rate, and its traffic over their summed
+    bandwidth; and every layer runs somewhere, so at least the slowest layer on its best device."""
+    if not devices:
+        return math.inf
+    rate = sum(d.peak_tflops for d in devices) * 1e12 * CATALOG_EFFICIENCY
+    bandwidth = sum(d.memory_bandwidth_gbps for d in devices) * 1e9 * BANDWIDTH_EFFICIENCY
+    work = model.total_flops / rate if rate > 0 else math.inf
+    traffic = sum(model.traffic) / bandwidth if bandwidth > 0 else 0.0
+    layer = max(min(model.compute_seconds(i, d) for d in devices) for i in range(len(model)))
+    return max(work, traffic, layer)
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def check_task(task: Task) -> None:
+    if task.kind not in (INFERENCE, TRAINING):
+        raise InvalidArgument(f"task kind must be {INFERENCE} or {TRAINING}, got {task.kind!r}")
+    if not (isinstance(task.headroom, (int, float)) and 0.0 <= task.headroom < 1.0):
+        raise InvalidArgument(f"spec.placement.memory_headroom must be in [0, 1), got {task.headroom!r}; "
+                              f"leave it unset for {DEFAULT_HEADROOM}")
+    if task.micro_batch_rows < 1:
+        raise InvalidArgument(f"spec.placement.micro_batch_rows must be >= 1, got {task.micro_batch_rows}")
+    if task.device_count < 0:
+        raise InvalidArgument(f"spec.placement.device_count must be >= 0 (0 derives it from memory), got {task.device_count}")
+
+
+def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layers") -> None:
+    """A layer table must be complete and consistent; every problem names its row and field."""
+    if not layers:
+        raise InvalidArgument(f"{where} is empty; a model needs at least one layer")
+    seen: dict[str, int] = {}
+    orders = sorted(layer.order for layer in layers)
+    if orders != list(range(len(layers))):
+        raise InvalidArgument(f"{where}[].order must number the {len(layers)} layers 0..{len(layers) - 1} once each, "
+                              f"got {orders}")
+    by_name = {layer.name: layer for layer in layers}
+    for i, layer in enumerate(layers):
+        row = f"{where}[{i}]"
+        if not layer.name:
+            raise InvalidArgument(f"{row}.name is empty; every layer needs a unique name")
+        if layer.name in seen:
+            raise InvalidArgument(f"{row}.name {layer.name!r} is also {where}[{seen[layer.name]}].name; "
+                                  "layer names must be unique")
+        seen[layer.name] = i
+        for name in ("parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample",
+                     "activation_bytes_per_sample", "shared_parameter_bytes"):
+            value = getattr(layer, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"{row}.{name} of layer {layer.name!r} must be a finite number >= 0, got {value}")
+        if layer.parameter_count and not layer.parameter_count / 8 <= layer.parameter_bytes <= layer.parameter_count * 8:
+            raise InvalidArgument(
+                f"{row}.parameter_bytes of layer {layer.name!r} is {layer.parameter_bytes} for "
+                f"{layer.parameter_count} parameters ({layer.parameter_bytes / layer.parameter_count:.3g} bytes each); "
+                "give the bytes at the stored dtype, between 1/8 and 8 bytes per parameter (4 for float32)")
+        if layer.parameter_bytes and not layer.parameter_count:
+            raise InvalidArgument(f"{row}.parameter_count of layer {layer.name!r} is 0 but parameter_bytes is "
+                                  f"{layer.parameter_bytes}; give the count too")
+        if layer.shared_from:
+            owner = by_name.get(layer.shared_from)
+            if owner is None or owner.order >= layer.order:
+                raise InvalidArgument(f"{row}.shared_from {layer.shared_from!r} of layer {layer.name!r} must name an "
+                                      "earlier layer of the table")
+        elif layer.shared_parameter_bytes:
+            raise InvalidArgument(f"{row}.shared_parameter_bytes of layer {layer.name!r} is set but shared_from is "
+                                  "empty; name the layer whose parameters it shares")
+
+
+# -- how many devices (B6) ----------------------------------------------------------------------
+
+
+def initial_scores(devices: Sequence[Device], weights: Weights) -> dict[str, float]:
+    statuses = [status(d, d.memory_free_bytes, 0.0) for d in devices]
+    return {d.id: score for d, (score, _) in zip(devices, combine(statuses, weights))}
+
+
+def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, float]) -> int:
+    """The client's count, else the fewest best-scored devices whose usable memory holds the model."""
+    task = model.task
+    if task.device_count:
+        if task.device_count > len(devices):
+            raise InvalidArgument(f"spec.placement.device_count is {task.device_count} but only {len(devices)} devices "
+                                  "match the job's constraints; ask for fewer or leave it 0")
+        return task.device_count
+    total = model.total_need()
+    usable = 0
+    for count, device in enumerate(by_score(devices, scores), start=1):
+        usable += capacity(device, task)
+        if usable >= total:
+            return count
+    raise NoRoom(
+        f"the model needs {total:,} bytes ({gib(total)}) for {task.kind} with micro-batches of "
+        f"{task.micro_batch_rows} rows, but all {len(devices)} devices offer {usable:,} usable bytes "
+        f"({gib(usable)}, after {task.headroom:.0%} headroom): short by {total - usable:,} bytes",
+        shortfall_bytes=total - usable)
+
+
+
+
+def by_score(devices: Sequence[Device], scores: dict[str, float]) -> list[Device]:
+    return sorted(devices, key=lambda d: (-scores.get(d.id, 0.0), d.id))
+
+
+def summary(strategy: str, evaluation: Evaluation) -> str:
+    fits = "fits" if evaluation.feasible else f"does NOT fit on {', '.join(evaluation.over_memory)}"
+    return (f"{strategy}: step {evaluation.step_seconds * 1e3:.3f} ms per micro-batch on "
+            f"{len(evaluation.memory_bytes)} device(s), {evaluation.cross_transfers} cross-device transfer(s); {fits}")
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def status(device: Device, free: int, load: float) -> DeviceStatus:
+    """A device's status (B1) with `free` bytes left and `load` of the model's FLOPs on it."""
+    rate = device.peak_tflops if device.score_tflops is None else device.score_tflops
+    idle = max(0.0, 1.0 - load)
+    return DeviceStatus(rate * idle, free, device.memory_bandwidth_gbps * idle)

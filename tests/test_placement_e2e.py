@@ -1,0 +1,156 @@
+"""A model placed layer by layer across devices of two types, planned and run as a pipeline
+through the whole mesh as real processes (MISSION B3-B7); bad tables and options refused with
+the field named; nothing reserved is left behind."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from accelmesh.client import MeshClient
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.embedded import start_embedded_mesh
+from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from compile_svc.programs import default_registry
+from conftest import reservations, rpc_error
+
+pytestmark = pytest.mark.slow
+
+EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb")  # 3 devices of 2 types
+RANKED, BALANCED, AUTO = pb.PLACEMENT_STRATEGY_RANKED, pb.PLACEMENT_STRATEGY_BALANCED, pb.PLACEMENT_STRATEGY_AUTO
+GB = 10**9
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with start_embedded_mesh(tmp_path_factory.mktemp("mesh"), devices=3, emulate=EMULATE) as running:
+        yield running
+
+
+@pytest.fixture
+def client(mesh):
+    with MeshClient(mesh.dispatch.address) as c:
+        yield c
+
+
+def tokens(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 512, size=(rows, 32), dtype=np.int32)
+
+
+def single_device(x: np.ndarray) -> np.ndarray:
+    program = default_registry().get("transformer_encoder")
+    return np.asarray(program.fn(*program.init_params(0), x)[0])
+
+
+def explicit(*rows: tuple) -> list[pb.LayerCost]:
+    return [pb.LayerCost(name=name, order=order, parameter_count=count, parameter_bytes=4 * count,
+                         flops_per_sample=2.0 * count, activation_bytes_per_sample=4096)
+            for name, order, count in rows]
+
+
+@pytest.mark.parametrize("strategy", [RANKED, BALANCED])
+def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client, mesh, strategy):
+    x = tokens(50)
+    result = client.run("transformer_encoder", {"tokens": x},
+                        placement=pb.PlacementOptions(strategy=strategy, device_count=3, micro_batch_rows=8))
+    assert result.job.state == pb.JOB_STATE_SUCCEEDED, result.job.error
+    placement = result.job.plan.placement
+    assert placement.strategy == strategy
+    assert len({layer.device_id for layer in placement.layers}) == 3
+    assert {d.target_type.split(":")[1].split("[")[0] for d in placement.devices} == {"a100-80gb", "v100-32gb"}
+    assert [layer.layer for layer in placement.layers] == ["embed", *(f"block_{i}" for i in range(4)), "head"]
+    stages = placement.stages
+    assert all(s.artifact_key and s.rule for s in stages), "each stage built for its device's rule"
+    assert len({s.artifact_key for s in stages}) == len(stages)
+    assert {s.rule for s in stages} == {"cuda-bf16", "cuda-fp32"}
+    assert placement.micro_batches == 7 and placement.cross_device_transfers == len(stages) - 1
+    # Every micro-batch went through every stage on the stage's own device.
+    assert len(result.job.shards) == 7 * len(stages)
+    for record in result.job.shards:
+        assert record.done and record.device_id == stages[record.index % len(stages)].device_id
+    logits = result.outputs["logits"]
+    expected = single_device(x)
+    assert logits.shape == (50, 16)
+    assert np.max(np.abs(logits - expected)) / np.max(np.abs(expected)) <= 5e-2  # the bf16 rule's tolerance
+    assert reservations(mesh) == []
+
+
+def test_plan_reports_both_strategies_and_takes_the_faster(client):
+    plan = client.plan("transformer_encoder", {"tokens": tokens(64)},
+                       placement=pb.PlacementOptions(strategy=AUTO, device_count=3))
+    placement = plan.placement
+    by_strategy = {c.strategy: c for c in placement.candidates}
+    assert set(by_strategy) == {RANKED, BALANCED}
+    best = min(c.predicted_step_seconds for c in placement.candidates if c.feasible)
+    assert placement.predicted_step_seconds == pytest.approx(best)
+    assert placement.lower_bound_step_seconds <= placement.predicted_step_seconds
+    assert placement.micro_batch_rows == 8 and placement.micro_batches == 8
+    assert sum(d.memory_bytes for d in placement.devices) >= sum(layer.memory_bytes for layer in placement.layers)
+    assert all(0 < d.memory_bytes <= d.memory_capacity_bytes for d in placement.devices)
+    assert placement.weights.compute + placement.weights.memory + placement.weights.bandwidth == pytest.approx(1)
+    assert "arithmetic intensity" in placement.weights_rule or placement.weights_rule
+    assert any(line.startswith("auto: took") for line in placement.explain)
+    assert not plan.shards
+
+
+def test_client_weights_override_the_derived_ones(client):
+    options = pb.PlacementOptions(strategy=RANKED, device_count=1,
+                                  weights=inv_pb.TaskWeights(compute=0.0, memory=1.0, bandwidth=0.0))
+    placement = client.plan("transformer_encoder", {"tokens": tokens(8)}, placement=options).placement
+    assert (placement.weights.compute, placement.weights.memory) == (0.0, 1.0)
+    # All memory: an A100 (80 GB) beats the V100 (32 GB).
+    assert "a100-80gb" in placement.devices[0].target_type
+
+
+def test_an_explicit_layer_table_is_planned_without_a_program(client):
+    rows = [("embed", 0, 50_000_000), *((f"block_{i}", i + 1, 200_000_000) for i in range(6)), ("head", 7, 50_000_000)]
+    plan = client.plan("my-model", {}, placement=pb.PlacementOptions(strategy=BALANCED, layers=explicit(*rows)))
+    placement = plan.placement
+    assert [layer.layer for layer in placement.layers] == [name for name, _, _ in rows]
+    assert placement.device_count >= 1 and not any(s.artifact_key for s in placement.stages)
+
+
+@pytest.mark.parametrize("options, code, message", [
+    (pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("a", 1, 10))),
+     grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.layers[1].name 'a' is also spec.placement.layers[0].name"),
+    (pb.PlacementOptions(strategy=RANKED, layers=[pb.LayerCost(name="a", order=0, parameter_count=-3)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.layers[0].parameter_count of layer 'a' must be"),
+    (pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("b", 5, 10))),
+     grpc.StatusCode.INVALID_ARGUMENT, "must number the 2 layers 0..1"),
+    (pb.PlacementOptions(strategy=RANKED, memory_headroom=1.5, layers=explicit(("a", 0, 10))),
+     grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.memory_headroom must be in [0, 1)"),
+    (pb.PlacementOptions(strategy=RANKED, device_count=9, layers=explicit(("a", 0, 10))),
+     grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.device_count is 9 but only 3 devices"),
+    (pb.PlacementOptions(layers=explicit(("a", 0, 10))),
+     grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.strategy must be"),
+    (pb.PlacementOptions(strategy=AUTO, layers=explicit(("huge", 0, 20 * GB), ("tail", 1, 1000))),
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "'huge'"),
+    (pb.PlacementOptions(strategy=BALANCED, layers=explicit(*((f"l{i}", i, 20 * GB) for i in range(3)))),
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "short by"),
+])
+def test_bad_tables_and_options_are_refused_naming_the_field(client, mesh, options, code, message):
+    err = rpc_error(client.plan, "my-model", {}, placement=options)
+    assert err.code() == code
+    assert message in err.details()
+    assert reservations(mesh) == []
+
+
+def test_a_model_that_fits_on_no_device_set_reports_the_shortfall_in_bytes(client):
+    rows = [(f"l{i}", i, 20 * GB) for i in range(3)]  # 240 GB of float32 parameters; 172.8 GB usable
+    err = rpc_error(client.plan, "my-model", {}, placement=pb.PlacementOptions(strategy=RANKED, layers=explicit(*rows)))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "short by" in err.details() and "bytes" in err.details()
+
+
+def test_unknown_models_and_non_models_are_refused(client, mesh):
+    options = pb.PlacementOptions(strategy=RANKED)
+    err = rpc_error(client.plan, "no_such_model", {"tokens": tokens(4)}, placement=options)
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "no_such_model" in err.details()
+    x = np.zeros((4, 8), np.float32)
+    err = rpc_error(client.run, "identity", {"x": x}, placement=options)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "name a model program" in err.details()
+    err = rpc_error(client.run, "my-model", {"tokens": tokens(4)},
+                    placement=pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10))))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "PlanJob" in err.details()
+    assert reservations(mesh) == []

@@ -11,6 +11,7 @@ from accelmesh import errors
 from accelmesh.cli import compile as compile_commands
 from accelmesh.cli import inventory as inventory_commands
 from accelmesh.cli import mesh as mesh_commands
+from accelmesh.cli import plan as plan_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     mesh_commands.add_commands(sub)
     inventory_commands.add_commands(sub)
     compile_commands.add_commands(sub)
+    plan_commands.add_commands(sub)
     return parser
 
 

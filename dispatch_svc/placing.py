@@ -16,16 +16,13 @@ import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.scoring import Weights
 from dispatch_svc import model as m
 from dispatch_svc.planner import placement as pl
-
-if TYPE_CHECKING:  # the runner imports this module
-    from dispatch_svc.runner import JobDevice, RuleChoice, Scoring
+from dispatch_svc.ports import JobDevice, RuleChoice, Scoring
 
 
 @dataclass

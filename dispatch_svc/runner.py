@@ -9,13 +9,9 @@ block, so inputs are never held whole: at most `inflight_bytes` of shard inputs 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 from opentelemetry import trace
@@ -28,127 +24,19 @@ from dispatch_svc.combine import Accumulator
 from dispatch_svc.execution import Attempt, Cancelled, CancelScope, DevicePool
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
+from dispatch_svc.pipeline import PipelineMixin
+from dispatch_svc.ports import (  # noqa: F401 - re-exported: the runner's types
+    RESERVATION_TTL_S, ArtifactRef, Build, InputFeed, JobDevice, LiveJob, Mesh, RuleChoice, ScoredStatus, Scoring,
+    ShardOutput, ShardWork,
+)
 from dispatch_svc.validation import check_inputs, check_parameters, check_program_kind
 
 log = logging.getLogger(__name__)
 
-RESERVATION_TTL_S = 120
 MAX_EXECUTABLE_SIZES = 8  # distinct shard sizes worth a compiled executable each
 
 
-@dataclass(frozen=True)
-class ArtifactRef:
-    key: str
-    digest: str
-    format: str  # "stablehlo" or "executable"
-    batch_size: int
-
-
-@dataclass(frozen=True)
-class Build:
-    target_type: str
-    rule_name: str
-    compute_dtype: str
-    rule: Any  # the rule as the compile service sent it; passed on to workers untouched
-    device_ids: tuple[str, ...]
-    portable: ArtifactRef
-    executables: dict[int, ArtifactRef]
-
-
-@dataclass(frozen=True)
-class JobDevice:
-    spec: Any  # accelmesh.hardware.model.DeviceSpec
-    node_address: str
-    target_type: str = ""
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-
-@dataclass(frozen=True)
-class ScoredStatus:
-    """A device as the inventory's ScoreDevices ranked it (MISSION B1, B2)."""
-
-    score: float
-    free_compute_tflops: float  # at the scoring precision, after utilisation and reservations
-    memory_free_bytes: int
-    utilization: float
-    reserved_compute_fraction: float
-
-
-@dataclass(frozen=True)
-class Scoring:
-    devices: dict[str, ScoredStatus]
-    weights: tuple[float, float, float]  # compute, memory, bandwidth; normalised
-    rule: str  # how the weights were derived
-
-
-@dataclass(frozen=True)
-class RuleChoice:
-    target_type: str
-    rule_name: str
-    compute_dtype: str
-
-
-@dataclass(frozen=True)
-class ShardOutput:
-    outputs: list[np.ndarray]
-    queue_seconds: float
-    load_seconds: float
-    execute_seconds: float
-    load_kind: str
-
-
-class Mesh(Protocol):
-    def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]: ...
-    def refresh(self, devices: Sequence[JobDevice]) -> list[JobDevice]: ...
-    def describe_program(self, name: str, version: str) -> Program: ...
-    def score_devices(self, kind: str, precision: str, intensity: float,
-                      weights: tuple[float, float, float] | None, constraints: m.Constraints) -> Scoring: ...
-    def explain_rule(self, device: JobDevice) -> RuleChoice: ...
-    def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]: ...
-    def compile_stage(self, program: Program, devices: Sequence[JobDevice], first: int, count: int,
-                      batch_sizes: Sequence[int] = ()) -> tuple[Program, list[Build]]: ...
-    def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]: ...
-    def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None: ...
-    def release(self, job_id: str) -> None: ...
-    def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
-                artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
-                scope: CancelScope) -> ShardOutput: ...
-
-
-class InputFeed(Protocol):
-    def parameters(self) -> list[tuple[str, np.ndarray]]: ...
-    def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]: ...
-
-
-@dataclass
-class ShardWork:
-    index: int
-    first_row: int
-    rows: int
-    device_id: str
-    inputs: list[np.ndarray] = field(default_factory=list)
-    nbytes: int = 0
-    params: list[tuple[str, np.ndarray]] | None = None  # training: this step's parameters
-
-
-@dataclass
-class LiveJob:
-    """What only the running dispatcher knows about a job: how to stop it and what is final."""
-
-    scope: CancelScope = field(default_factory=CancelScope)
-    span: Any = None  # the job's span: opened by run, ended with the job
-    released_rows: int = 0  # rows of concatenated outputs that are final, from row 0
-    concat_names: tuple[str, ...] = ()  # the outputs those rows belong to
-    error: BaseException | None = None
-    failure: BaseException | None = None  # a shard that finally failed while inputs still arrive
-    pool: DevicePool | None = None  # the job's devices, once it runs
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-class JobRunner:
+class JobRunner(PipelineMixin):
     def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
                  max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None):
         self.mesh = mesh
@@ -222,22 +110,6 @@ class JobRunner:
             predicted_seconds=sharding.predicted_seconds,
             equal_split_predicted_seconds=sharding.equal_split_predicted_seconds,
         )
-
-    def _place(self, spec: m.JobSpec):
-        """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
-        from dispatch_svc.placing import plan_placement
-
-        if spec.placement.layers:
-            program = None
-            rows = spec.inputs[0].rows if spec.inputs else 0
-        else:
-            program = self.mesh.describe_program(spec.program, spec.version)
-            if program.kind != "model":
-                raise errors.InvalidArgument(
-                    f"spec.placement places a model's layers, but {program.ref} is a {program.kind}; name a model "
-                    "program (ListPrograms shows kind MODEL) or leave spec.placement unset for data-parallel shards")
-            rows = check_inputs(program, spec)
-        return program, plan_placement(self.mesh, spec, program, rows)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -466,141 +338,6 @@ class JobRunner:
         if seen != total:
             raise errors.InvalidArgument(f"the input blocks ended after {seen} of the {total} rows the spec declares")
 
-    # -- a placed model, run as a pipeline (MISSION B7) -------------------------------------
-
-    def _start_pipeline(self, job: m.JobRecord, live: LiveJob, feed: InputFeed):
-        """Place the layers, build one artifact per stage for its device's rule, reserve what the
-        placement needs on each device; returns the work that streams micro-batches through."""
-        spec = job.spec
-        if spec.placement.layers:
-            raise errors.InvalidArgument(
-                "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
-                "name a registered model program")
-        if spec.kind == m.TRAINING:
-            raise errors.FailedPrecondition(
-                "placed (pipelined) training is not implemented yet: PlanJob plans it, and SubmitJob trains "
-                "data-parallel with a training_step program when spec.placement is unset")
-        program, placed = self._place(spec)
-        placement = placed.plan.placement
-        rows = spec.inputs[0].rows
-        micro = placement.micro_batch_rows
-        sizes = sorted({micro, rows % micro} - {0})
-        stages: list[_Stage] = []
-        builds: dict[tuple[int, int], tuple[Program, dict[str, Build]]] = {}
-        for st in placement.stages:
-            key = (st.first_layer, st.layer_count)
-            device = placed.devices[st.device_id]
-            stage_program, by_type = builds.get(key, (None, {}))
-            if device.target_type not in by_type:
-                stage_program, built = self.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes)
-                by_type.update({b.target_type: b for b in built})
-                builds[key] = (stage_program, by_type)
-            stages.append(_Stage(st.index, st.device_id, st.first_layer, st.layer_count, stage_program, by_type))
-        plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
-            dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
-                                rule=stages[st.index].builds[st.target_type].rule_name)
-            for st in placement.stages)))
-        self.book.update(job, plan=plan, state=m.COMPILING)
-        layers = placement.layers
-        self.book.emit(job, m.PLANNED, plan=plan, message=(
-            f"{len(layers)} layers in {len(stages)} stages on {placement.device_count} "
-            f"devices ({placement.strategy}), {placement.micro_batches} micro-batches of {micro} rows"))
-        self.book.emit(job, m.COMPILED, message=", ".join(
-            f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
-            f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
-        params = dict(self._parameters(program, spec, feed))
-        for stage in stages:  # a device receives only the parameters of its own layers
-            stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
-        params.clear()
-        self.mesh.reserve(job.job_id, [(d.device_id, d.memory_bytes) for d in placement.devices], RESERVATION_TTL_S)
-        self.book.update(job, state=m.RUNNING)
-        live.pool = DevicePool(list(placed.devices.values()),
-                               lambda attempt: self._execute_stage(job, program, sizes, attempt),
-                               live.scope, on_retry=lambda a, cause: self._retried(job, a, cause))
-        return self._pipeline(job, live, program, stages, live.pool, feed)
-
-    def _execute_stage(self, job, program: Program, sizes, attempt: Attempt) -> ShardOutput:
-        """Run one micro-batch through one stage; a retry on a device of another target type
-        builds the stage for that type first (the compile service caches it)."""
-        work: _StageWork = attempt.shard
-        stage = work.stage
-        build = stage.builds.get(attempt.device.target_type)
-        if build is None:
-            _, built = self.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes)
-            build = stage.builds.setdefault(attempt.device.target_type, built[0])
-        return self._execute(job, stage.program, [build], None, attempt)
-
-    def _pipeline(self, job, live: LiveJob, program: Program, stages: list[_Stage], pool: DevicePool,
-                  feed: InputFeed):
-        """Micro-batches flow stage to stage through the dispatcher: each stage's output is the
-        next stage's input, as soon as it is back; micro-batches overlap across devices."""
-        placement = job.plan.placement
-        micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
-        batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_id)
-                   for k, first in enumerate(range(0, total, micro))]
-        concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
-        results = {i: self.book.results.create(job.job_id, o.name, o.dtype, (total, *o.shape[1:])) for i, o in concat}
-        folds = {i: Accumulator(o.combine, [b.rows for b in batches]) for i, o in enumerate(program.outputs)
-                 if o.combine != "concat"}
-        live.concat_names = tuple(o.name for _, o in concat)
-        budget = threading.Condition()
-        inflight = [0]
-        finished: set[int] = set()
-        taking = threading.Lock()
-        all_done = threading.Event()
-        with self._lock:
-            job.shards.extend(m.ShardRecord(i, "", "", "", 0, 0) for i in range(len(batches) * len(stages)))
-
-        def failed(error: BaseException) -> None:
-            with budget:
-                live.failure = live.failure or error
-                budget.notify_all()
-            all_done.set()
-
-        def submit(batch: ShardWork, s: int, x: list[np.ndarray]) -> None:
-            work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, stages[s].device_id,
-                              inputs=x, params=stages[s].params, stage=stages[s], batch=batch)
-            pool.submit(work, work.device_id, on_done=lambda out: advanced(work, out), on_error=failed)
-
-        def advanced(work: _StageWork, out: ShardOutput) -> None:
-            job.shards[work.index].done = True
-            s = work.stage.index
-            if s + 1 < len(stages):
-                submit(work.batch, s + 1, [out.outputs[0]])
-                return
-            with taking:
-                batch = work.batch
-                for i, writer in results.items():
-                    writer.write_rows(batch.first_row, out.outputs[i])
-                for i, fold in folds.items():
-                    fold.add(batch.index, out.outputs[i])
-                finished.add(batch.index)
-                while live.released_rows < total and live.released_rows // micro in finished:
-                    live.released_rows += batches[live.released_rows // micro].rows
-                job.progress = live.released_rows / total
-                with budget:
-                    inflight[0] -= batch.nbytes
-                    budget.notify_all()
-                self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[work.index],
-                               message=f"micro-batch {batch.index} through all {len(stages)} stages")
-                if len(finished) == len(batches):
-                    all_done.set()
-
-        for batch in self._fill(batches, feed, total, budget, inflight, live):
-            submit(batch, 0, batch.inputs)
-            batch.inputs = []
-
-        def work():
-            while not all_done.wait(0.5):
-                live.scope.check()
-            if live.failure is not None:
-                raise live.failure
-            for i, fold in folds.items():
-                self.book.results.save(job.job_id, program.outputs[i].name, fold.result())
-            for writer in results.values():
-                writer.close()
-        return work
-
     # -- training ----------------------------------------------------------------------------
 
     def _train(self, job, live: LiveJob, program: Program, pool: DevicePool, feed: InputFeed,
@@ -652,27 +389,6 @@ class JobRunner:
                 self.book.results.save(job.job_id, spec.name, np.asarray(value, np.dtype(spec.dtype)))
             self.book.results.save(job.job_id, "losses", np.asarray(job.losses, np.float32))
         return work
-
-
-@dataclass
-class _Stage:
-    """A pipeline stage as it runs: its program, its builds by target type, its parameters."""
-
-    index: int
-    device_id: str
-    first_layer: int
-    layer_count: int
-    program: Program
-    builds: dict[str, Build]
-    params: list[tuple[str, np.ndarray]] = field(default_factory=list)
-
-
-@dataclass
-class _StageWork(ShardWork):
-    """One micro-batch at one stage."""
-
-    stage: _Stage | None = None
-    batch: ShardWork | None = None
 
 
 def _weighted_mean(values: list[np.ndarray], weights: list[int]) -> np.ndarray:

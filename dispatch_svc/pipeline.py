@@ -1,0 +1,201 @@
+"""A placed model, run as a pipeline (MISSION B7): one artifact per stage built for its
+device's rule, each device given only its own layers' parameters, micro-batches streamed stage
+to stage through the dispatcher as soon as each stage's output is back.
+
+A mixin of JobRunner: it uses the runner's book, mesh, input routing (`_fill`) and shard
+execution (`_execute`), so a stage runs, retries and is traced like any shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from dispatch_svc import model as m
+from dispatch_svc.combine import Accumulator
+from dispatch_svc.execution import Attempt, DevicePool
+from dispatch_svc.placing import plan_placement
+from dispatch_svc.ports import (
+    RESERVATION_TTL_S,
+    Build,
+    InputFeed,
+    LiveJob,
+    ShardOutput,
+    ShardWork,
+)
+from dispatch_svc.validation import check_inputs
+
+
+class PipelineMixin:
+    def _place(self, spec: m.JobSpec):
+        """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
+        if spec.placement.layers:
+            program = None
+            rows = spec.inputs[0].rows if spec.inputs else 0
+        else:
+            program = self.mesh.describe_program(spec.program, spec.version)
+            if program.kind != "model":
+                raise errors.InvalidArgument(
+                    f"spec.placement places a model's layers, but {program.ref} is a {program.kind}; name a model "
+                    "program (ListPrograms shows kind MODEL) or leave spec.placement unset for data-parallel shards")
+            rows = check_inputs(program, spec)
+        return program, plan_placement(self.mesh, spec, program, rows)
+
+    def _start_pipeline(self, job: m.JobRecord, live: LiveJob, feed: InputFeed):
+        """Place the layers, build one artifact per stage for its device's rule, reserve what the
+        placement needs on each device; returns the work that streams micro-batches through."""
+        spec = job.spec
+        if spec.placement.layers:
+            raise errors.InvalidArgument(
+                "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
+                "name a registered model program")
+        if spec.kind == m.TRAINING:
+            raise errors.FailedPrecondition(
+                "placed (pipelined) training is not implemented yet: PlanJob plans it, and SubmitJob trains "
+                "data-parallel with a training_step program when spec.placement is unset")
+        program, placed = self._place(spec)
+        placement = placed.plan.placement
+        rows = spec.inputs[0].rows
+        micro = placement.micro_batch_rows
+        sizes = sorted({micro, rows % micro} - {0})
+        stages: list[_Stage] = []
+        builds: dict[tuple[int, int], tuple[Program, dict[str, Build]]] = {}
+        for st in placement.stages:
+            key = (st.first_layer, st.layer_count)
+            device = placed.devices[st.device_id]
+            stage_program, by_type = builds.get(key, (None, {}))
+            if device.target_type not in by_type:
+                stage_program, built = self.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes)
+                by_type.update({b.target_type: b for b in built})
+                builds[key] = (stage_program, by_type)
+            stages.append(_Stage(st.index, st.device_id, st.first_layer, st.layer_count, stage_program, by_type))
+        plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
+            dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
+                                rule=stages[st.index].builds[st.target_type].rule_name)
+            for st in placement.stages)))
+        self.book.update(job, plan=plan, state=m.COMPILING)
+        layers = placement.layers
+        self.book.emit(job, m.PLANNED, plan=plan, message=(
+            f"{len(layers)} layers in {len(stages)} stages on {placement.device_count} "
+            f"devices ({placement.strategy}), {placement.micro_batches} micro-batches of {micro} rows"))
+        self.book.emit(job, m.COMPILED, message=", ".join(
+            f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
+            f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
+        params = dict(self._parameters(program, spec, feed))
+        for stage in stages:  # a device receives only the parameters of its own layers
+            stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
+        params.clear()
+        self.mesh.reserve(job.job_id, [(d.device_id, d.memory_bytes) for d in placement.devices], RESERVATION_TTL_S)
+        self.book.update(job, state=m.RUNNING)
+        live.pool = DevicePool(list(placed.devices.values()),
+                               lambda attempt: self._execute_stage(job, program, sizes, attempt),
+                               live.scope, on_retry=lambda a, cause: self._retried(job, a, cause))
+        return self._pipeline(job, live, program, stages, live.pool, feed)
+
+    def _execute_stage(self, job, program: Program, sizes, attempt: Attempt) -> ShardOutput:
+        """Run one micro-batch through one stage; a retry on a device of another target type
+        builds the stage for that type first (the compile service caches it)."""
+        work: _StageWork = attempt.shard
+        stage = work.stage
+        build = stage.builds.get(attempt.device.target_type)
+        if build is None:
+            _, built = self.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes)
+            build = stage.builds.setdefault(attempt.device.target_type, built[0])
+        return self._execute(job, stage.program, [build], None, attempt)
+
+    def _pipeline(self, job, live: LiveJob, program: Program, stages: list[_Stage], pool: DevicePool,
+                  feed: InputFeed):
+        """Micro-batches flow stage to stage through the dispatcher: each stage's output is the
+        next stage's input, as soon as it is back; micro-batches overlap across devices."""
+        placement = job.plan.placement
+        micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
+        batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_id)
+                   for k, first in enumerate(range(0, total, micro))]
+        concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
+        results = {i: self.book.results.create(job.job_id, o.name, o.dtype, (total, *o.shape[1:])) for i, o in concat}
+        folds = {i: Accumulator(o.combine, [b.rows for b in batches]) for i, o in enumerate(program.outputs)
+                 if o.combine != "concat"}
+        live.concat_names = tuple(o.name for _, o in concat)
+        budget = threading.Condition()
+        inflight = [0]
+        finished: set[int] = set()
+        taking = threading.Lock()
+        all_done = threading.Event()
+        with self._lock:
+            job.shards.extend(m.ShardRecord(i, "", "", "", 0, 0) for i in range(len(batches) * len(stages)))
+
+        def failed(error: BaseException) -> None:
+            with budget:
+                live.failure = live.failure or error
+                budget.notify_all()
+            all_done.set()
+
+        def submit(batch: ShardWork, s: int, x: list[np.ndarray]) -> None:
+            work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, stages[s].device_id,
+                              inputs=x, params=stages[s].params, stage=stages[s], batch=batch)
+            pool.submit(work, work.device_id, on_done=lambda out: advanced(work, out), on_error=failed)
+
+        def advanced(work: _StageWork, out: ShardOutput) -> None:
+            job.shards[work.index].done = True
+            s = work.stage.index
+            if s + 1 < len(stages):
+                submit(work.batch, s + 1, [out.outputs[0]])
+                return
+            with taking:
+                batch = work.batch
+                for i, writer in results.items():
+                    writer.write_rows(batch.first_row, out.outputs[i])
+                for i, fold in folds.items():
+                    fold.add(batch.index, out.outputs[i])
+                finished.add(batch.index)
+                while live.released_rows < total and live.released_rows // micro in finished:
+                    live.released_rows += batches[live.released_rows // micro].rows
+                job.progress = live.released_rows / total
+                with budget:
+                    inflight[0] -= batch.nbytes
+                    budget.notify_all()
+                self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[work.index],
+                               message=f"micro-batch {batch.index} through all {len(stages)} stages")
+                if len(finished) == len(batches):
+                    all_done.set()
+
+        for batch in self._fill(batches, feed, total, budget, inflight, live):
+            submit(batch, 0, batch.inputs)
+            batch.inputs = []
+
+        def work():
+            while not all_done.wait(0.5):
+                live.scope.check()
+            if live.failure is not None:
+                raise live.failure
+            for i, fold in folds.items():
+                self.book.results.save(job.job_id, program.outputs[i].name, fold.result())
+            for writer in results.values():
+                writer.close()
+        return work
+
+
+@dataclass
+class _Stage:
+    """A pipeline stage as it runs: its program, its builds by target type, its parameters."""
+
+    index: int
+    device_id: str
+    first_layer: int
+    layer_count: int
+    program: Program
+    builds: dict[str, Build]
+    params: list[tuple[str, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class _StageWork(ShardWork):
+    """One micro-batch at one stage."""
+
+    stage: _Stage | None = None
+    batch: ShardWork | None = None

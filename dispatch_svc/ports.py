@@ -1,0 +1,129 @@
+"""What the runner works with: the `Mesh` port (dispatch_svc.mesh_client implements it over
+gRPC), the `InputFeed` a job's inputs arrive through, and the plain records that cross them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from accelmesh.programs import Program
+from dispatch_svc import model as m
+from dispatch_svc.execution import CancelScope, DevicePool
+
+RESERVATION_TTL_S = 120
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    key: str
+    digest: str
+    format: str  # "stablehlo" or "executable"
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Build:
+    target_type: str
+    rule_name: str
+    compute_dtype: str
+    rule: Any  # the rule as the compile service sent it; passed on to workers untouched
+    device_ids: tuple[str, ...]
+    portable: ArtifactRef
+    executables: dict[int, ArtifactRef]
+
+
+@dataclass(frozen=True)
+class JobDevice:
+    spec: Any  # accelmesh.hardware.model.DeviceSpec
+    node_address: str
+    target_type: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+@dataclass(frozen=True)
+class ScoredStatus:
+    """A device as the inventory's ScoreDevices ranked it (MISSION B1, B2)."""
+
+    score: float
+    free_compute_tflops: float  # at the scoring precision, after utilisation and reservations
+    memory_free_bytes: int
+    utilization: float
+    reserved_compute_fraction: float
+
+
+@dataclass(frozen=True)
+class Scoring:
+    devices: dict[str, ScoredStatus]
+    weights: tuple[float, float, float]  # compute, memory, bandwidth; normalised
+    rule: str  # how the weights were derived
+
+
+@dataclass(frozen=True)
+class RuleChoice:
+    target_type: str
+    rule_name: str
+    compute_dtype: str
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    outputs: list[np.ndarray]
+    queue_seconds: float
+    load_seconds: float
+    execute_seconds: float
+    load_kind: str
+
+
+class Mesh(Protocol):
+    def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]: ...
+    def refresh(self, devices: Sequence[JobDevice]) -> list[JobDevice]: ...
+    def describe_program(self, name: str, version: str) -> Program: ...
+    def score_devices(self, kind: str, precision: str, intensity: float,
+                      weights: tuple[float, float, float] | None, constraints: m.Constraints) -> Scoring: ...
+    def explain_rule(self, device: JobDevice) -> RuleChoice: ...
+    def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]: ...
+    def compile_stage(self, program: Program, devices: Sequence[JobDevice], first: int, count: int,
+                      batch_sizes: Sequence[int] = ()) -> tuple[Program, list[Build]]: ...
+    def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]: ...
+    def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None: ...
+    def release(self, job_id: str) -> None: ...
+    def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
+                artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
+                scope: CancelScope) -> ShardOutput: ...
+
+
+class InputFeed(Protocol):
+    def parameters(self) -> list[tuple[str, np.ndarray]]: ...
+    def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]: ...
+
+
+@dataclass
+class ShardWork:
+    index: int
+    first_row: int
+    rows: int
+    device_id: str
+    inputs: list[np.ndarray] = field(default_factory=list)
+    nbytes: int = 0
+    params: list[tuple[str, np.ndarray]] | None = None  # training: this step's parameters
+
+
+@dataclass
+class LiveJob:
+    """What only the running dispatcher knows about a job: how to stop it and what is final."""
+
+    scope: CancelScope = field(default_factory=CancelScope)
+    span: Any = None  # the job's span: opened by run, ended with the job
+    released_rows: int = 0  # rows of concatenated outputs that are final, from row 0
+    concat_names: tuple[str, ...] = ()  # the outputs those rows belong to
+    error: BaseException | None = None
+    failure: BaseException | None = None  # a shard that finally failed while inputs still arrive
+    pool: DevicePool | None = None  # the job's devices, once it runs
+    done: threading.Event = field(default_factory=threading.Event)

@@ -154,3 +154,18 @@ def test_unknown_models_and_non_models_are_refused(client, mesh):
                     placement=pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10))))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "PlanJob" in err.details()
     assert reservations(mesh) == []
+
+
+def test_cancelling_a_pipeline_stops_it_and_releases_every_device(client, mesh):
+    options = pb.PlacementOptions(strategy=BALANCED, device_count=3, micro_batch_rows=4)
+    job_id = client.submit("transformer_encoder", {"tokens": tokens(4000, seed=3)}, placement=options)
+    for event in client.watch(job_id):
+        if event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED:
+            break
+    held = {r.device_id: r.memory_bytes for r in reservations(mesh)}
+    planned = {d.device_id: d.memory_bytes for d in client.get(job_id).plan.placement.devices}
+    assert held == planned, "a running pipeline holds what its plan needs on each device"
+    job = client.cancel(job_id)
+    assert job.state == pb.JOB_STATE_CANCELLED
+    assert list(client.watch(job_id))[-1].type == pb.JOB_EVENT_TYPE_CANCELLED
+    assert reservations(mesh) == []

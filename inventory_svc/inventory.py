@@ -93,11 +93,26 @@ class Inventory:
                 owner = self.store.get_device(spec.id).node_id
             except errors.NotFound:
                 continue
-            if owner != address and self.store.get_node(owner).state == "active":
+            if owner == address or self.store.get_node(owner).state != "active":
+                continue
+            if self._answers(owner):
                 raise errors.FailedPrecondition(
                     f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
                     f"or give this worker its own IP with --advertise-ip"
                 )
+            # The owner is gone without being noticed yet (a worker restarted on a new port):
+            # it is lost now, and the node registering takes its devices over.
+            now = self._clock()
+            lost = self.store.record_poll_failure(
+                owner, f"did not answer when {address} registered its devices", now, lost_after=1)
+            self._publish([(ev.LOST, device_id) for device_id in lost], now)
+
+    def _answers(self, address: str) -> bool:
+        try:
+            self._describe(address, ())
+        except Exception:  # noqa: BLE001 - any failure means it does not answer
+            return False
+        return True
 
     def poll_node(self, node: NodeRecord, reason: str = "interval") -> bool:
         """Describe one node and record the outcome; True when it answered."""

@@ -287,6 +287,21 @@ def test_inventory_keeps_its_data_across_a_restart(inventory_factory, worker):
         assert [n.address for n in stub.ListNodes(pb.ListNodesRequest()).nodes] == [f"127.0.0.1:{worker.port}"]
 
 
+def test_a_worker_restarted_on_a_new_port_takes_over_from_its_silent_former_self(inventory_stub):
+    first = make_worker()
+    register(inventory_stub, first)
+    first.stop(0)  # gone before any poll noticed
+    second = make_worker()
+    try:
+        register(inventory_stub, second)
+        nodes = {n.address: n.state for n in inventory_stub.ListNodes(pb.ListNodesRequest()).nodes}
+        assert nodes == {f"127.0.0.1:{first.port}": pb.NODE_STATE_LOST, f"127.0.0.1:{second.port}": pb.NODE_STATE_ACTIVE}
+        devices = inventory_stub.ListDevices(pb.ListDevicesRequest()).devices
+        assert devices and {d.node_address for d in devices} == {f"127.0.0.1:{second.port}"}
+    finally:
+        second.stop(0)
+
+
 def test_a_second_live_worker_claiming_the_same_device_ids_is_refused(inventory_stub, worker):
     register(inventory_stub, worker)
     twin = make_worker(hostname="node-b")

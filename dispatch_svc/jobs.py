@@ -57,11 +57,16 @@ def _placement_from(d: dict | None) -> m.PlacementPlan | None:
         **d,
         "layers": tuple(m.LayerPlacement(**x) for x in d["layers"]),
         "stages": tuple(m.StagePlan(**x) for x in d["stages"]),
-        "devices": tuple(m.DeviceLoad(**{**x, "layers": tuple(x["layers"])}) for x in d["devices"]),
+        "devices": tuple(_load_from(x) for x in d["devices"]),
         "weights": tuple(d["weights"]),
-        "candidates": tuple(m.PlacementSummary(**x) for x in d["candidates"]),
+        "candidates": tuple(m.PlacementSummary(**{**x, "devices": tuple(_load_from(y) for y in x.get("devices", ()))})
+                            for x in d["candidates"]),
         "explain": tuple(d["explain"]),
     })
+
+
+def _load_from(d: dict) -> m.DeviceLoad:
+    return m.DeviceLoad(**{**d, "layers": tuple(d["layers"])})
 
 
 def _placement_spec_from(d: dict | None) -> m.PlacementSpec | None:

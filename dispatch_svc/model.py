@@ -133,6 +133,7 @@ class PlacementSummary:
     cross_device_transfers: int = 0
     device_count: int = 0
     error: str = ""
+    devices: tuple[DeviceLoad, ...] = ()
 
 
 @dataclass(frozen=True)

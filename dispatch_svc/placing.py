@@ -89,8 +89,10 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
     if not feasible:
         raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
     strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != pl.BALANCED))
+    by_id = {d.id: d for d in devices}
     summaries = tuple(
-        m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices))
+        m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices),
+                           devices=_loads(model, p, by_id, scoring))
         if p is not None else m.PlacementSummary(s, False, error=str(e))
         for s, p, e in tried)
     explain = list(chosen.explain)
@@ -98,7 +100,6 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
         explain.append(f"auto: took {strategy} (" + "; ".join(
             f"{x.strategy} {x.predicted_step_seconds * 1e3:.3f} ms" if x.feasible else f"{x.strategy} infeasible"
             for x in summaries) + ")")
-    by_id = {d.id: d for d in devices}
     total_rows = rows or micro
     placement = _placement_plan(model, chosen, strategy, by_id, rules, candidates, summaries, explain,
                                 math.ceil(total_rows / micro), scoring)
@@ -156,11 +157,7 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
         stages=tuple(m.StagePlan(s.index, s.device_id, by_id[s.device_id].target_type, s.first_layer, s.layer_count,
                                  s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name)
                      for s in ev.stages),
-        devices=tuple(m.DeviceLoad(d, by_id[d].target_type, ev.memory_bytes[d], chosen.capacity_bytes[d],
-                                   ev.compute_seconds[d], ev.transfer_seconds[d],
-                                   tuple(model.layers[i].name for i, a in enumerate(chosen.assignment) if a == d),
-                                   chosen.scores.get(d, scoring.devices[d].score))
-                      for d in used),
+        devices=_loads(model, chosen, by_id, scoring),
         predicted_step_seconds=ev.step_seconds,
         cross_device_transfers=ev.cross_transfers,
         device_count=len(used),
@@ -173,6 +170,16 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
         candidates=summaries,
         explain=tuple(explain),
     )
+
+
+def _loads(model: pl.Model, placement: pl.Placement, by_id: dict[str, JobDevice], scoring: Scoring
+           ) -> tuple[m.DeviceLoad, ...]:
+    ev = placement.evaluation
+    return tuple(m.DeviceLoad(d, by_id[d].target_type, ev.memory_bytes[d], placement.capacity_bytes[d],
+                              ev.compute_seconds[d], ev.transfer_seconds[d],
+                              tuple(model.layers[i].name for i, a in enumerate(placement.assignment) if a == d),
+                              placement.scores.get(d, scoring.devices[d].score))
+                 for d in placement.devices)
 
 
 def _first(used: dict[str, JobDevice], target_type: str) -> str:

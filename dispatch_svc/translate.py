@@ -112,6 +112,12 @@ def placement_spec_to_proto(spec: m.PlacementSpec) -> pb.PlacementOptions:
     return msg
 
 
+def _load_to_proto(x: m.DeviceLoad) -> pb.DeviceLoad:
+    return pb.DeviceLoad(device_id=x.device_id, target_type=x.target_type, memory_bytes=x.memory_bytes,
+                         memory_capacity_bytes=x.memory_capacity_bytes, compute_seconds=x.compute_seconds,
+                         transfer_seconds=x.transfer_seconds, layers=list(x.layers), score=x.score)
+
+
 def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
     return pb.Placement(
         strategy=STRATEGY_TO_PROTO[p.strategy],
@@ -122,10 +128,7 @@ def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
                              first_layer=x.first_layer, layer_count=x.layer_count, compute_seconds=x.compute_seconds,
                              transfer_seconds=x.transfer_seconds, artifact_key=x.artifact_key, rule=x.rule)
                 for x in p.stages],
-        devices=[pb.DeviceLoad(device_id=x.device_id, target_type=x.target_type, memory_bytes=x.memory_bytes,
-                               memory_capacity_bytes=x.memory_capacity_bytes, compute_seconds=x.compute_seconds,
-                               transfer_seconds=x.transfer_seconds, layers=list(x.layers), score=x.score)
-                 for x in p.devices],
+        devices=[_load_to_proto(x) for x in p.devices],
         predicted_step_seconds=p.predicted_step_seconds, cross_device_transfers=p.cross_device_transfers,
         device_count=p.device_count, micro_batch_rows=p.micro_batch_rows, micro_batches=p.micro_batches,
         predicted_seconds=p.predicted_seconds, lower_bound_step_seconds=p.lower_bound_step_seconds,
@@ -134,7 +137,8 @@ def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
         candidates=[pb.PlacementSummary(strategy=STRATEGY_TO_PROTO[c.strategy], feasible=c.feasible,
                                         predicted_step_seconds=c.predicted_step_seconds,
                                         cross_device_transfers=c.cross_device_transfers,
-                                        device_count=c.device_count, error=c.error) for c in p.candidates],
+                                        device_count=c.device_count, error=c.error,
+                                        devices=[_load_to_proto(x) for x in c.devices]) for c in p.candidates],
         explain=list(p.explain),
     )
 

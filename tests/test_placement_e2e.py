@@ -91,6 +91,12 @@ def test_plan_reports_both_strategies_and_takes_the_faster(client):
     assert placement.weights.compute + placement.weights.memory + placement.weights.bandwidth == pytest.approx(1)
     assert "arithmetic intensity" in placement.weights_rule or placement.weights_rule
     assert any(line.startswith("auto: took") for line in placement.explain)
+    for candidate in placement.candidates:  # per-device memory and load of each strategy, not only the taken one
+        assert len(candidate.devices) == candidate.device_count
+        busiest = max(d.compute_seconds + d.transfer_seconds for d in candidate.devices)
+        assert busiest == pytest.approx(candidate.predicted_step_seconds)
+    taken = by_strategy[placement.strategy]
+    assert [d.device_id for d in taken.devices] == [d.device_id for d in placement.devices]
     assert not plan.shards
 
 

@@ -343,20 +343,22 @@ class DeviceLoad(_message.Message):
     def __init__(self, device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_capacity_bytes: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., layers: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class PlacementSummary(_message.Message):
-    __slots__ = ("strategy", "feasible", "predicted_step_seconds", "cross_device_transfers", "device_count", "error")
+    __slots__ = ("strategy", "feasible", "predicted_step_seconds", "cross_device_transfers", "device_count", "error", "devices")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FEASIBLE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CROSS_DEVICE_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_COUNT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     strategy: PlacementStrategy
     feasible: bool
     predicted_step_seconds: float
     cross_device_transfers: int
     device_count: int
     error: str
-    def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., feasible: _Optional[bool] = ..., predicted_step_seconds: _Optional[float] = ..., cross_device_transfers: _Optional[int] = ..., device_count: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceLoad]
+    def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., feasible: _Optional[bool] = ..., predicted_step_seconds: _Optional[float] = ..., cross_device_transfers: _Optional[int] = ..., device_count: _Optional[int] = ..., error: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceLoad, _Mapping]]] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("strategy", "layers", "stages", "devices", "predicted_step_seconds", "cross_device_transfers", "device_count", "micro_batch_rows", "micro_batches", "predicted_seconds", "lower_bound_step_seconds", "weights", "weights_rule", "candidates", "explain")

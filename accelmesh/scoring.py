@@ -56,8 +56,9 @@ def combine(statuses: Sequence[DeviceStatus], weights: Weights) -> list[tuple[fl
     components = normalised(np.array([s.compute_tflops for s in statuses], float),
                             np.array([s.memory_free_bytes for s in statuses], float),
                             np.array([s.bandwidth_gbps for s in statuses], float))
-    scores = weighted(components, weights)
-    return [(float(scores[i]), {name: float(components[name][i]) for name in METRICS}) for i in range(len(statuses))]
+    scores = weighted(components, weights).tolist()
+    columns = [components[name].tolist() for name in METRICS]
+    return [(score, dict(zip(METRICS, values))) for score, values in zip(scores, zip(*columns))]
 
 
 def normalised(compute: np.ndarray, memory: np.ndarray, bandwidth: np.ndarray) -> dict[str, np.ndarray]:

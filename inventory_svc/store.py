@@ -8,6 +8,7 @@ method that depends on the clock takes ``now`` so callers (and tests) decide wha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sqlite3
@@ -541,6 +542,18 @@ def _sample(device_id: str, row: Sequence) -> DeviceSample:
     return DeviceSample(device_id, ts, total, used, utilization, temperature, power)
 
 
+# Devices of one type store the same JSON text, so a large inventory decodes a handful of
+# distinct values; both results are immutable and safe to share.
+@functools.lru_cache(maxsize=4096)
+def _capabilities(text: str) -> frozenset[str]:
+    return frozenset(json.loads(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _performance(text: str) -> Performance:
+    return Performance(**json.loads(text))
+
+
 def _device_record(row: Sequence) -> DeviceRecord:
     n = len(_SPEC_COLUMNS)
     device_id = row[0]
@@ -549,8 +562,8 @@ def _device_record(row: Sequence) -> DeviceRecord:
     sample_row, reserved_memory, reserved_compute = row[n + 5 : n + 11], row[n + 11], row[n + 12]
     spec = DeviceSpec(
         id=device_id, node_ip=node_ip, local_index=local_index, platform=platform, kind=kind, type=type_,
-        capabilities=frozenset(json.loads(caps)), compute_capability=cc,
-        performance=Performance(**json.loads(perf)), emulated=bool(emulated), execution_device=execution,
+        capabilities=_capabilities(caps), compute_capability=cc,
+        performance=_performance(perf), emulated=bool(emulated), execution_device=execution,
     )
     latest = _sample(device_id, sample_row) if sample_row[0] is not None else None
     return DeviceRecord(spec, node_id, health, latest, reserved_memory, reserved_compute, first_seen, updated)

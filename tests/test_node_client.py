@@ -1,6 +1,7 @@
 """A client in another language: clients/node/run_job.js (@grpc/grpc-js + @grpc/proto-loader on the
 repo's own .proto files, no generated code) runs mlp_classifier through a real mesh, and its
-logits equal a single-device run of the same program in Python.
+logits equal a single-device run of the same program in Python; clients/node/plan_layers.js plans
+a layer table of its own with PlanJob and reports the server's errors by status name.
 
 The test installs the Node client's locked dependencies (`npm ci`) when they are missing or
 older than package-lock.json; it is skipped only when `node` or `npm` is not on PATH."""
@@ -32,6 +33,8 @@ ROWS = 600
 FEATURES = 64
 NPM_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
+GB = 10**9
+DECODER_LAYERS = ["embed", *(f"block_{i}" for i in range(12)), "head"]  # plan_layers.js's built-in table
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +107,51 @@ def test_node_client_exits_non_zero_when_the_job_cannot_run(node_client, mesh):
     )
     assert result.returncode == 1 and result.stdout == ""
     assert "FAILED_PRECONDITION" in result.stderr and "no-such-type" in result.stderr
+
+
+def plan_layers(node_client: Path, address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["node", "plan_layers.js", address, *args], cwd=node_client, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, check=False)  # the tests assert the exit code themselves
+
+
+def test_node_client_plans_its_built_in_decoder_with_every_layer_placed(node_client, mesh):
+    result = plan_layers(node_client, mesh.dispatch.address, "--strategy", "auto", "--explain")
+    assert result.returncode == 0, f"plan_layers.js failed ({result.returncode}):\n{result.stderr}"
+    (line,) = result.stdout.splitlines()
+    out = json.loads(line)
+
+    assert 100e6 < out["parameter_count"] < 130e6, "the header documents a ~110 M parameter decoder"
+    assert [x["layer"] for x in out["layers"]] == DECODER_LAYERS
+    assert [x["order"] for x in out["layers"]] == list(range(len(DECODER_LAYERS)))
+    devices = {d["device_id"]: d for d in out["devices"]}
+    assert all(x["device_id"] in devices and DEVICE_ID.match(x["device_id"]) for x in out["layers"]), out["layers"]
+    assert len(devices) == out["device_count"] >= 1
+    for device_id, device in devices.items():
+        on_it = [x for x in out["layers"] if x["device_id"] == device_id]
+        assert device["layers"] == [x["layer"] for x in on_it]
+        assert sum(x["memory_bytes"] for x in on_it) <= device["memory_bytes"] <= device["memory_capacity_bytes"]
+
+    candidates = {c["strategy"]: c for c in out["candidates"]}
+    assert set(candidates) == {"PLACEMENT_STRATEGY_RANKED", "PLACEMENT_STRATEGY_BALANCED"}
+    assert all(c["feasible"] for c in candidates.values()), out["candidates"]
+    assert out["strategy"] in candidates, "auto reports the strategy it took, never AUTO"
+    assert out["predicted_step_seconds"] == min(c["predicted_step_seconds"] for c in candidates.values())
+    assert out["predicted_step_seconds"] >= out["lower_bound_step_seconds"] > 0
+    taken = out["strategy"].removeprefix("PLACEMENT_STRATEGY_").lower()
+    assert f"auto: took {taken}" in result.stderr, result.stderr  # --explain: the planner's steps on stderr
+
+
+@pytest.mark.parametrize("rows, code, message", [
+    ([{"name": "a", "order": 0, "parameter_count": 10, "parameter_bytes": 40},
+      {"name": "a", "order": 1, "parameter_count": 10, "parameter_bytes": 40}],
+     "INVALID_ARGUMENT", "spec.placement.layers[1].name 'a' is also spec.placement.layers[0].name"),
+    ([{"name": f"l{i}", "order": i, "parameter_count": 250 * GB, "parameter_bytes": 1000 * GB,
+       "flops_per_sample": 500 * GB, "activation_bytes_per_sample": 4096} for i in range(3)],
+     "RESOURCE_EXHAUSTED", "short by"),
+], ids=["duplicate-name", "too-large"])
+def test_node_client_reports_a_refused_table_by_status_name(node_client, mesh, tmp_path, rows, code, message):
+    table = tmp_path / "layers.json"
+    table.write_text(json.dumps(rows))
+    result = plan_layers(node_client, mesh.dispatch.address, "--layers", str(table), "--strategy", "auto")
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert f"plan_layers.js: {code}: " in result.stderr and message in result.stderr, result.stderr

@@ -44,6 +44,11 @@ def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
     of time <= T on distinct devices? Covering a longer prefix never hurts, so for each vector
     of devices used per class only the longest prefix reached matters; vectors are explored by
     number of devices, so the first cover found uses the fewest devices.
+
+    Exact for tables without tied weights (tests check it against brute force). With ties,
+    "a longer prefix never hurts" can fail by the shared bytes: a stage that starts after a
+    tied layer's owner pays for a copy that a stage starting before it would not; such a
+    split is then found only if it also fits with the copy.
     """
     task = model.task
     scores = initial_scores(devices, task.weights)

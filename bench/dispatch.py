@@ -16,8 +16,10 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     device's rule applied, its XLA options, at the same batch size, input put on the device,
     block_until_ready, outputs back to numpy (parameters stay resident). Two finer baselines
     split the remainder: one Execute RPC made by the dispatcher's own GrpcMesh.execute from this
-    process (no job around it), and one bare grpcio bidirectional stream call of the same size to
-    a plain echo process (the floor any streaming RPC pays here).
+    process (no job around it; every input in full, and again with the parameters held by the
+    worker as the dispatcher sends an inference job's shards), and one bare grpcio bidirectional
+    stream call of the full request's size to a plain echo process (the floor any streaming RPC
+    pays here).
 (b) streaming: a 256 MiB `identity` job (float32 rows of 4 KiB) client -> dispatch -> worker ->
     dispatch -> client through a dispatcher with default settings, against a bare grpcio pipeline
     of the same shape in separate processes (this file run as `--role relay` and `--role sink`:
@@ -417,6 +419,11 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
         artifact = build.executables.get(rows_per_shard, build.portable)
         direct = time_calls(lambda: grpc_mesh.execute("bench-direct", 0, 1, device, build, artifact, arrays,
                                                       rows_per_shard, CancelScope()), plan.direct_calls)
+        # As the dispatcher sends an inference job's shards: parameters held by the worker, by key.
+        keys = {p.name: f"params:{p.name}" for p in described.parameters}
+        direct_held = time_calls(lambda: grpc_mesh.execute("bench-direct-held", 0, 1, device, build, artifact, arrays,
+                                                           rows_per_shard, CancelScope(), held_keys=keys),
+                                 plan.direct_calls)
     finally:
         grpc_mesh.close()
     store = ArtifactStore(workdir / "bench-artifacts", max_message_bytes=MAX_MESSAGE_BYTES)
@@ -477,6 +484,8 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
         "artifact_format": artifact.format,
         "direct_execute_device": device.id,
         "direct_execute_rpc": summary_ms(direct),
+        "direct_execute_rpc_parameters_held": summary_ms(direct_held),
+        "ratio_direct_held_over_direct_p50": ratio(percentile(direct_held, 50), percentile(direct, 50)),
         "bare_stream_call": summary_ms(floor),
         "execute_call_messages": {
             "requests": len(messages),

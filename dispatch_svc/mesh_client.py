@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -22,6 +22,7 @@ from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import model as m
 from dispatch_svc.execution import CancelScope, ShardFailed
+from dispatch_svc.held import HeldKeys, Transfer
 from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 COMBINE = {compile_pb.COMBINE_RULE_CONCAT: "concat", compile_pb.COMBINE_RULE_SUM: "sum", compile_pb.COMBINE_RULE_MEAN: "mean"}
@@ -31,6 +32,7 @@ FORMATS = {compile_pb.ARTIFACT_FORMAT_STABLEHLO: "stablehlo", compile_pb.ARTIFAC
 FORMAT_TO_PROTO = {v: k for k, v in FORMATS.items()}
 CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0
+NOT_HELD = "is not held"  # in a worker's FAILED_PRECONDITION for a reference (worker_service.proto, Execute)
 
 
 def _spec(msg, field: str = "") -> TensorSpec:
@@ -102,6 +104,7 @@ class GrpcMesh:
         self._workers: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._rules: dict[str, compile_pb.Rule] = {}
+        self.held = HeldKeys()  # which keyed tensors each worker holds for each job
 
     def close(self) -> None:
         for channel in [self._inventory_channel, self._compile_channel, *self._workers.values()]:
@@ -175,6 +178,7 @@ class GrpcMesh:
             claims=[inv_pb.DeviceClaim(device_id=d, memory_bytes=b, compute_fraction=1.0) for d, b in claims]))
 
     def release(self, job_id: str) -> None:
+        self.held.forget_job(job_id)  # the job's shards are over: no call refers to its tensors again
         self._call("inventory release", self.inventory.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))
 
     # -- compile -------------------------------------------------------------------------------
@@ -237,32 +241,71 @@ class GrpcMesh:
         """A channel whose worker went away sits in reconnect backoff (seconds, growing to minutes)
         and fails every call at once, even after the worker is back; the next call dials afresh.
         Not closed here: another device's call may still be on it, and gRPC closes it when the
-        last one lets go."""
+        last one lets go. A worker back on the address holds no tensors: its keys go too."""
         with self._lock:
             self._workers.pop(address, None)
+        self.held.forget_worker(address)
 
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
-                scope: CancelScope) -> ShardOutput:
+                scope: CancelScope, held_keys: Mapping[str, str] | None = None) -> ShardOutput:
+        """Run one shard on its device's worker. `held_keys` maps names in `arrays` to keys unique per
+        content within the job: such an input goes to each worker in full once, then as a reference
+        to the copy the worker keeps (dispatch_svc.held); a worker that lost one gets all in full."""
         header = worker_pb.ShardHeader(
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
             artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
             compile_address=self.compile_address, input_count=len(arrays), batch_size=rows)
+        address = device.node_address
+        keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
+        if not keys:
+            return self._execute_call(address, header, arrays, {}, None, scope)
+        for resend in (False, True):
+            transfer = self.held.plan(address, job_id, keys.values(), scope.cancelled.is_set, resend=resend)
+            if transfer is None:
+                raise ShardFailed("CANCELLED: the job was cancelled while the shard waited for its parameters "
+                                  "to reach the worker")
+            try:
+                return self._execute_call(address, header, arrays, keys, transfer, scope)
+            except _NotHeld as exc:
+                if resend:  # nothing was referred to this time: the worker broke the contract
+                    raise ShardFailed(exc.cause) from None
+                self.held.missed(address, job_id)
+        raise AssertionError("unreachable: the resend returns or raises")
+
+    def _execute_call(self, address: str, header: worker_pb.ShardHeader, arrays: Sequence[tuple[str, np.ndarray]],
+                      keys: Mapping[str, str], transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
+        """One Execute call; keyed inputs travel as `transfer` says, the others in full."""
+        refs = {name: key for name, key in keys.items() if key in transfer.refs} if transfer else {}
+        keep = [worker_pb.TensorRef(name=name, key=key) for name, key in keys.items()
+                if transfer and transfer.keep and key in transfer.full]
+        if keep:
+            base, header = header, worker_pb.ShardHeader()
+            header.CopyFrom(base)
+            header.keep_tensors.extend(keep)
+            header.report_stages = True  # the first stage says the kept tensors arrived
+        if transfer is not None:
+            self.held.count(transfer, sum(value.nbytes for name, value in arrays if name in keys and name not in refs))
 
         def requests():
             yield worker_pb.ExecuteRequest(header=header)
             for name, value in arrays:
+                if name in refs:
+                    yield worker_pb.ExecuteRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
+                    continue
                 tensor, chunks = split(name, value, self._chunk_bytes)
                 yield worker_pb.ExecuteRequest(tensor=tensor)
                 for chunk in chunks:
                     yield worker_pb.ExecuteRequest(chunk=chunk)
 
-        call = self._worker(device.node_address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
+        call = self._worker(address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
         unregister = scope.register(call.cancel)
         outputs, timings = TensorCollector("output"), None
         try:
             for part in call:
+                if transfer is not None and not transfer.settled:
+                    self.held.arrived(transfer)  # any answer comes after the inputs were read
                 kind = part.WhichOneof("part")
                 if kind == "tensor":
                     outputs.header(part.tensor)
@@ -274,12 +317,25 @@ class GrpcMesh:
                 raise ShardFailed("worker ended the stream without timings")
             results = list(outputs.results().values())  # a tensor cut short fails this attempt, not the job
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                self._forget_worker(device.node_address)
-            raise ShardFailed(f"{exc.code().name}: {exc.details()}") from None
+            code, details = exc.code(), exc.details()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._forget_worker(address)
+            if code == grpc.StatusCode.FAILED_PRECONDITION and refs and NOT_HELD in (details or ""):
+                raise _NotHeld(f"{code.name}: {details}") from None
+            raise ShardFailed(f"{code.name}: {details}") from None
         except errors.InvalidArgument as exc:
             raise ShardFailed(f"worker sent a malformed result: {exc}") from None
         finally:
             unregister()
+            if transfer is not None:
+                self.held.abandoned(transfer)
         return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)
+
+
+class _NotHeld(Exception):
+    """The worker did not hold a tensor the call referred to; `cause` is its answer."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause

@@ -106,7 +106,8 @@ class PipelineMixin:
         if build is None:
             _, built = self.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes)
             build = stage.builds.setdefault(attempt.device.target_type, built[0])
-        return self._execute(job, stage.program, [build], None, attempt)
+        # A stage's parameters serve every micro-batch: its worker gets them once, then by key.
+        return self._execute(job, stage.program, [build], None, attempt, held=f"stage{stage.index}")
 
     def _pipeline(self, job, live: LiveJob, program: Program, stages: list[_Stage], pool: DevicePool,
                   feed: InputFeed):

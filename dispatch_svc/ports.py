@@ -4,7 +4,7 @@ gRPC), the `InputFeed` a job's inputs arrive through, and the plain records that
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,9 +94,11 @@ class Mesh(Protocol):
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]: ...
     def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None: ...
     def release(self, job_id: str) -> None: ...
+    # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
+    # a key never changes during the job); a worker gets such an input in full once, then by key.
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
-                scope: CancelScope) -> ShardOutput: ...
+                scope: CancelScope, held_keys: Mapping[str, str] | None = None) -> ShardOutput: ...
 
 
 class InputFeed(Protocol):

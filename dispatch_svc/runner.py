@@ -155,7 +155,10 @@ class JobRunner(PipelineMixin):
         params = self._parameters(program, job.spec, feed)
         self.mesh.reserve(job.job_id, self._claims(devices, params, plan), RESERVATION_TTL_S)
         self.book.update(job, state=m.RUNNING)
-        live.pool = DevicePool(spares, lambda attempt: self._execute(job, program, builds, params, attempt),
+        # An inference job's parameters are the same for every shard: each worker gets them once.
+        # A training step's change every step (ShardWork.params): they always travel in full.
+        held = "params" if job.spec.kind == m.INFERENCE else None
+        live.pool = DevicePool(spares, lambda attempt: self._execute(job, program, builds, params, attempt, held),
                                live.scope, on_retry=lambda a, cause: self._retried(job, a, cause))
         if job.spec.kind == m.TRAINING:
             return self._train(job, live, program, live.pool, feed, [v for _, v in params])
@@ -211,7 +214,9 @@ class JobRunner(PipelineMixin):
         param_bytes = sum(v.nbytes for _, v in params)
         return [(d.id, param_bytes + self.max_shard_bytes) for d in devices]
 
-    def _execute(self, job, program, builds, params, attempt: Attempt) -> ShardOutput:
+    def _execute(self, job, program, builds, params, attempt: Attempt, held: str | None = None) -> ShardOutput:
+        """Run one shard; `held` prefixes the keys its parameters are held under on workers (None:
+        sent in full every time)."""
         shard: ShardWork = attempt.shard
         device: JobDevice = attempt.device
         build = next(b for b in builds if b.target_type == device.target_type)
@@ -219,14 +224,16 @@ class JobRunner(PipelineMixin):
         self.book.emit(job, m.SHARD_STARTED, shard=self._record(job, shard, device, build, attempt.number),
                        message=f"shard {shard.index} on {device.id}")
         started = time.perf_counter()
-        arrays = [*(params if shard.params is None else shard.params), *zip((i.name for i in program.inputs), shard.inputs)]
+        shard_params = params if shard.params is None else shard.params
+        arrays = [*shard_params, *zip((i.name for i in program.inputs), shard.inputs)]
+        held_keys = {name: f"{held}:{name}" for name, _ in shard_params} if held else None
         with self._tracer.start_as_current_span("dispatch.shard", attributes={
             attr.JOB_ID: job.job_id, attr.SHARD_INDEX: shard.index, attr.SHARD_ATTEMPT: attempt.number,
             attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
             attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
             attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays)}):
             out = self.mesh.execute(job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                    shard.rows, attempt_scope(self, job))
+                                    shard.rows, attempt_scope(self, job), held_keys=held_keys)
         record = self._record(job, shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
         record.execute_seconds, record.total_seconds = out.execute_seconds, time.perf_counter() - started

@@ -46,6 +46,7 @@ A100, V100, CPU, CPU_3 = f"{NODE}/cuda:0", f"{NODE}/cuda:1", f"{NODE}/cpu:2", f"
 EXECUTABLE_BATCH, PORTABLE_BATCH = 32, 24  # the portable artifact serves a size with no executable
 TRANSFORMER_BATCH = 512  # long enough on a CPU device that two shards' runs visibly overlap or not
 MAX_INPUT_BYTES = 16 * MIB
+HELD_BYTES = 150_000  # the mlp's parameters (104,488 bytes) are held for one job at a time
 STAGES = [pb.SHARD_STAGE_QUEUED, pb.SHARD_STAGE_LOADING, pb.SHARD_STAGE_RUNNING, pb.SHARD_STAGE_DONE]
 
 
@@ -123,6 +124,21 @@ def run_mlp(stub, model: Model, device_id: str, batch: int, fmt: str = "executab
     return execute(stub, requests(header(model, device_id, batch, fmt), [*model.params, digits(batch)]))
 
 
+def kept(model: Model) -> list[pb.TensorRef]:
+    """The parameters as `requests` names them, each under a key of its own."""
+    return [pb.TensorRef(name=f"input_{index}", key=f"params:{index}") for index in range(len(model.params))]
+
+
+def referring(head: pb.ShardHeader, refs: list[pb.TensorRef], x: np.ndarray):
+    """A call whose parameters are references to held tensors and whose data input is sent in full."""
+    yield pb.ExecuteRequest(header=head)
+    for ref in refs:
+        yield pb.ExecuteRequest(held=ref)
+    tensor, chunks = split(f"input_{len(refs)}", x)
+    yield pb.ExecuteRequest(tensor=tensor)
+    yield from (pb.ExecuteRequest(chunk=chunk) for chunk in chunks)
+
+
 # -- fixtures: one compile service here, one worker process with four devices ---------------------
 
 @pytest.fixture(scope="module")
@@ -144,7 +160,7 @@ def worker(tmp_path_factory):
     process = start_service("worker", "dispatch_svc.worker", [
         "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb",
         "--artifact-dir", str(artifacts),
-    ], env={"ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES)})
+    ], env={"ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES), "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
     channel = open_channel(process.address)
     yield worker_service_pb2_grpc.WorkerServiceStub(channel)
     channel.close()
@@ -202,6 +218,40 @@ def test_a_second_shard_of_the_same_shape_skips_loading(worker, mlp):
     assert second.timings.artifact_cached and second.timings.load_kind == "compiled"
     assert second.timings.load_seconds < first.timings.load_seconds / 10
     np.testing.assert_array_equal(second.outputs[0], first.outputs[0])
+
+
+def test_kept_parameters_serve_later_calls_of_the_job_by_reference(worker, mlp):
+    keep = kept(mlp)
+    full = execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH, job_id="held-1", keep_tensors=keep),
+                                    [*mlp.params, digits(EXECUTABLE_BATCH)]))
+    for seed in (0, 1):
+        by_reference = execute(worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="held-1"), keep,
+                                                 digits(EXECUTABLE_BATCH, seed)))
+        in_full = full if seed == 0 else execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH),
+                                                                  [*mlp.params, digits(EXECUTABLE_BATCH, seed)]))
+        assert by_reference.stages == STAGES
+        np.testing.assert_array_equal(by_reference.outputs[0], in_full.outputs[0])
+    error = rpc_error(execute, worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="held-other"), keep,
+                                                 digits(EXECUTABLE_BATCH)))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, "held per job: another job's key is not its own"
+    _, chunks = split("input_0", mlp.params[0])
+    chunk_after_reference = [pb.ExecuteRequest(header=header(mlp, CPU, EXECUTABLE_BATCH, job_id="held-1")),
+                             pb.ExecuteRequest(held=keep[0]), *(pb.ExecuteRequest(chunk=c) for c in chunks)]
+    error = rpc_error(execute, worker, iter(chunk_after_reference))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "unexpected chunk" in error.details()
+
+
+def test_the_byte_limit_evicts_the_least_recently_used_job(worker, mlp):
+    keep = kept(mlp)
+    for job in ("evict-a", "evict-b"):  # two jobs' parameters do not fit HELD_BYTES: b's push a's out
+        execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH, job_id=job, keep_tensors=keep),
+                                 [*mlp.params, digits(EXECUTABLE_BATCH)]))
+    error = rpc_error(execute, worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="evict-a"), keep,
+                                                 digits(EXECUTABLE_BATCH)))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "input 0 ('input_0')" in error.details() and "is not held" in error.details()
+    assert execute(worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="evict-b"), keep,
+                                     digits(EXECUTABLE_BATCH))).stages == STAGES
 
 
 def run_together(stub, shards) -> list[Outcome]:
@@ -295,6 +345,17 @@ REFUSALS = {
         header(m, CPU, EXECUTABLE_BATCH), [*m.params, digits(EXECUTABLE_BATCH)[:, :63]])),
     "inputs over the worker's limit": (grpc.StatusCode.RESOURCE_EXHAUSTED, "ACCELMESH_WORKER_MAX_INPUT_BYTES",
                                        _oversized_input),
+    "reference to a tensor not held": (grpc.StatusCode.FAILED_PRECONDITION, "is not held", lambda m: referring(
+        header(m, CPU, EXECUTABLE_BATCH, job_id="never-kept"), kept(m), digits(EXECUTABLE_BATCH))),
+    "reference before the header": (grpc.StatusCode.INVALID_ARGUMENT, "ShardHeader", lambda m: iter(
+        [pb.ExecuteRequest(held=kept(m)[0])])),
+    "keeping a tensor the call does not send": (grpc.StatusCode.INVALID_ARGUMENT, "'x'", lambda m: requests(
+        header(m, CPU, EXECUTABLE_BATCH, keep_tensors=[pb.TensorRef(name="x", key="k")]),
+        [*m.params, digits(EXECUTABLE_BATCH)])),
+    "keeping a tensor twice": (grpc.StatusCode.INVALID_ARGUMENT, "listed twice", lambda m: requests(
+        header(m, CPU, EXECUTABLE_BATCH, keep_tensors=[pb.TensorRef(name="input_0", key="a"),
+                                                       pb.TensorRef(name="input_1", key="a")]),
+        [*m.params, digits(EXECUTABLE_BATCH)])),
 }
 
 

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from accelmesh import errors
-from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_int, env_str
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,10 @@ class WorkerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     artifact_dir: str = ".accelmesh/worker-artifacts"  # ACCELMESH_WORKER_ARTIFACT_DIR: fetched artifacts, verified
     max_input_bytes: int = 1024**3  # ACCELMESH_WORKER_MAX_INPUT_BYTES: largest total of one shard's inputs
+    # ACCELMESH_WORKER_HELD_BYTES: host memory for tensors kept for a job's later shards (its
+    # parameters, sent once); least recently used dropped first; 0 keeps none.
+    held_bytes: int = 1024**3
+    held_idle_s: float = 600.0  # ACCELMESH_WORKER_HELD_IDLE_S: a job's held tensors dropped after this unused
 
     @property
     def node_ip(self) -> str:
@@ -76,6 +80,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),
         artifact_dir=args.artifact_dir,
         max_input_bytes=env_int("ACCELMESH_WORKER_MAX_INPUT_BYTES", WorkerConfig.max_input_bytes, env, minimum=1),
+        held_bytes=env_int("ACCELMESH_WORKER_HELD_BYTES", WorkerConfig.held_bytes, env, minimum=0),
+        held_idle_s=env_float("ACCELMESH_WORKER_HELD_IDLE_S", WorkerConfig.held_idle_s, env, minimum=1.0),
     )
 
 

@@ -13,6 +13,7 @@ from dispatch_svc.worker.agent import NodeAgent
 from dispatch_svc.worker.artifacts import ArtifactStore
 from dispatch_svc.worker.config import WorkerConfig
 from dispatch_svc.worker.executor import ArtifactSource, ShardExecutor
+from dispatch_svc.worker.held import HeldTensors
 from dispatch_svc.worker.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
                                           tracer_provider=tracer_provider)
     devices = {d.id: d for d in agent.describe().devices}
     executor = ShardExecutor(devices, agent.jax_devices, artifacts)
-    servicer = WorkerServicer(agent, executor, max_input_bytes=config.max_input_bytes,
+    held = HeldTensors(config.held_bytes, config.held_idle_s)
+    servicer = WorkerServicer(agent, executor, held, max_input_bytes=config.max_input_bytes,
                               max_message_bytes=config.max_message_bytes)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],

@@ -5,25 +5,24 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from importlib import metadata
 from queue import SimpleQueue
 
 import grpc
-import numpy as np
 from opentelemetry import trace
 
-from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
-from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorAssembler, split
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from accelmesh.programs import BuildOptions
 from dispatch_svc.worker import executor as ex
 from dispatch_svc.worker.agent import NodeAgent
+from dispatch_svc.worker.held import HeldTensors
+from dispatch_svc.worker.inputs import read_header, read_inputs
 
 try:
     VERSION = metadata.version("accelmesh")
@@ -48,40 +47,6 @@ def shard_from_proto(h: pb.ShardHeader) -> ex.Shard:
                     h.input_count, h.batch_size)
 
 
-def read_header(requests: Iterator[pb.ExecuteRequest]) -> pb.ShardHeader:
-    first = next(requests, None)
-    if first is None or first.WhichOneof("part") != "header":
-        got = "nothing" if first is None else f"a {first.WhichOneof('part') or 'empty message'}"
-        raise errors.InvalidArgument(f"the first message of Execute must be a ShardHeader, got {got}")
-    return first.header
-
-
-def read_inputs(requests: Iterator[pb.ExecuteRequest], count: int, max_bytes: int) -> list[np.ndarray]:
-    """Exactly `count` tensors, each a TensorHeader and its chunks, then the end of the stream."""
-    tensors: list[TensorAssembler] = []
-    total = 0
-    for message in requests:
-        part = message.WhichOneof("part")
-        if part == "tensor":
-            if tensors and not tensors[-1].complete:
-                tensors[-1].result()  # raises: says how much of it arrived
-            if len(tensors) == count:
-                raise errors.InvalidArgument(f"header.input_count is {count} but more tensors follow")
-            total += message.tensor.total_bytes
-            if total > max_bytes:
-                raise errors.ResourceExhausted(f"the shard's inputs exceed this worker's {max_bytes} byte limit "
-                                               "(ACCELMESH_WORKER_MAX_INPUT_BYTES); send smaller shards")
-            tensors.append(TensorAssembler(message.tensor, f"input {len(tensors)}"))
-        elif part == "chunk" and tensors:
-            tensors[-1].add(message.chunk)
-        else:
-            raise errors.InvalidArgument(f"unexpected {part or 'empty message'} in the inputs: send a TensorHeader, "
-                                         "then its chunks, for each input")
-    if len(tensors) != count:
-        raise errors.InvalidArgument(f"the stream ended after {len(tensors)} of header.input_count={count} inputs")
-    return [t.result() for t in tensors]
-
-
 def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
     return pb.ShardTimings(receive_seconds=t.receive_seconds, queue_seconds=t.queue_seconds,
                            load_seconds=t.load_seconds, execute_seconds=t.execute_seconds,
@@ -89,14 +54,17 @@ def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
 
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, *,
+    def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, *,
                  max_input_bytes: int, max_message_bytes: int):
         self.agent = agent
         self.executor = executor
+        self.held = held
         self._max_input_bytes = max_input_bytes
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)  # room for the message framing
 
     def DescribeNode(self, request, context):
+        # The inventory polls every few seconds: an idle worker lets go of ended jobs' tensors here.
+        self.held.expire()
         node = self.agent.describe(list(request.device_ids))
         samples = {s.device_id: s for s in node.samples}
         return pb.DescribeNodeResponse(
@@ -115,7 +83,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             span.set_attribute(attr.JOB_ID, shard.job_id)
             span.set_attribute(attr.DEVICE_ID, shard.device_id)
             self.executor.admit(shard)  # refuse before megabytes of inputs arrive
-            inputs = read_inputs(request_iterator, shard.input_count, self._max_input_bytes)
+            inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes)
         except grpc.RpcError:  # the request stream broke: the caller cancelled or timed out
             if context.is_active():
                 raise

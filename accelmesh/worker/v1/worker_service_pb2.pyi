@@ -23,7 +23,7 @@ SHARD_STAGE_RUNNING: ShardStage
 SHARD_STAGE_DONE: ShardStage
 
 class ShardHeader(_message.Message):
-    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "compile_address", "input_count", "batch_size", "report_stages")
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "compile_address", "input_count", "batch_size", "report_stages", "keep_tensors")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class ShardHeader(_message.Message):
     INPUT_COUNT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REPORT_STAGES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_TENSORS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     shard_index: int
     attempt: int
@@ -50,17 +51,28 @@ class ShardHeader(_message.Message):
     input_count: int
     batch_size: int
     report_stages: bool
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., compile_address: _Optional[str] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ...) -> None: ...
+    keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., compile_address: _Optional[str] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
+
+class TensorRef(_message.Message):
+    __slots__ = ("name", "key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("header", "tensor", "chunk")
+    __slots__ = ("header", "tensor", "chunk", "held")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     header: ShardHeader
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
-    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+    held: TensorRef
+    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., held: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
 
 class ShardTimings(_message.Message):
     __slots__ = ("receive_seconds", "queue_seconds", "load_seconds", "execute_seconds", "artifact_cached", "load_kind")

@@ -63,9 +63,12 @@ class WorkerServiceServicer:
 
     def Execute(self, request_iterator, context):
         """Runs one shard on one of this node's devices. In: a ShardHeader, then every input tensor
-        (parameters first, then data inputs) as a TensorHeader followed by its chunks. Out:
+        (parameters first, then data inputs), each as a TensorHeader followed by its chunks, or as a
+        reference to a tensor the worker holds for the job (see ShardHeader.keep_tensors). Out:
         stages if asked for, then every output as a TensorHeader followed by its chunks, then the timings.
-        Cancelling the call stops the shard.
+        Cancelling the call stops the shard. A reference to a tensor the worker does not hold (never
+        kept, evicted, or the worker restarted) fails the call with FAILED_PRECONDITION, whose message
+        names the input and says it "is not held": send the call again with that tensor in full.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,109 @@
+"""Tensors a worker holds for a job between its shards (ShardHeader.keep_tensors).
+
+A dispatcher sends a job's parameters to a worker once and refers to them by a key of its own
+afterwards. They stay host numpy arrays: a device's memory belongs to the shard running on it,
+and every shard puts its inputs on the device anyway. Within a byte limit the least recently used
+go first; a job's tensors go once the job has used none of them for `idle_s`, because nothing
+tells a worker that a job ended. Only the dispatcher knows what a key means: the store trusts
+that the content under a key never changes within a job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class HeldStats:
+    tensors: int  # held now
+    bytes: int  # held now
+    kept: int  # tensors kept since the start
+    used: int  # references answered
+    missed: int  # references to a tensor not held
+    evicted: int  # dropped for the byte limit (a tensor larger than the limit counts here too)
+    expired: int  # dropped because their job went idle
+
+
+class HeldTensors:
+    """Thread-safe: shards of several jobs keep and use tensors at once."""
+
+    def __init__(self, max_bytes: int, idle_s: float, *, clock: Callable[[], float] = time.monotonic):
+        self.max_bytes = max_bytes
+        self.idle_s = idle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tensors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()  # least recently used first
+        self._jobs: dict[str, set[str]] = {}  # job id -> its keys
+        self._last_used: dict[str, float] = {}  # job id -> when one of its tensors was last kept or used
+        self._bytes = 0
+        self._kept = self._used = self._missed = self._evicted = self._expired = 0
+
+    def keep(self, job_id: str, key: str, array: np.ndarray) -> bool:
+        """Hold `array` under (job, key), replacing what was there; False if it is over the limit."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            self._drop((job_id, key))
+            if array.nbytes > self.max_bytes:
+                self._evicted += 1
+                return False
+            self._tensors[(job_id, key)] = array
+            self._jobs.setdefault(job_id, set()).add(key)
+            self._last_used[job_id] = now
+            self._bytes += array.nbytes
+            self._kept += 1
+            while self._bytes > self.max_bytes:
+                oldest = next(iter(self._tensors))
+                self._drop(oldest)
+                self._evicted += 1
+            return True
+
+    def get(self, job_id: str, key: str) -> np.ndarray | None:
+        """The tensor held under (job, key), or None (never kept, evicted, expired)."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            array = self._tensors.get((job_id, key))
+            if array is None:
+                self._missed += 1
+                return None
+            self._tensors.move_to_end((job_id, key))
+            self._last_used[job_id] = now
+            self._used += 1
+            return array
+
+    def expire(self) -> None:
+        """Drop the tensors of jobs idle for `idle_s`; keep and get do it too, this is for idle times."""
+        with self._lock:
+            self._expire(self._clock())
+
+    def stats(self) -> HeldStats:
+        with self._lock:
+            return HeldStats(len(self._tensors), self._bytes, self._kept, self._used, self._missed, self._evicted,
+                             self._expired)
+
+    def _expire(self, now: float) -> None:
+        idle = [job for job, last in self._last_used.items() if now - last >= self.idle_s]
+        for job in idle:
+            for key in list(self._jobs.get(job, ())):
+                self._drop((job, key))
+                self._expired += 1
+            self._last_used.pop(job, None)
+
+    def _drop(self, entry: tuple[str, str]) -> None:
+        array = self._tensors.pop(entry, None)
+        if array is None:
+            return
+        self._bytes -= array.nbytes
+        job, key = entry
+        keys = self._jobs[job]
+        keys.discard(key)
+        if not keys:
+            del self._jobs[job]
+            self._last_used.pop(job, None)

@@ -163,10 +163,11 @@ class DevicePool:
             return
         attempt = Attempt(pending.shard, self._devices[device_id], len(pending.tried) + 1)
         pending.tried.append(device_id)
+        context = pending.context.copy()
         try:
-            pending.result = pending.context.copy().run(self._run, attempt)
-            if pending.on_done is not None:
-                pending.on_done(pending.result)
+            pending.result = context.run(self._run, attempt)
+            if pending.on_done is not None:  # in the submitter's context too: what it submits stays in the trace
+                context.run(pending.on_done, pending.result)
                 pending.result = None  # taken: holding every shard's outputs would grow with the job
         except ShardFailed as exc:
             if self._scope.cancelled.is_set():

@@ -16,6 +16,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
+from accelmesh.runtime import attributes as attr
 from dispatch_svc import model as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.execution import Attempt, DevicePool
@@ -60,6 +61,8 @@ class PipelineMixin:
                 "data-parallel with a training_step program when spec.placement is unset")
         program, placed = self._place(spec)
         placement = placed.plan.placement
+        if live.span is not None:
+            live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
         rows = spec.inputs[0].rows
         micro = placement.micro_batch_rows
         sizes = sorted({micro, rows % micro} - {0})

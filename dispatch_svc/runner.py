@@ -227,11 +227,15 @@ class JobRunner(PipelineMixin):
         shard_params = params if shard.params is None else shard.params
         arrays = [*shard_params, *zip((i.name for i in program.inputs), shard.inputs)]
         held_keys = {name: f"{held}:{name}" for name, _ in shard_params} if held else None
-        with self._tracer.start_as_current_span("dispatch.shard", attributes={
+        attributes = {
             attr.JOB_ID: job.job_id, attr.SHARD_INDEX: shard.index, attr.SHARD_ATTEMPT: attempt.number,
             attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
             attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
-            attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays)}):
+            attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays)}
+        stage = getattr(shard, "stage", None)  # a pipeline stage's micro-batch (dispatch_svc.pipeline)
+        if stage is not None:
+            attributes[attr.PIPELINE_STAGE], attributes[attr.MICRO_BATCH] = stage.index, shard.batch.index
+        with self._tracer.start_as_current_span("dispatch.shard", attributes=attributes):
             out = self.mesh.execute(job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
                                     shard.rows, attempt_scope(self, job), held_keys=held_keys)
         record = self._record(job, shard, device, build, attempt.number)

@@ -90,6 +90,7 @@ class TracedJob:
     trace_id: str
     spans: list[CollectedSpan]  # everything every process exported, the job's trace and the rest
     exit_codes: dict[str, int]
+    placed: pb.Job  # the same model placed on the devices, run as a pipeline (its own trace)
 
     @property
     def in_trace(self) -> list[CollectedSpan]:
@@ -163,6 +164,8 @@ def traced_job(tmp_path_factory) -> TracedJob:
             dispatch = processes[-1]
             with MeshClient(dispatch.address, tracer_provider=client_provider) as client:
                 result = client.run("mlp_classifier", {"x": x}, timeout=JOB_TIMEOUT_S)
+                placed = client.run("mlp_classifier", {"x": x}, timeout=JOB_TIMEOUT_S, placement=pb.PlacementOptions(
+                    strategy=pb.PLACEMENT_STRATEGY_RANKED, device_count=2, micro_batch_rows=16))
             for process in processes:
                 health_check(process.address, client_provider)
         finally:
@@ -171,14 +174,15 @@ def traced_job(tmp_path_factory) -> TracedJob:
 
         def complete(spans):
             trace_id = job_trace_id(spans, result.job.job_id)
-            return trace_id is not None and set(SERVICES) <= {s.service for s in spans if s.trace_id == trace_id}
+            return (trace_id is not None and set(SERVICES) <= {s.service for s in spans if s.trace_id == trace_id}
+                    and job_trace_id(spans, placed.job.job_id) is not None)
 
         spans = collector.wait_for(complete, EXPORT_WAIT_S)
     finally:
         receiver.stop(0)
     trace_id = job_trace_id(spans, result.job.job_id)
     assert trace_id is not None, f"no dispatch.job span for {result.job.job_id}: {sorted({s.name for s in spans})}"
-    return TracedJob(result.job, trace_id, spans, exit_codes)
+    return TracedJob(result.job, trace_id, spans, exit_codes, placed.job)
 
 
 def test_the_job_ran_and_every_service_stopped_gracefully(traced_job):
@@ -240,5 +244,21 @@ def test_no_span_is_a_health_check(traced_job):
 def test_the_workers_artifact_fetch_is_part_of_the_jobs_trace(traced_job):
     fetches = [s for s in traced_job.spans if s.name == FETCH_ARTIFACT and s.service == "accelmesh-worker"]
     assert fetches, "the worker fetched no artifact: nothing to check"
-    assert all(s.trace_id == traced_job.trace_id for s in fetches), \
-        f"{sum(s.trace_id != traced_job.trace_id for s in fetches)} of {len(fetches)} fetches left the job's trace"
+    jobs = {traced_job.trace_id, job_trace_id(traced_job.spans, traced_job.placed.job_id)}
+    assert all(s.trace_id in jobs for s in fetches), \
+        f"{sum(s.trace_id not in jobs for s in fetches)} of {len(fetches)} fetches left the jobs' traces"
+
+
+def test_a_pipelines_shard_spans_name_their_stage_and_micro_batch(traced_job):
+    placed = traced_job.placed
+    assert placed.state == pb.JOB_STATE_SUCCEEDED
+    trace_id = job_trace_id(traced_job.spans, placed.job_id)
+    (job_span,) = [s for s in traced_job.spans if s.trace_id == trace_id and s.name == "dispatch.job"]
+    assert job_span.attributes[attr.PLACEMENT_STRATEGY] == "ranked"
+    shards = [s for s in traced_job.spans if s.trace_id == trace_id and s.name == "dispatch.shard"]
+    stages = placed.plan.placement.stages
+    assert len(shards) == placed.plan.placement.micro_batches * len(stages)
+    seen = {(s.attributes[attr.PIPELINE_STAGE], s.attributes[attr.MICRO_BATCH]) for s in shards}
+    assert seen == {(st.index, k) for st in stages for k in range(placed.plan.placement.micro_batches)}
+    for span in shards:
+        assert span.attributes[attr.DEVICE_ID] == stages[span.attributes[attr.PIPELINE_STAGE]].device_id

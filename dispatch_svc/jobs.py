@@ -29,7 +29,7 @@ from dispatch_svc.planner.placement import LayerCost
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL
+    job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL, expires REAL
 );
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL, idx INTEGER NOT NULL, event TEXT NOT NULL, PRIMARY KEY (job_id, idx)
@@ -193,6 +193,7 @@ class JobBook:
         # last few, and it no longer costs an fsync per event (two events per shard).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._add_expires_column()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
@@ -245,10 +246,20 @@ class JobBook:
 
     def _save(self, job: m.JobRecord) -> None:
         self._db.execute(
-            "INSERT INTO jobs (job_id, created, state, record) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, record = excluded.record",
-            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job))),
+            "INSERT INTO jobs (job_id, created, state, record, expires) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, record = excluded.record, "
+            "expires = excluded.expires",
+            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job)), job.expires),
         )
+
+    def _add_expires_column(self) -> None:
+        """Books written before the column existed: add it and fill it from the records, once."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "expires" in columns:
+            return
+        self._db.execute("ALTER TABLE jobs ADD COLUMN expires REAL")
+        for job_id, text in self._db.execute("SELECT job_id, record FROM jobs").fetchall():
+            self._db.execute("UPDATE jobs SET expires = ? WHERE job_id = ?", (json.loads(text).get("expires"), job_id))
 
     def _fail_interrupted_jobs(self) -> list[str]:
         rows = self._db.execute(
@@ -264,8 +275,9 @@ class JobBook:
     def expire_results(self) -> int:
         now = self._clock()
         with self._lock:
-            rows = self._db.execute("SELECT job_id, record FROM jobs WHERE state IN (?, ?, ?)", m.FINAL_STATES).fetchall()
-            expired = [job_id for job_id, text in rows if (json.loads(text).get("expires") or now + 1) <= now]
+            # Every new job sweeps: the expiry is a column, so the sweep never parses a record.
+            expired = [job_id for (job_id,) in self._db.execute(
+                "SELECT job_id FROM jobs WHERE expires IS NOT NULL AND expires <= ?", (now,)).fetchall()]
             for job_id in expired:
                 self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
                 self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))

@@ -82,3 +82,21 @@ def test_a_watcher_gets_every_event_including_the_last(tmp_path):
     assert not watching.is_alive()
     assert seen == [m.SHARD_FINISHED] * 5 + ["failed"]
     assert book.get(job.job_id).error == "shard 3 could not run"
+
+
+def test_a_book_from_before_the_expires_column_still_expires_its_jobs(tmp_path):
+    clock = Clock()
+    book = JobBook(tmp_path, retention_s=30, clock=clock)
+    job = book.create(SPEC)
+    book.finish(job, m.SUCCEEDED)
+    book.close()
+    import sqlite3  # the layout of earlier versions: the expiry only inside the JSON record
+
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        db.execute("CREATE TABLE old AS SELECT job_id, created, state, record FROM jobs")
+        db.execute("DROP TABLE jobs")
+        db.execute("ALTER TABLE old RENAME TO jobs")
+    clock.now += 31
+    reopened = JobBook(tmp_path, retention_s=30, clock=clock)  # opening sweeps expired jobs
+    with pytest.raises(errors.NotFound):
+        reopened.get(job.job_id)

@@ -232,6 +232,7 @@ def test_balanced_plans_many_devices_quickly_and_explains_itself():
     ([LayerCost("a", 0, 10, 40, flops_per_sample=float("nan"))], "flops_per_sample of layer 'a'"),
     ([layer("a", 0, 10, shared_from="b"), layer("b", 1, 10)], "shared_from 'b' of layer 'a' must name an earlier"),
     ([LayerCost("", 0, 10, 40)], "spec.placement.layers[0].name is empty"),
+    ([layer(f"l{i}", i, 10) for i in range(1025)], "spec.placement.layers has 1025 rows; at most 1024"),
 ])
 def test_inconsistent_layer_tables_are_refused_naming_the_row(rows, message):
     with pytest.raises(InvalidArgument) as err:

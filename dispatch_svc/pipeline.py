@@ -18,8 +18,8 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from dispatch_svc import model as m
-from dispatch_svc.combine import Accumulator
 from dispatch_svc.execution import Attempt, DevicePool
+from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.placing import plan_placement
 from dispatch_svc.ports import (
     RESERVATION_TTL_S,
@@ -120,15 +120,9 @@ class PipelineMixin:
         micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
         batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_id)
                    for k, first in enumerate(range(0, total, micro))]
-        concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
-        results = {i: self.book.results.create(job.job_id, o.name, o.dtype, (total, *o.shape[1:])) for i, o in concat}
-        folds = {i: Accumulator(o.combine, [b.rows for b in batches]) for i, o in enumerate(program.outputs)
-                 if o.combine != "concat"}
-        live.concat_names = tuple(o.name for _, o in concat)
+        outputs = JobOutputs(self.book, job, live, program, batches)
         budget = threading.Condition()
         inflight = [0]
-        finished: set[int] = set()
-        taking = threading.Lock()
         all_done = threading.Event()
         with self._lock:
             job.shards.extend(m.ShardRecord(i, "", "", "", 0, 0) for i in range(len(batches) * len(stages)))
@@ -150,23 +144,15 @@ class PipelineMixin:
             if s + 1 < len(stages):
                 submit(work.batch, s + 1, [out.outputs[0]])
                 return
-            with taking:
-                batch = work.batch
-                for i, writer in results.items():
-                    writer.write_rows(batch.first_row, out.outputs[i])
-                for i, fold in folds.items():
-                    fold.add(batch.index, out.outputs[i])
-                finished.add(batch.index)
-                while live.released_rows < total and live.released_rows // micro in finished:
-                    live.released_rows += batches[live.released_rows // micro].rows
-                job.progress = live.released_rows / total
-                with budget:
-                    inflight[0] -= batch.nbytes
-                    budget.notify_all()
-                self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[work.index],
-                               message=f"micro-batch {batch.index} through all {len(stages)} stages")
-                if len(finished) == len(batches):
-                    all_done.set()
+            batch = work.batch
+            done = outputs.take(batch, out.outputs)
+            with budget:
+                inflight[0] -= batch.nbytes
+                budget.notify_all()
+            self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[work.index],
+                           message=f"micro-batch {batch.index} through all {len(stages)} stages")
+            if done == len(batches):
+                all_done.set()
 
         for batch in self._fill(batches, feed, total, budget, inflight, live):
             submit(batch, 0, batch.inputs)
@@ -177,10 +163,7 @@ class PipelineMixin:
                 live.scope.check()
             if live.failure is not None:
                 raise live.failure
-            for i, fold in folds.items():
-                self.book.results.save(job.job_id, program.outputs[i].name, fold.result())
-            for writer in results.values():
-                writer.close()
+            outputs.close()
         return work
 
 

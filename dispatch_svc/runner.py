@@ -20,9 +20,9 @@ from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.programs import Program
 from dispatch_svc import model as m
-from dispatch_svc.combine import Accumulator
 from dispatch_svc.execution import Attempt, Cancelled, CancelScope, DevicePool
 from dispatch_svc.jobs import JobBook
+from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.planner import PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
 from dispatch_svc.pipeline import PipelineMixin
 from dispatch_svc.ports import (  # noqa: F401 - re-exported: the runner's types
@@ -265,18 +265,11 @@ class JobRunner(PipelineMixin):
 
     def _infer(self, job, live: LiveJob, program: Program, pool: DevicePool, feed: InputFeed):
         plan = job.plan
-        total = sum(s.rows for s in plan.shards)
         shards = [ShardWork(s.index, s.first_row, s.rows, s.device_id) for s in plan.shards]
-        concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
-        results = {i: self.book.results.create(job.job_id, o.name, o.dtype, (total, *o.shape[1:])) for i, o in concat}
-        live.concat_names = tuple(o.name for _, o in concat)
-        folds = {i: Accumulator(o.combine, [s.rows for s in shards]) for i, o in enumerate(program.outputs)
-                 if o.combine != "concat"}
+        outputs = JobOutputs(self.book, job, live, program, shards)
         budget = threading.Condition()
         inflight = [0]
         pending = []
-        finished: set[int] = set()  # indices only: outputs are on disk once written
-        taking = threading.Lock()  # shards finish on several device threads at once
 
         def failed(error: BaseException) -> None:
             with budget:
@@ -284,39 +277,25 @@ class JobRunner(PipelineMixin):
                 budget.notify_all()
 
         def take(shard: ShardWork, out: ShardOutput) -> None:
-            with taking:
-                keep(shard, out)
-
-        def keep(shard: ShardWork, out: ShardOutput) -> None:
-            for i, writer in results.items():
-                writer.write_rows(shard.first_row, out.outputs[i])
-            for i, fold in folds.items():
-                fold.add(shard.index, out.outputs[i])
-            finished.add(shard.index)
             job.shards[shard.index].done = True
-            while live.released_rows < total and _first_unreleased(shards, live.released_rows) in finished:
-                live.released_rows += shards[_first_unreleased(shards, live.released_rows)].rows
+            outputs.take(shard, out.outputs)
             with budget:
                 inflight[0] -= shard.nbytes
                 budget.notify_all()
             shard.inputs = []
-            job.progress = live.released_rows / total
             self.book.emit(job, m.SHARD_FINISHED, shard=job.shards[shard.index],
                            message=f"shard {shard.index} done on {job.shards[shard.index].device_id}")
 
         # Results are taken on the device threads as shards finish, which frees the in-flight
         # budget while this thread is still reading input blocks.
-        for shard in self._fill(shards, feed, total, budget, inflight, live):
+        for shard in self._fill(shards, feed, outputs.total, budget, inflight, live):
             pending.append(pool.submit(shard, shard.device_id, on_done=lambda out, shard=shard: take(shard, out),
                                        on_error=failed))
 
         def work():
             for handle in pending:
                 pool.wait(handle)
-            for i, fold in folds.items():
-                self.book.results.save(job.job_id, program.outputs[i].name, fold.result())
-            for writer in results.values():
-                writer.close()
+            outputs.close()
         return work
 
     def _fill(self, shards, feed: InputFeed, total: int, budget, inflight, live: LiveJob):
@@ -407,13 +386,6 @@ def _weighted_mean(values: list[np.ndarray], weights: list[int]) -> np.ndarray:
     for value, weight in zip(values, weights):
         total += np.asarray(value, np.float32) * weight
     return total / sum(weights)
-
-
-def _first_unreleased(shards: list[ShardWork], released_rows: int) -> int:
-    for shard in shards:
-        if shard.first_row == released_rows:
-            return shard.index
-    return -1
 
 
 def plan_rows(plan: m.Plan, rows: int) -> list[tuple[int, int, str]]:

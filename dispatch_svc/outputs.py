@@ -1,0 +1,56 @@
+"""A job's outputs as its pieces finish (data-parallel shards, or micro-batches leaving the last
+pipeline stage): concatenated outputs written in place on disk, the others folded by their
+combine rule, and `LiveJob.released_rows` advanced over the rows that are final from row 0, so
+RunJob can stream them while later pieces still run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from accelmesh.programs import Program
+from dispatch_svc import model as m
+from dispatch_svc.combine import Accumulator
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.ports import LiveJob, ShardWork
+
+
+class JobOutputs:
+    """Thread-safe: pieces finish on several device threads at once."""
+
+    def __init__(self, book: JobBook, job: m.JobRecord, live: LiveJob, program: Program,
+                 pieces: Sequence[ShardWork]):
+        self._book, self._job, self._live, self._program = book, job, live, program
+        self.total = sum(p.rows for p in pieces)
+        self._at_row = {p.first_row: p for p in pieces}
+        concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
+        self._writers = {i: book.results.create(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:]))
+                         for i, o in concat}
+        self._folds = {i: Accumulator(o.combine, [p.rows for p in pieces]) for i, o in enumerate(program.outputs)
+                       if o.combine != "concat"}
+        live.concat_names = tuple(o.name for _, o in concat)
+        self._finished: set[int] = set()  # piece indices only: their outputs are on disk once written
+        self._lock = threading.Lock()
+
+    def take(self, piece: ShardWork, outputs: Sequence[np.ndarray]) -> int:
+        """Write or fold one finished piece's outputs; returns how many pieces are in."""
+        with self._lock:
+            for i, writer in self._writers.items():
+                writer.write_rows(piece.first_row, outputs[i])
+            for i, fold in self._folds.items():
+                fold.add(piece.index, outputs[i])
+            self._finished.add(piece.index)
+            live = self._live
+            while live.released_rows < self.total and self._at_row[live.released_rows].index in self._finished:
+                live.released_rows += self._at_row[live.released_rows].rows
+            self._job.progress = live.released_rows / self.total
+            return len(self._finished)
+
+    def close(self) -> None:
+        """Every piece is in: save the folded outputs and close the written ones."""
+        for i, fold in self._folds.items():
+            self._book.results.save(self._job.job_id, self._program.outputs[i].name, fold.result())
+        for writer in self._writers.values():
+            writer.close()

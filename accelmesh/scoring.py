@@ -51,6 +51,15 @@ class DeviceStatus:
     bandwidth_gbps: float
 
 
+def free_status(peak_tflops: float, bandwidth_gbps: float, memory_free_bytes: int, utilization: float,
+                reserved_compute_fraction: float) -> DeviceStatus:
+    """What a device has free (B1): its compute less what is in use and reserved, its bandwidth less
+    what is reserved (oversubscription leaves nothing, not less), its free memory as measured."""
+    unreserved = 1.0 - _unit(reserved_compute_fraction)
+    return DeviceStatus(peak_tflops * (1.0 - _unit(utilization)) * unreserved, memory_free_bytes,
+                        bandwidth_gbps * unreserved)
+
+
 def combine(statuses: Sequence[DeviceStatus], weights: Weights) -> list[tuple[float, dict[str, float]]]:
     """(score, components) of each status, normalised over `statuses`; `weights` should be normalised."""
     components = normalised(np.array([s.compute_tflops for s in statuses], float),
@@ -72,3 +81,7 @@ def normalised(compute: np.ndarray, memory: np.ndarray, bandwidth: np.ndarray) -
 
 def weighted(components: dict[str, np.ndarray], weights: Weights) -> np.ndarray:
     return sum(getattr(weights, name) * components[name] for name in METRICS)
+
+
+def _unit(value: float) -> float:
+    return min(1.0, max(0.0, value))

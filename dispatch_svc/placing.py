@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from accelmesh import errors
 from accelmesh.programs import Program
-from accelmesh.scoring import Weights
+from accelmesh.scoring import Weights, free_status
 from dispatch_svc import model as m
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.ports import JobDevice, RuleChoice, Scoring
@@ -128,16 +128,14 @@ def _rules(mesh, devices: list[JobDevice]) -> dict[str, RuleChoice]:
 
 
 def _candidate(device: JobDevice, scoring: Scoring, rule: RuleChoice) -> pl.Device:
-    status = scoring.devices[device.id]
+    scored = scoring.devices[device.id]
     perf = device.spec.performance
-    unreserved = 1.0 - min(1.0, max(0.0, status.reserved_compute_fraction))
-    idle = (1.0 - min(1.0, max(0.0, status.utilization))) * unreserved
-    return pl.Device(
-        id=device.id, target_type=device.target_type,
-        peak_tflops=perf.rate_tflops(rule.compute_dtype) * idle,
-        memory_free_bytes=status.memory_free_bytes,
-        memory_bandwidth_gbps=perf.memory_bandwidth_gbps * unreserved,
-        link_gbps=perf.interconnect_bandwidth_gbps)
+    # The inventory's status, with compute at the dtype this device's rule computes in.
+    status = free_status(perf.rate_tflops(rule.compute_dtype), perf.memory_bandwidth_gbps, scored.memory_free_bytes,
+                         scored.utilization, scored.reserved_compute_fraction)
+    return pl.Device(id=device.id, target_type=device.target_type, peak_tflops=status.compute_tflops,
+                     memory_free_bytes=status.memory_free_bytes, memory_bandwidth_gbps=status.bandwidth_gbps,
+                     link_gbps=perf.interconnect_bandwidth_gbps)
 
 
 def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id: dict[str, JobDevice],

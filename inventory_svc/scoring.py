@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import PRECISIONS
-from accelmesh.scoring import DeviceStatus, Weights, combine
+from accelmesh.scoring import DeviceStatus, Weights, combine, free_status
 from inventory_svc.store import DeviceRecord
 
 TASK_KINDS = ("training", "inference")
@@ -77,13 +77,8 @@ class ScoredDevice:
 def status_of(record: DeviceRecord, precision: str = "fp32") -> DeviceStatus:
     """The device's free processing capability, memory and bandwidth right now (B1)."""
     perf = record.spec.performance
-    idle = 1.0 - _unit(record.utilization)
-    unreserved = 1.0 - _unit(record.reserved_compute_fraction)  # oversubscription leaves nothing, not less
-    return DeviceStatus(
-        compute_tflops=perf.rate_tflops(precision) * idle * unreserved,
-        memory_free_bytes=record.free_memory_bytes,
-        bandwidth_gbps=perf.memory_bandwidth_gbps * unreserved,
-    )
+    return free_status(perf.rate_tflops(precision), perf.memory_bandwidth_gbps, record.free_memory_bytes,
+                       record.utilization, record.reserved_compute_fraction)
 
 
 def weights_for(profile: TaskProfile, records: Iterable[DeviceRecord]) -> Weights:
@@ -116,7 +111,3 @@ def score_devices(
               for record, status, (score, components) in zip(records, statuses, combine(statuses, weights))]
     scored.sort(key=lambda item: (-item.score, item.record.id))
     return scored[:limit] if limit else scored
-
-
-def _unit(value: float) -> float:
-    return min(1.0, max(0.0, value))

@@ -29,8 +29,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from accelmesh.errors import InvalidArgument, ResourceExhausted
-from accelmesh.scoring import DeviceStatus, Weights, combine
+from accelmesh.scoring import Weights, normalised, weighted
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
 RANKED, BALANCED, AUTO = "ranked", "balanced", "auto"
@@ -78,8 +80,6 @@ class Device:
     memory_free_bytes: int
     memory_bandwidth_gbps: float
     link_gbps: float = 0.0  # interconnect, one direction; 0 means DEFAULT_LINK_GBPS
-    # For the status score (B1): compute at the scoring precision; default peak_tflops.
-    score_tflops: float | None = None
 
 
 @dataclass(frozen=True)
@@ -328,8 +328,24 @@ def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layer
 
 
 def initial_scores(devices: Sequence[Device], weights: Weights) -> dict[str, float]:
-    statuses = [status(d, d.memory_free_bytes, 0.0) for d in devices]
-    return {d.id: score for d, (score, _) in zip(devices, combine(statuses, weights))}
+    rate, bandwidth = rates(devices)
+    free = np.array([d.memory_free_bytes for d in devices], float)
+    scores = status_scores(rate, bandwidth, free, np.zeros(len(devices)), weights)
+    return dict(zip((d.id for d in devices), scores.tolist()))
+
+
+def rates(devices: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's free compute (TFLOP/s) and memory bandwidth (GB/s), as arrays."""
+    return (np.array([d.peak_tflops for d in devices], float),
+            np.array([d.memory_bandwidth_gbps for d in devices], float))
+
+
+def status_scores(rate: np.ndarray, bandwidth: np.ndarray, free: np.ndarray, load: np.ndarray,
+                  weights: Weights) -> np.ndarray:
+    """Each device's status score (B1, B2) with `free` bytes left and `load` (the fraction of its
+    compute the placement has reserved): accelmesh.scoring's formula over arrays."""
+    idle = np.clip(1.0 - load, 0.0, None)
+    return weighted(normalised(rate * idle, free, bandwidth * idle), weights)
 
 
 def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, float]) -> int:
@@ -368,9 +384,3 @@ def summary(strategy: str, evaluation: Evaluation) -> str:
 def gib(value: int) -> str:
     return f"{value / 2**30:.2f} GiB"
 
-
-def status(device: Device, free: int, load: float) -> DeviceStatus:
-    """A device's status (B1) with `free` bytes left and `load` of the model's FLOPs on it."""
-    rate = device.peak_tflops if device.score_tflops is None else device.score_tflops
-    idle = max(0.0, 1.0 - load)
-    return DeviceStatus(rate * idle, free, device.memory_bandwidth_gbps * idle)

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from accelmesh.scoring import normalised, weighted
 from dispatch_svc.planner.layer_model import (
     RANKED, Device, Model, NoRoom, Placement, by_score, capacity, evaluate, initial_scores, lower_bound_seconds,
-    required_devices, summary,
+    rates, required_devices, status_scores, summary,
 )
 
 
@@ -43,8 +42,7 @@ def _ranked(model: Model, devices: Sequence[Device], scores: dict[str, float], c
     pool_devices = sorted(devices, key=lambda d: d.id)  # ties go to the lowest id
     ids = [d.id for d in pool_devices]
     # The status of every device as arrays (B1): what is free is updated after each layer (B5).
-    rate = np.array([d.peak_tflops if d.score_tflops is None else d.score_tflops for d in pool_devices], float)
-    bandwidth = np.array([d.memory_bandwidth_gbps for d in pool_devices], float)
+    rate, bandwidth = rates(pool_devices)
     free = np.array([caps[i] for i in ids], np.int64)
     # The compute a layer reserves on a device (B5) is its predicted time there over the model's
     # ideal step on the N best devices: a device is full once it holds its fair share of work.
@@ -78,8 +76,7 @@ def _ranked(model: Model, devices: Sequence[Device], scores: dict[str, float], c
                 f"{'any device' if opening else f'any of the {count} chosen devices'} has at most "
                 f"{int(free[largest]):,} bytes free ({ids[largest]}): short by {short:,} bytes",
                 shortfall_bytes=short, wider=not opening)
-        idle = np.clip(1.0 - load, 0.0, None)
-        scored = weighted(normalised(rate * idle, free.astype(float), bandwidth * idle), weights)
+        scored = status_scores(rate, bandwidth, free.astype(float), load, weights)
         ranking = np.where(fits, scored, -np.inf)
         best = int(np.argmax(ranking))
         ranking[best] = -np.inf

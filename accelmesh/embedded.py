@@ -35,9 +35,12 @@ class EmbeddedMesh:
 
 def start_worker(
     inventory_address: str, *, devices: int, emulate: Sequence[str] = (), listen: str = "127.0.0.1:0",
-    echo: bool = False, name: str = "worker", artifact_dir: Path | None = None,
+    echo: bool = False, name: str = "worker", artifact_dir: Path | None = None, nvml: bool = True,
 ) -> ServiceProcess:
+    """`nvml=False`: the worker offers no GPU of this machine, only its CPU and emulated devices."""
     args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address]
+    if not nvml:
+        args.append("--no-nvml")
     if artifact_dir is not None:
         args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
@@ -77,6 +80,7 @@ def start_embedded_mesh(
     poll_interval_s: float = 5.0,
     lost_after_polls: int = 3,
     echo: bool = False,
+    nvml: bool = True,
 ) -> EmbeddedMesh:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +90,7 @@ def start_embedded_mesh(
     try:
         mesh.compile = start_compile(data_dir, listen=compile_listen, echo=echo)
         mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo,
-                                         artifact_dir=data_dir / "worker-artifacts"))
+                                         artifact_dir=data_dir / "worker-artifacts", nvml=nvml))
         mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, listen=dispatch_listen,
                                        echo=echo)
     except BaseException:

@@ -192,7 +192,8 @@ def cmd_plan(args) -> int:
         started = time.perf_counter()
         progress(f"starting an embedded mesh with {len(types)} emulated device(s): {_summarise(types)} ...")
         with (tempfile.TemporaryDirectory(prefix="accelmesh-plan-") as data_dir,
-              start_embedded_mesh(data_dir, devices=len(types), emulate=types) as mesh):
+              # exactly the devices asked for: a GPU of this machine would join the pool otherwise
+              start_embedded_mesh(data_dir, devices=len(types), emulate=types, nvml=False) as mesh):
             progress(f"mesh up in {time.perf_counter() - started:.1f} s")
             try:
                 placement = request_placement(args, layers, mesh.dispatch.address, mesh.compile.address)

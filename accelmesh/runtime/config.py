@@ -15,6 +15,20 @@ def env_str(name: str, default: str, env: Mapping[str, str] = os.environ) -> str
     return env.get(name, default)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_bool(name: str, default: bool, env: Mapping[str, str] = os.environ) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise errors.InvalidArgument(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
+
+
 def env_int(name: str, default: int, env: Mapping[str, str] = os.environ, *, minimum: int | None = None) -> int:
     raw = env.get(name)
     if raw is None or raw == "":

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
@@ -19,10 +20,14 @@ class NodeAgent:
         emulate: Sequence[str] = (),
         jax_devices: Sequence | None = None,
         nvml=None,
+        use_nvml: bool = True,
         proc_root: str = "/proc",
+        env: Mapping[str, str] = os.environ,
         hostname: str | None = None,
         clock: Callable[[], float] = time.time,
     ):
+        """``nvml`` is the NVML module (None imports pynvml) and ``use_nvml=False`` skips it;
+        ``proc_root`` and ``env`` are where the CPU probe reads the host's facts and overrides."""
         if jax_devices is None:
             import jax  # imported here: XLA_FLAGS must be final before the first import
 
@@ -32,7 +37,9 @@ class NodeAgent:
         self._jax_devices = list(jax_devices)
         self._emulate = tuple(emulate)
         self._nvml = nvml
+        self._use_nvml = use_nvml
         self._proc_root = proc_root
+        self._env = env
         self._clock = clock
         self.describe()  # fail at start, not at the first poll, if a profile is unknown
 
@@ -48,7 +55,9 @@ class NodeAgent:
             jax_devices=self._jax_devices,
             emulate=self._emulate,
             nvml=self._nvml,
+            use_nvml=self._use_nvml,
             proc_root=self._proc_root,
+            env=self._env,
             clock=self._clock,
         )
         if not device_ids:

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from accelmesh import errors
-from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_bool, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,12 @@ class WorkerConfig:
     cpu_devices: int = 1  # ACCELMESH_CPU_DEVICES: split the host CPU into this many XLA devices
     emulate: tuple[str, ...] = ()  # ACCELMESH_EMULATE: catalog profiles mapped onto the CPU devices
     inventory: str = ""  # ACCELMESH_INVENTORY: inventory address to register with at start
-    proc_root: str = "/proc"  # where CPU and memory facts are read
+    # ACCELMESH_PROC_ROOT: where CPU and memory facts are read; a container that mounts the
+    # host's /proc elsewhere (e.g. /host/proc) names that folder
+    proc_root: str = "/proc"
+    # ACCELMESH_WORKER_NVML: probe NVIDIA GPUs through NVML; 0 leaves them out, so the node offers
+    # its CPU (and emulated profiles) only, e.g. a CPU agent on a host whose GPUs serve other work
+    nvml: bool = True
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     artifact_dir: str = ".accelmesh/worker-artifacts"  # ACCELMESH_WORKER_ARTIFACT_DIR: fetched artifacts, verified
     max_input_bytes: int = 1024**3  # ACCELMESH_WORKER_MAX_INPUT_BYTES: largest total of one shard's inputs
@@ -57,7 +62,11 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         help="comma list of catalog types (e.g. a100-80gb,v100-32gb) emulated on the CPU devices",
     )
     parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", "", env))
-    parser.add_argument("--proc-root", default="/proc")
+    parser.add_argument("--proc-root", default=env_str("ACCELMESH_PROC_ROOT", WorkerConfig.proc_root, env),
+                        help="where the host's /proc is mounted (CPU and memory facts)")
+    parser.add_argument("--nvml", action=argparse.BooleanOptionalAction,
+                        default=env_bool("ACCELMESH_WORKER_NVML", WorkerConfig.nvml, env),
+                        help="probe NVIDIA GPUs through NVML (--no-nvml: offer the CPU and emulated devices only)")
     parser.add_argument(
         "--artifact-dir", default=env_str("ACCELMESH_WORKER_ARTIFACT_DIR", WorkerConfig.artifact_dir, env),
         help="where fetched artifacts are kept between shards and restarts",
@@ -77,6 +86,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         emulate=emulate,
         inventory=args.inventory,
         proc_root=args.proc_root,
+        nvml=args.nvml,
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),
         artifact_dir=args.artifact_dir,
         max_input_bytes=env_int("ACCELMESH_WORKER_MAX_INPUT_BYTES", WorkerConfig.max_input_bytes, env, minimum=1),

@@ -28,7 +28,8 @@ CALLS_PER_DEVICE = 4
 
 def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifacts: ArtifactSource | None = None,
                  tracer_provider=None) -> MeshServer:
-    agent = agent or NodeAgent(config.node_ip, emulate=config.emulate, proc_root=config.proc_root)
+    agent = agent or NodeAgent(config.node_ip, emulate=config.emulate, proc_root=config.proc_root,
+                               use_nvml=config.nvml)
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-worker")
     store = None

@@ -25,6 +25,7 @@ def describe_node(
     jax_devices: Iterable[JaxDevice],
     emulate: Sequence[str] = (),
     nvml: Any = None,
+    use_nvml: bool = True,
     proc_root: str | Path = "/proc",
     env: Mapping[str, str] = os.environ,
     catalog: Mapping[str, CatalogEntry] | None = None,
@@ -36,7 +37,8 @@ def describe_node(
     ``jax_devices`` must include the CPU devices (``jax.devices("cpu")``, plus
     ``jax.devices("tpu")`` on a TPU host): the first ``len(emulate)`` CPU devices carry the
     emulated profiles, the rest are plain CPU shares. NVIDIA GPUs come from NVML (``nvml=None``
-    imports pynvml), so JAX's own GPU devices are ignored rather than listed twice.
+    imports pynvml; ``use_nvml=False`` lists none), so JAX's own GPU devices are ignored rather
+    than listed twice.
     ``memory_used`` is the in-process accounting of bytes held on emulated devices, by device
     id, since no driver tracks them.
     """
@@ -49,7 +51,7 @@ def describe_node(
 
     specs: list[DeviceSpec] = []
     samples: list[DeviceSample] = []
-    for gpu in probe_nvml(nvml):
+    for gpu in probe_nvml(nvml) if use_nvml else ():
         spec = nvml_device_spec(gpu, node_ip, catalog)
         specs.append(spec)
         samples.append(_gpu_sample(spec, gpu, now))

@@ -1,8 +1,16 @@
-"""Shared fixtures: real in-process servers on port 0, fake hardware where this machine has none."""
+"""Shared fixtures: real in-process servers on port 0, fake hardware where this machine has none.
+
+Before anything else, the environment becomes the tests' host (fakes/host.py): a fixture CPU
+chosen by ACCELMESH_TEST_CPU, no GPU, none of the real host's settings.
+"""
 
 from __future__ import annotations
 
-import itertools
+from fakes import host
+
+TEST_CPU = host.isolate()
+
+import itertools  # noqa: E402  (the environment must be fixed before jax or grpc is imported)
 
 import grpc
 import pytest
@@ -15,6 +23,10 @@ from dispatch_svc.worker.server import build_worker
 from fakes.nvml import FakeNvml
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory
+
+
+def pytest_report_header(config):
+    return f"fixture CPU: {TEST_CPU} ({host.TEST_CPU_ENV}; one of {', '.join(host.FIXTURE_CPUS)}), no GPU"
 
 
 class FakeJaxDevice:
@@ -38,12 +50,15 @@ class TickClock:
 
 
 def make_worker(emulate=("a100-80gb", "v100-32gb"), cpu_devices=3, *, hostname="node-a", tracer_provider=None,
-                listen="127.0.0.1:0", clock=None):
+                listen="127.0.0.1:0", clock=None, cpu: str | None = None):
+    """An in-process worker whose CPU is fixture `cpu` (default: the one ACCELMESH_TEST_CPU chose)."""
     agent = NodeAgent(
         "127.0.0.1",
         emulate=emulate,
         jax_devices=[FakeJaxDevice(i) for i in range(cpu_devices)],
         nvml=FakeNvml([]),
+        proc_root=str(host.proc_root(cpu)),
+        env={},
         hostname=hostname,
         clock=clock or TickClock(),
     )

@@ -9,6 +9,7 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.runtime.channels import open_channel
 from conftest import make_worker, rpc_error
+from fakes import host
 
 GB = 10**9
 
@@ -51,14 +52,28 @@ def test_register_node_rejects_bad_or_unreachable_addresses(inventory_stub, addr
     assert inventory_stub.ListNodes(pb.ListNodesRequest()).nodes == []
 
 
-def test_list_devices_pages_and_filters(inventory_stub, worker):
+# The worker's CPU device (cpu:2) has bf16 exactly when the fixture CPU the test gives it has.
+CPU_FILTER_CASES = [(host.FP32_CPU, ["127.0.0.1/cuda:0"]), (host.BF16_CPU, ["127.0.0.1/cpu:2", "127.0.0.1/cuda:0"])]
+
+
+@pytest.fixture(params=CPU_FILTER_CASES, ids=[cpu for cpu, _ in CPU_FILTER_CASES])
+def worker_on_cpu(request):
+    """A worker on a fixture CPU chosen by the test, and which of its devices have bf16."""
+    cpu, bf16_devices = request.param
+    server = make_worker(cpu=cpu)
+    yield server, bf16_devices
+    server.stop(0)
+
+
+def test_list_devices_pages_and_filters(inventory_stub, worker_on_cpu):
+    worker, bf16_devices = worker_on_cpu
     register(inventory_stub, worker)
     first = inventory_stub.ListDevices(pb.ListDevicesRequest(page_size=2))
     assert len(first.devices) == 2 and first.next_page_token
     second = inventory_stub.ListDevices(pb.ListDevicesRequest(page_size=2, page_token=first.next_page_token))
     assert len(second.devices) == 1 and not second.next_page_token
     assert [d.id for d in [*first.devices, *second.devices]] == sorted(device_ids(inventory_stub))
-    assert device_ids(inventory_stub, "capabilities:bf16") == ["127.0.0.1/cuda:0"]
+    assert device_ids(inventory_stub, "capabilities:bf16") == bf16_devices
     assert device_ids(inventory_stub, 'platform = "cuda" AND free_memory_bytes >= 50000000000') == ["127.0.0.1/cuda:0"]
     assert device_ids(inventory_stub, "emulated = false") == ["127.0.0.1/cpu:2"]
 
@@ -239,7 +254,7 @@ def test_release_of_some_devices_keeps_the_rest(inventory_stub, worker):
 
 def test_watch_devices_reports_existing_then_lost_then_recovered(inventory, inventory_stub):
     _, domain = inventory
-    worker = make_worker()
+    worker = make_worker(cpu=host.FP32_CPU)  # the bf16 filter then matches the emulated A100 alone
     port = worker.port
     register(inventory_stub, worker)
     stream = inventory_stub.WatchDevices(pb.WatchDevicesRequest(include_existing=True, filter="capabilities:bf16"), timeout=30)
@@ -253,7 +268,7 @@ def test_watch_devices_reports_existing_then_lost_then_recovered(inventory, inve
     assert lost.device.health == common_pb2.DEVICE_HEALTH_LOST
     assert device_ids(inventory_stub, "capabilities:bf16") == []
     assert device_ids(inventory_stub, 'health = "lost"') == ["127.0.0.1/cpu:2", "127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]
-    revived = make_worker(listen=f"127.0.0.1:{port}")
+    revived = make_worker(listen=f"127.0.0.1:{port}", cpu=host.FP32_CPU)
     try:
         domain.poll_all()
         recovered = next(stream)

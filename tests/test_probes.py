@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fakes import host
 from fakes.nvml import FakeNvml, NVMLError_Unknown
 
 from accelmesh.errors import InvalidArgument, NotFound
@@ -17,7 +18,6 @@ from inventory_svc.probes.jaxdev import probe_jax
 from inventory_svc.probes.node import describe_node
 from inventory_svc.probes.nvml import nvml_device_spec, probe_nvml
 
-FIXTURES = Path(__file__).parent / "fixtures"
 CATALOG = load_catalog()
 GIB = 2**30
 
@@ -126,9 +126,9 @@ def test_unknown_gpu_is_typed_from_its_name_and_nvml_figures():
 
 
 def proc_root(tmp_path: Path, machine: str) -> Path:
+    """A copy of the machine's fixture /proc that a test may change."""
     root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / f"proc_{machine}", root)
-    shutil.copy(FIXTURES / f"cpuinfo_{machine}.txt", root / "cpuinfo")
+    shutil.copytree(host.proc_root(machine), root)
     return root
 
 
@@ -197,7 +197,7 @@ def test_probe_cpu_without_proc_files_is_empty_not_an_error(tmp_path):
 
 
 def test_probe_cpu_on_this_machine():
-    cpu = probe_cpu()
+    cpu = probe_cpu("/proc", env={})
     assert cpu.logical_cores > 0 and cpu.physical_cores > 0
     assert cpu.memory_total_bytes > 0 and 0 < cpu.memory_available_bytes <= cpu.memory_total_bytes
     assert cpu.performance.peak_tflops["fp32"] > 0
@@ -321,6 +321,18 @@ def test_describe_node_single_cpu_device_and_tpu(tmp_path):
     assert node.samples[0].memory_total_bytes == 30 * GIB
 
 
+@pytest.mark.parametrize("use_nvml, platforms", [(True, ["cuda", "cpu"]), (False, ["cpu"])])
+def test_describe_node_leaves_nvml_out_when_told(use_nvml, platforms):
+    class Untouchable:  # a module that fails loudly the moment a probe touches it
+        def __getattr__(self, name):
+            raise AssertionError(f"NVML was asked for {name}")
+
+    nvml = FakeNvml([a100(0)]) if use_nvml else Untouchable()
+    node = describe_node("10.1.2.3", "w", jax_devices=[FakeJaxDevice("cpu", 0)], nvml=nvml, use_nvml=use_nvml,
+                         proc_root=host.proc_root(host.FP32_CPU), env={}, catalog=CATALOG)
+    assert [d.platform for d in node.devices] == platforms
+
+
 def test_describe_node_rejects_more_profiles_than_cpu_devices(tmp_path):
     with pytest.raises(InvalidArgument, match="--devices 2"):
         describe_node("10.1.2.3", "w", jax_devices=[FakeJaxDevice("cpu", 0)], emulate=["t4", "l4"],
@@ -328,9 +340,12 @@ def test_describe_node_rejects_more_profiles_than_cpu_devices(tmp_path):
 
 
 def test_describe_node_on_this_machine():
+    """The real /proc and the real NVML (a GPU may or may not be there): only what holds on any host."""
     jax = pytest.importorskip("jax")
-    node = describe_node("127.0.0.1", "localhost", jax_devices=jax.devices("cpu"))
-    assert node.devices and all(d.platform == "cpu" and not d.emulated for d in node.devices)
+    cpus = jax.devices("cpu")
+    node = describe_node("127.0.0.1", "localhost", jax_devices=cpus, env={})
+    assert [d.execution_device for d in node.devices if d.platform == "cpu"] == [f"cpu:{d.id}" for d in cpus]
+    assert all(d.platform in ("cpu", "cuda") and not d.emulated for d in node.devices)
     assert all(s.memory_total_bytes > 0 for s in node.samples)
 
 

@@ -15,6 +15,7 @@ from accelmesh.embedded import start_embedded_mesh, start_inventory, start_worke
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from fakes import host
 
 POLL_INTERVAL_S = 0.25
 LOST_AFTER = 2
@@ -144,6 +145,16 @@ def test_cli_compiles_for_catalog_types_and_for_the_inventory(mesh):
     # An emulated A100, an emulated V100 and two plain CPU devices: the CPUs share one build.
     assert "for 4 device(s), 3 target type(s)" in out
     assert "executable b=8" in out and "cpu:2,cpu:3" in out
+
+
+# The rule this machine's CPU gets: the tests' host is the fixture CPU (fakes/host.py).
+HOST_CPU_RULES = {host.FP32_CPU: "cpu-avx2", host.BF16_CPU: "cpu-amx-bf16", host.ARM_CPU: "default-fp32"}
+
+
+def test_cli_compiles_for_this_machines_cpu_as_its_workers_would_describe_it(mesh):
+    out = cli("compile", "mlp_classifier", "--target", "cpu", "--compile", mesh.compile.address)
+    rules = {line.split()[1] for line in out.splitlines() if line.startswith("cpu:cpu[")}  # TARGET TYPE, RULE, ...
+    assert rules == {HOST_CPU_RULES[host.chosen_cpu()]}, out
 
 
 @pytest.mark.parametrize("module, args, env, words", [

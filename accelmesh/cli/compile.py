@@ -11,6 +11,7 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.hardware.model import DeviceSpec, device_id
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.config import env_str
 from accelmesh.runtime.devices import device_to_proto
 
 DEFAULT_COMPILE = "127.0.0.1:50061"
@@ -21,10 +22,10 @@ def compile_stub(channel) -> compile_service_pb2_grpc.CompileServiceStub:
 
 
 def host_cpu(index: int = 0) -> DeviceSpec:
-    """This machine's CPU as a compile target."""
+    """This machine's CPU as a compile target, read from /proc where a worker here would read it."""
     from inventory_svc.probes.cpu import probe_cpu
 
-    cpu = probe_cpu()
+    cpu = probe_cpu(env_str("ACCELMESH_PROC_ROOT", "/proc"))
     return DeviceSpec(
         id=device_id("127.0.0.1", "cpu", index), node_ip="127.0.0.1", local_index=index, platform="cpu",
         kind=cpu.model, type="cpu", capabilities=cpu.capabilities, performance=cpu.performance,

@@ -23,6 +23,7 @@ import pytest
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.embedded import start_embedded_mesh
+from fakes import host
 from compile_svc.programs import default_registry
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def node_client() -> Path:
         fcntl.flock(guard, fcntl.LOCK_EX)
         if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
             result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, capture_output=True,
-                                    text=True, timeout=NPM_TIMEOUT_S)
+                                    text=True, timeout=NPM_TIMEOUT_S, env={**os.environ, **host.registry_env()})
             assert result.returncode == 0, f"npm ci failed in {NODE_CLIENT}:\n{result.stdout}\n{result.stderr}"
     return NODE_CLIENT
 

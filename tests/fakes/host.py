@@ -13,7 +13,8 @@ every in-process server and every child process inherits:
   the probes the table-driven fake NVML.
 - ``JAX_PLATFORMS=cpu``: references are computed on the CPU even where a GPU plugin is installed.
 - The host's own ``ACCELMESH_*`` settings, ``XLA_FLAGS``, other ``JAX_*``, ``OTEL_*`` and proxy
-  variables are removed; the time zone, the locale and glibc's heap count are pinned.
+  variables are removed (proxies are kept aside for ``npm ci``: ``registry_env()``); the time
+  zone, the locale and glibc's heap count are pinned.
 
 In-process workers get the same fixture through ``proc_root()`` (``conftest.make_worker``).
 """
@@ -34,9 +35,11 @@ FIXTURE_CPUS = (FP32_CPU, BF16_CPU, ARM_CPU)
 DEFAULT_TEST_CPU = FP32_CPU
 
 _REMOVED_PREFIXES = ("ACCELMESH_", "JAX_", "OTEL_")
+# gRPC sends even loopback calls through a proxy these name; a package registry may need them.
+_PROXIES = {"http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
+            "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"}
 _REMOVED = {"XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-            "http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
-            "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "GRPC_DNS_RESOLVER"}
+            "GRPC_DNS_RESOLVER", *_PROXIES}
 _PINNED = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "JAX_PLATFORMS": "cpu",
            "ACCELMESH_WORKER_NVML": "0",
            # glibc gives threads heaps of their own, up to 8 per core, so the memory a process keeps
@@ -58,9 +61,18 @@ def proc_root(cpu: str | None = None) -> Path:
     return FIXTURES / f"proc_{cpu or chosen_cpu()}"
 
 
+_host_proxies: dict[str, str] = {}
+
+
+def registry_env() -> dict[str, str]:
+    """The host's proxy settings, for the one step that reaches a package registry (npm ci)."""
+    return dict(_host_proxies)
+
+
 def isolate(env: MutableMapping[str, str] = os.environ) -> str:
     """Make `env` the tests' host; returns the chosen fixture CPU."""
     cpu = chosen_cpu(env)
+    _host_proxies.update({name: env[name] for name in _PROXIES if name in env})
     for name in list(env):
         if name != TEST_CPU_ENV and (name in _REMOVED or name.startswith(_REMOVED_PREFIXES)):
             del env[name]

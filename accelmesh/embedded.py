@@ -45,7 +45,7 @@ def start_worker(
         args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
         args += ["--emulate", ",".join(emulate)]
-    return start_service(name, "dispatch_svc.worker", args, echo=echo)
+    return start_service(name, "worker_svc", args, echo=echo)
 
 
 def start_inventory(

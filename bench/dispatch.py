@@ -377,7 +377,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     from dispatch_svc.execution import CancelScope
     from dispatch_svc.mesh_client import GrpcMesh
     from dispatch_svc.runner import JobDevice
-    from dispatch_svc.worker.artifacts import ArtifactStore
+    from worker_svc.artifacts import ArtifactStore
 
     program = default_registry().get(name)
     width = program.inputs[0].shape[1]

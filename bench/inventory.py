@@ -39,14 +39,14 @@ from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, 
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
-from dispatch_svc.worker.agent import NodeAgent
-from dispatch_svc.worker.config import WorkerConfig
-from dispatch_svc.worker.server import build_worker
+from worker_svc.agent import NodeAgent
+from worker_svc.config import WorkerConfig
+from worker_svc.server import build_worker
 from inventory_svc.config import InventoryConfig
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.inventory import POLL_WORKERS, Inventory
 from inventory_svc.node_client import NodeClient
-from inventory_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, DEFAULT_CLOCK_GHZ, FMA_UNITS_PER_CORE
+from worker_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, DEFAULT_CLOCK_GHZ, FMA_UNITS_PER_CORE
 from inventory_svc.scoring import TaskProfile
 from inventory_svc.server import build_inventory
 

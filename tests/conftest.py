@@ -17,9 +17,9 @@ import pytest
 
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
-from dispatch_svc.worker.agent import NodeAgent
-from dispatch_svc.worker.config import WorkerConfig
-from dispatch_svc.worker.server import build_worker
+from worker_svc.agent import NodeAgent
+from worker_svc.config import WorkerConfig
+from worker_svc.server import build_worker
 from fakes.nvml import FakeNvml
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
-SERVICES = {"inventory": "inventory_svc", "compile": "compile_svc", "worker": "dispatch_svc.worker",
+SERVICES = {"inventory": "inventory_svc", "compile": "compile_svc", "worker": "worker_svc",
             "dispatch": "dispatch_svc"}
 COLLECTOR = "http://otel-collector:4317"
 
@@ -80,7 +80,7 @@ def test_deploy_names_only_modules_and_variables_the_code_has():
     texts = [p.read_text() for p in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.glob("*.yaml")]]
     for module in set(re.findall(r'"-m", "([\w.]+)"', "\n".join(texts))):
         assert importlib.util.find_spec(module) is not None, f"deploy runs {module}, which does not exist"
-    source = "\n".join(p.read_text() for package in ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc"]
+    source = "\n".join(p.read_text() for package in ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc", "worker_svc"]
                        for p in (ROOT / package).rglob("*.py"))
     for variable in set(re.findall(r"\bACCELMESH_[A-Z_]+", "\n".join(texts))):
         assert f'"{variable}"' in source, f"deploy sets {variable}, which no service reads"

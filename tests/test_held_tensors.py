@@ -28,7 +28,7 @@ from dispatch_svc.held import MAX_MISSES, HeldKeys
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.runner import JobDevice
 from dispatch_svc.server import build_dispatch
-from dispatch_svc.worker.held import HeldTensors
+from worker_svc.held import HeldTensors
 
 CALL_TIMEOUT_S = 60.0
 UNUSED_INVENTORY = "127.0.0.1:1"  # GrpcMesh.execute reaches only the compile service and the worker
@@ -165,7 +165,7 @@ def compile_address(tmp_path_factory):
 
 
 def start_node(artifact_dir, listen: str = "127.0.0.1:0"):
-    return start_service("worker", "dispatch_svc.worker", [
+    return start_service("worker", "worker_svc", [
         "--listen", listen, "--devices", "1", "--artifact-dir", str(artifact_dir)],
         env={"ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
 

@@ -13,9 +13,9 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import start_service
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc.worker.config import parse_args
+from worker_svc.config import parse_args
 from fakes import host
-from inventory_svc.probes.cpu import probe_cpu
+from worker_svc.probes.cpu import probe_cpu
 
 
 def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():
@@ -27,7 +27,7 @@ def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():
 
 @pytest.mark.slow
 def test_a_worker_process_describes_the_fixture_cpu_not_the_host():
-    process = start_service("worker", "dispatch_svc.worker", ["--listen", "127.0.0.1:0", "--devices", "2",
+    process = start_service("worker", "worker_svc", ["--listen", "127.0.0.1:0", "--devices", "2",
                                                              "--emulate", "v100-32gb"])
     try:
         with open_channel(process.address) as channel:

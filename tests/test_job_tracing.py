@@ -126,7 +126,7 @@ def start_mesh(data, env: dict[str, str]) -> list[ServiceProcess]:
             "--listen", "127.0.0.1:0", "--cache-dir", str(data / "artifacts"),
             "--programs-dir", str(data / "programs")], env=env)
         started.append(compile_)
-        started.append(start_service("worker", "dispatch_svc.worker", [
+        started.append(start_service("worker", "worker_svc", [
             "--listen", "127.0.0.1:0", "--devices", str(len(EMULATE)), "--inventory", inventory.address,
             "--artifact-dir", str(data / "worker-artifacts"), "--emulate", ",".join(EMULATE)], env=env))
         started.append(start_service("dispatch", "dispatch_svc", [

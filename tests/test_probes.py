@@ -12,11 +12,14 @@ from fakes.nvml import FakeNvml, NVMLError_Unknown
 
 from accelmesh.errors import InvalidArgument, NotFound
 from accelmesh.hardware.catalog import load_catalog
-from inventory_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, probe_cpu
-from inventory_svc.probes.emulated import emulated_devices
-from inventory_svc.probes.jaxdev import probe_jax
-from inventory_svc.probes.node import describe_node
-from inventory_svc.probes.nvml import nvml_device_spec, probe_nvml
+from accelmesh.hardware.model import DeviceSample
+from worker_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, probe_cpu
+from worker_svc.probes.emulated import emulated_devices
+from worker_svc.probes.jaxdev import probe_jax
+from worker_svc.probes.node import describe_node
+from worker_svc.probes import registry
+from worker_svc.probes.nvml import nvml_device_spec, probe_nvml
+from worker_svc.probes.registry import accelerator_probe, accelerator_probes
 
 CATALOG = load_catalog()
 GIB = 2**30
@@ -321,16 +324,36 @@ def test_describe_node_single_cpu_device_and_tpu(tmp_path):
     assert node.samples[0].memory_total_bytes == 30 * GIB
 
 
-@pytest.mark.parametrize("use_nvml, platforms", [(True, ["cuda", "cpu"]), (False, ["cpu"])])
-def test_describe_node_leaves_nvml_out_when_told(use_nvml, platforms):
-    class Untouchable:  # a module that fails loudly the moment a probe touches it
-        def __getattr__(self, name):
-            raise AssertionError(f"NVML was asked for {name}")
+class Untouchable:
+    """A driver module that fails loudly the moment a probe touches it."""
 
-    nvml = FakeNvml([a100(0)]) if use_nvml else Untouchable()
-    node = describe_node("10.1.2.3", "w", jax_devices=[FakeJaxDevice("cpu", 0)], nvml=nvml, use_nvml=use_nvml,
+    def __getattr__(self, name):
+        raise AssertionError(f"the driver was asked for {name}")
+
+
+def test_describe_node_skips_the_probes_it_is_told_to():
+    node = describe_node("10.1.2.3", "w", jax_devices=[FakeJaxDevice("cpu", 0)], nvml=Untouchable(), skip=("nvml",),
                          proc_root=host.proc_root(host.FP32_CPU), env={}, catalog=CATALOG)
-    assert [d.platform for d in node.devices] == platforms
+    assert [d.platform for d in node.devices] == ["cpu"]
+
+
+def test_accelerator_probes_are_registered_per_vendor_and_all_asked(monkeypatch):
+    assert [p.name for p in accelerator_probes()] == ["nvml", "tpu"]
+    monkeypatch.setattr(registry, "_PROBES", dict(registry._PROBES))  # the registration below ends with the test
+    asked = []
+
+    @accelerator_probe("rocm", order=15)  # what a new vendor module does, here without the file
+    def rocm(context):
+        asked.append(context.drivers)
+        spec = CATALOG["mi250x"].device_spec(context.node_ip, 0)
+        return [(spec, DeviceSample(device_id=spec.id, timestamp=context.now, memory_total_bytes=1,
+                                     memory_used_bytes=0))]
+
+    node = describe_node("10.1.2.3", "w", jax_devices=[FakeJaxDevice("cpu", 0)], nvml=FakeNvml([a100(0)]),
+                         proc_root=host.proc_root(host.FP32_CPU), env={}, catalog=CATALOG, clock=lambda: 7.0)
+    assert [(d.id, d.type) for d in node.devices] == [
+        ("10.1.2.3/cuda:0", "a100-80gb"), ("10.1.2.3/rocm:0", "mi250x"), ("10.1.2.3/cpu:0", "cpu")]
+    assert len(asked) == 1 and [s.timestamp for s in node.samples] == [7.0, 7.0, 7.0]
 
 
 def test_describe_node_rejects_more_profiles_than_cpu_devices(tmp_path):

@@ -68,7 +68,7 @@ def stub(compile_service):
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    process = start_service("worker", "dispatch_svc.worker", [
+    process = start_service("worker", "worker_svc", [
         "--listen", "127.0.0.1:0", "--devices", "3", "--emulate", "a100-80gb,v100-32gb",
         "--artifact-dir", str(tmp_path_factory.mktemp("worker-artifacts"))])
     yield process

@@ -30,11 +30,11 @@ from compile_svc.programs.mlp import mlp_classifier
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
 from conftest import rpc_error
-from dispatch_svc.worker import executor as ex
-from dispatch_svc.worker.agent import NodeAgent
-from dispatch_svc.worker.artifacts import ArtifactStore
-from dispatch_svc.worker.config import WorkerConfig
-from dispatch_svc.worker.server import build_worker
+from worker_svc import executor as ex
+from worker_svc.agent import NodeAgent
+from worker_svc.artifacts import ArtifactStore
+from worker_svc.config import WorkerConfig
+from worker_svc.server import build_worker
 from fakes import host
 from fakes.nvml import FakeNvml
 
@@ -159,7 +159,7 @@ def compile_service(tmp_path_factory):
 def worker(tmp_path_factory):
     """Its two CPU devices (cpu:2, cpu:3) are shares of a CPU without bf16: they get an fp32 rule."""
     artifacts = tmp_path_factory.mktemp("worker-artifacts")
-    process = start_service("worker", "dispatch_svc.worker", [
+    process = start_service("worker", "worker_svc", [
         "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb",
         "--artifact-dir", str(artifacts), "--proc-root", str(host.proc_root(host.FP32_CPU)),
     ], env={"ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES), "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})

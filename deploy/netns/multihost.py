@@ -318,7 +318,7 @@ def start_multihost_mesh(
                     "--artifact-dir", str(data_dir / f"worker-h{host.index}")]
             if emulate:
                 args += ["--emulate", ",".join(emulate)]
-            return start_in_netns(host.netns, f"worker-h{host.index}", "dispatch_svc.worker", args, env=worker_env,
+            return start_in_netns(host.netns, f"worker-h{host.index}", "worker_svc", args, env=worker_env,
                                   echo=echo)
 
         with ThreadPoolExecutor(max_workers=len(hosts.hosts)) as pool:

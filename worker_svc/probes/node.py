@@ -1,21 +1,20 @@
-"""Describe a whole node: real GPUs and TPUs, emulated profiles and the host CPU share."""
+"""Describe a whole node: every registered accelerator probe, emulated profiles and the host CPU's shares."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from accelmesh.hardware.catalog import CatalogEntry, find_by_kind, load_catalog
-from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, device_id
-from inventory_svc.probes.cpu import CpuInfo, probe_cpu
-from inventory_svc.probes.emulated import emulated_devices
-from inventory_svc.probes.jaxdev import JaxDevice, JaxDeviceInfo, probe_jax
-from inventory_svc.probes.nvml import NvmlGpu, nvml_device_spec, probe_nvml
+from accelmesh.hardware.catalog import CatalogEntry, load_catalog
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, device_id
+from worker_svc.probes.cpu import CpuInfo, probe_cpu
+from worker_svc.probes.emulated import emulated_devices
+from worker_svc.probes.jaxdev import JaxDevice, JaxDeviceInfo, probe_jax
+from worker_svc.probes.registry import NodeContext, accelerator_probes
 
 
 def describe_node(
@@ -25,7 +24,7 @@ def describe_node(
     jax_devices: Iterable[JaxDevice],
     emulate: Sequence[str] = (),
     nvml: Any = None,
-    use_nvml: bool = True,
+    skip: Collection[str] = (),
     proc_root: str | Path = "/proc",
     env: Mapping[str, str] = os.environ,
     catalog: Mapping[str, CatalogEntry] | None = None,
@@ -34,11 +33,11 @@ def describe_node(
 ) -> NodeDescription:
     """Every device of this node with one status sample each.
 
-    ``jax_devices`` must include the CPU devices (``jax.devices("cpu")``, plus
-    ``jax.devices("tpu")`` on a TPU host): the first ``len(emulate)`` CPU devices carry the
-    emulated profiles, the rest are plain CPU shares. NVIDIA GPUs come from NVML (``nvml=None``
-    imports pynvml; ``use_nvml=False`` lists none), so JAX's own GPU devices are ignored rather
-    than listed twice.
+    Real accelerators come from every registered probe (``registry.py``) whose name is not in
+    ``skip``: NVIDIA GPUs from NVML (``nvml=None`` imports pynvml), so JAX's own GPU devices are
+    ignored rather than listed twice, and TPUs from JAX. ``jax_devices`` must include the CPU
+    devices (``jax.devices("cpu")``, plus ``jax.devices("tpu")`` on a TPU host): the first
+    ``len(emulate)`` CPU devices carry the emulated profiles, the rest are plain CPU shares.
     ``memory_used`` is the in-process accounting of bytes held on emulated devices, by device
     id, since no driver tracks them.
     """
@@ -51,14 +50,12 @@ def describe_node(
 
     specs: list[DeviceSpec] = []
     samples: list[DeviceSample] = []
-    for gpu in probe_nvml(nvml) if use_nvml else ():
-        spec = nvml_device_spec(gpu, node_ip, catalog)
-        specs.append(spec)
-        samples.append(_gpu_sample(spec, gpu, now))
-    for info in (info for info in infos if info.platform == "tpu"):
-        spec = _tpu_spec(info, node_ip, catalog)
-        specs.append(spec)
-        samples.append(_jax_sample(spec, info, now))
+    context = NodeContext(node_ip, tuple(infos), catalog, now, drivers={"nvml": nvml})
+    for probe in accelerator_probes():
+        if probe.name not in skip:
+            for spec, sample in probe.find(context):
+                specs.append(spec)
+                samples.append(sample)
 
     real_counts: dict[str, int] = {}
     for spec in specs:
@@ -79,53 +76,6 @@ def describe_node(
         specs.append(spec)
         samples.append(_cpu_sample(spec, cpu, len(cpus), now))
     return NodeDescription(ip=node_ip, hostname=hostname, devices=tuple(specs), samples=tuple(samples))
-
-
-def _gpu_sample(spec: DeviceSpec, gpu: NvmlGpu, now: float) -> DeviceSample:
-    return DeviceSample(
-        device_id=spec.id,
-        timestamp=now,
-        memory_total_bytes=gpu.memory_total_bytes or spec.performance.memory_bytes,
-        memory_used_bytes=gpu.memory_used_bytes or 0,
-        utilization=(gpu.utilization_gpu_percent or 0.0) / 100,
-        temperature_c=gpu.temperature_c,
-        power_w=gpu.power_w,
-    )
-
-
-def _tpu_spec(info: JaxDeviceInfo, node_ip: str, catalog: Mapping[str, CatalogEntry]) -> DeviceSpec:
-    entry = find_by_kind(info.kind, catalog)
-    if entry is None:
-        type_ = re.sub(r"[^a-z0-9]+", "-", info.kind.lower()).strip("-") or "tpu"
-        spec_fields: dict[str, Any] = {
-            "type": type_,
-            "performance": Performance(memory_bytes=info.memory_total_bytes or 0),
-        }
-    else:
-        spec_fields = {
-            "type": entry.type,
-            "capabilities": entry.capabilities,
-            "compute_capability": entry.compute_capability,
-            "performance": entry.performance(),
-        }
-    return DeviceSpec(
-        id=device_id(node_ip, "tpu", info.id),
-        node_ip=node_ip,
-        local_index=info.id,
-        platform="tpu",
-        kind=info.kind,
-        execution_device=info.name,
-        **spec_fields,
-    )
-
-
-def _jax_sample(spec: DeviceSpec, info: JaxDeviceInfo, now: float) -> DeviceSample:
-    return DeviceSample(
-        device_id=spec.id,
-        timestamp=now,
-        memory_total_bytes=info.memory_total_bytes or spec.performance.memory_bytes,
-        memory_used_bytes=info.memory_used_bytes or 0,
-    )
 
 
 def _cpu_spec(info: JaxDeviceInfo, cpu: CpuInfo, shares: int, node_ip: str) -> DeviceSpec:

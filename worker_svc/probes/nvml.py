@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from accelmesh.hardware.catalog import CatalogEntry, find_by_kind
-from accelmesh.hardware.model import DeviceSpec, Performance, device_id
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, Performance, device_id
+from worker_svc.probes.registry import Found, NodeContext, accelerator_probe
 
 T = TypeVar("T")
 
@@ -54,6 +55,28 @@ class NvmlGpu:
         if self.pcie_generation not in PCIE_LANE_GBPS or not self.pcie_width:
             return None
         return PCIE_LANE_GBPS[self.pcie_generation] * self.pcie_width
+
+
+@accelerator_probe("nvml", order=10)
+def nvml_devices(context: NodeContext) -> list[Found]:
+    """NVIDIA GPUs through NVML (``context.drivers["nvml"]``: the module, None imports pynvml)."""
+    found = []
+    for gpu in probe_nvml(context.drivers.get("nvml")):
+        spec = nvml_device_spec(gpu, context.node_ip, context.catalog)
+        found.append((spec, _gpu_sample(spec, gpu, context.now)))
+    return found
+
+
+def _gpu_sample(spec: DeviceSpec, gpu: NvmlGpu, now: float) -> DeviceSample:
+    return DeviceSample(
+        device_id=spec.id,
+        timestamp=now,
+        memory_total_bytes=gpu.memory_total_bytes or spec.performance.memory_bytes,
+        memory_used_bytes=gpu.memory_used_bytes or 0,
+        utilization=(gpu.utilization_gpu_percent or 0.0) / 100,
+        temperature_c=gpu.temperature_c,
+        power_w=gpu.power_w,
+    )
 
 
 def probe_nvml(nvml: Any = None) -> list[NvmlGpu]:

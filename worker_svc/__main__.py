@@ -1,23 +1,23 @@
-"""`python -m dispatch_svc.worker`: run a node agent."""
+"""`python -m worker_svc`: run a node agent."""
 
 import os
 import sys
 
 from accelmesh.runtime.server import run_service
-from dispatch_svc.worker.config import parse_args, xla_flags_for
+from worker_svc.config import parse_args, xla_flags_for
 
 
 def build(config):
     # XLA reads this once, at jax's first import, which the worker's modules trigger below.
     os.environ["XLA_FLAGS"] = xla_flags_for(config.cpu_devices, os.environ.get("XLA_FLAGS", ""))
-    from dispatch_svc.worker.server import build_worker
+    from worker_svc.server import build_worker
 
     return build_worker(config)
 
 
 def register(config, server) -> None:
     if config.inventory:
-        from dispatch_svc.worker.server import register_with_inventory
+        from worker_svc.server import register_with_inventory
 
         register_with_inventory(config, server.port, server.tracer_provider)
 

@@ -9,12 +9,12 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc.worker.agent import NodeAgent
-from dispatch_svc.worker.artifacts import ArtifactStore
-from dispatch_svc.worker.config import WorkerConfig
-from dispatch_svc.worker.executor import ArtifactSource, ShardExecutor
-from dispatch_svc.worker.held import HeldTensors
-from dispatch_svc.worker.servicer import WorkerServicer
+from worker_svc.agent import NodeAgent
+from worker_svc.artifacts import ArtifactStore
+from worker_svc.config import WorkerConfig
+from worker_svc.executor import ArtifactSource, ShardExecutor
+from worker_svc.held import HeldTensors
+from worker_svc.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
-from dispatch_svc.worker.executor import FetchedArtifact
+from worker_svc.executor import FetchedArtifact
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
-from inventory_svc.probes.node import describe_node
+from worker_svc.probes.node import describe_node
 
 
 class NodeAgent:
@@ -55,7 +55,7 @@ class NodeAgent:
             jax_devices=self._jax_devices,
             emulate=self._emulate,
             nvml=self._nvml,
-            use_nvml=self._use_nvml,
+            skip=() if self._use_nvml else ("nvml",),
             proc_root=self._proc_root,
             env=self._env,
             clock=self._clock,

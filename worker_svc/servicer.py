@@ -19,10 +19,10 @@ from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from accelmesh.programs import BuildOptions
-from dispatch_svc.worker import executor as ex
-from dispatch_svc.worker.agent import NodeAgent
-from dispatch_svc.worker.held import HeldTensors
-from dispatch_svc.worker.inputs import read_header, read_inputs
+from worker_svc import executor as ex
+from worker_svc.agent import NodeAgent
+from worker_svc.held import HeldTensors
+from worker_svc.inputs import read_header, read_inputs
 
 try:
     VERSION = metadata.version("accelmesh")

@@ -11,7 +11,7 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorAssembler
 from accelmesh.worker.v1 import worker_service_pb2 as pb
-from dispatch_svc.worker.held import HeldTensors
+from worker_svc.held import HeldTensors
 
 NOT_HELD = "is not held"  # the phrase the proto promises in a missing reference's message
 

@@ -19,7 +19,8 @@ from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.launcher import start_service
-from accelmesh import artifacts
+from accelmesh import artifacts, errors
+from accelmesh.reference import reference_outputs
 from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
@@ -328,3 +329,32 @@ def test_an_export_failure_is_reported_though_the_executables_build_concurrently
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "exporting branchy@1" in error.details()
     response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("v100-32gb")], batch_sizes=[8]))
     assert [e.batch_size for e in response.builds[0].executables] == [8]
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_reference_run_is_the_programs_fp32_answer_on_any_cpu(compile_config, seed):
+    """accelmesh.reference asks this service for a flagless CPU's build: the fp32 catch-all rule."""
+    server, _ = build_compile_service(compile_config)
+    server.start()
+    try:
+        x = np.random.default_rng(seed).normal(size=(24, 64)).astype(np.float32)
+        (got,) = reference_outputs(f"127.0.0.1:{server.port}", "mlp_classifier", [x], parameter_seed=seed)
+    finally:
+        server.stop(0)
+    program = default_registry().get("mlp_classifier")
+    (want,) = jax.jit(program.fn)(*program.init_params(seed), x)
+    assert got.shape == (24, 10) and got.dtype == np.float32
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_a_reference_is_refused_when_the_rules_give_a_plain_cpu_no_fp32_build(tmp_path, compile_config):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "all-bf16"\ndescription = "everything in bf16"\n[rule.build]\n'
+                     'compute_dtype = "bf16"\nmatmul_precision = "default"\nremat = false\ntolerance = 5e-2\n')
+    server, _ = build_compile_service(dataclasses.replace(compile_config, rules=str(rules)))
+    server.start()
+    try:
+        with pytest.raises(errors.FailedPrecondition, match="all-bf16 rule"):
+            reference_outputs(f"127.0.0.1:{server.port}", "mlp_classifier", [np.zeros((2, 64), np.float32)])
+    finally:
+        server.stop(0)

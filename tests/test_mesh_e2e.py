@@ -147,12 +147,13 @@ def test_cli_compiles_for_catalog_types_and_for_the_inventory(mesh):
     assert "executable b=8" in out and "cpu:2,cpu:3" in out
 
 
-# The rule this machine's CPU gets: the tests' host is the fixture CPU (fakes/host.py).
+# The rule the worker's CPU gets: the tests' host is the fixture CPU (fakes/host.py).
 HOST_CPU_RULES = {host.FP32_CPU: "cpu-avx2", host.BF16_CPU: "cpu-amx-bf16", host.ARM_CPU: "default-fp32"}
 
 
-def test_cli_compiles_for_this_machines_cpu_as_its_workers_would_describe_it(mesh):
-    out = cli("compile", "mlp_classifier", "--target", "cpu", "--compile", mesh.compile.address)
+def test_cli_compiles_for_the_cpu_as_its_worker_describes_it(mesh):
+    out = cli("compile", "mlp_classifier", "--target", "cpu", "--inventory", mesh.inventory.address,
+              "--compile", mesh.compile.address)
     rules = {line.split()[1] for line in out.splitlines() if line.startswith("cpu:cpu[")}  # TARGET TYPE, RULE, ...
     assert rules == {HOST_CPU_RULES[host.chosen_cpu()]}, out
 

@@ -9,9 +9,7 @@ from accelmesh.cli.tables import format_builds, format_programs, format_rules
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
-from accelmesh.hardware.model import DeviceSpec, device_id
 from accelmesh.runtime.channels import open_channel
-from accelmesh.runtime.config import env_str
 from accelmesh.runtime.devices import device_to_proto
 
 DEFAULT_COMPILE = "127.0.0.1:50061"
@@ -21,27 +19,26 @@ def compile_stub(channel) -> compile_service_pb2_grpc.CompileServiceStub:
     return compile_service_pb2_grpc.CompileServiceStub(channel)
 
 
-def host_cpu(index: int = 0) -> DeviceSpec:
-    """This machine's CPU as a compile target, read from /proc where a worker here would read it."""
-    from inventory_svc.probes.cpu import probe_cpu
-
-    cpu = probe_cpu(env_str("ACCELMESH_PROC_ROOT", "/proc"))
-    return DeviceSpec(
-        id=device_id("127.0.0.1", "cpu", index), node_ip="127.0.0.1", local_index=index, platform="cpu",
-        kind=cpu.model, type="cpu", capabilities=cpu.capabilities, performance=cpu.performance,
-        execution_device=f"cpu:{index}",
-    )
+def inventory_cpus(inventory: str) -> list:
+    """The CPU devices the inventory lists, as their workers describe them."""
+    with open_channel(inventory) as channel:
+        cpus = list_all_devices(inventory_stub(channel), 'platform = "cpu"')
+    if not cpus:
+        raise errors.FailedPrecondition(f"--target cpu: the inventory at {inventory} lists no CPU device; start a "
+                                        "worker (accelmesh up) or pass --inventory, or name catalog types instead")
+    return cpus
 
 
-def target_devices(names: list[str], emulated: bool) -> list[DeviceSpec]:
-    """Catalog types (`a100-80gb`, ...) or `cpu`; emulated ones compile and run on this CPU."""
-    devices = []
+def target_devices(names: list[str], emulated: bool, inventory: str) -> list:
+    """Catalog types (`a100-80gb`, ...) or `cpu` (the inventory's CPU devices); emulated ones run on a CPU."""
+    targets = []
     for i, name in enumerate(names):
         if name == "cpu":
-            devices.append(host_cpu(i))
+            targets.extend(inventory_cpus(inventory))
         else:
-            devices.append(resolve_type(name).device_spec("127.0.0.1", i, emulated_on=f"cpu:{i}" if emulated else ""))
-    return devices
+            spec = resolve_type(name).device_spec("127.0.0.1", i, emulated_on=f"cpu:{i}" if emulated else "")
+            targets.append(device_to_proto(spec))
+    return targets
 
 
 def cmd_programs(args) -> int:
@@ -63,7 +60,7 @@ def cmd_compile(args) -> int:
         with open_channel(args.inventory) as channel:
             targets = list_all_devices(inventory_stub(channel), args.filter)
     elif args.target:
-        targets = [device_to_proto(d) for d in target_devices(args.target, args.emulated)]
+        targets = target_devices(args.target, args.emulated, args.inventory)
     else:
         raise errors.InvalidArgument("name targets with --target TYPE (repeatable) or use --from-inventory")
     with open_channel(args.compile) as channel:
@@ -84,7 +81,7 @@ def add_commands(sub) -> None:
     build = sub.add_parser("compile", help="build a program for target devices, one artifact per target type")
     build.add_argument("program")
     build.add_argument("--version", default="")
-    build.add_argument("--target", action="append", help="catalog type (a100-80gb, tpu-v4, ...) or 'cpu'; repeatable")
+    build.add_argument("--target", action="append", help="catalog type (a100-80gb, tpu-v4, ...) or 'cpu' (the inventory's CPU devices); repeatable")
     build.add_argument("--emulated", action="store_true", help="targets are emulated on this machine's CPU")
     build.add_argument("--from-inventory", action="store_true", help="build for every device the inventory lists")
     build.add_argument("--inventory", default=DEFAULT_INVENTORY)

@@ -19,6 +19,7 @@ from accelmesh.cli.tables import format_devices, table
 from accelmesh.client import MeshClient
 from accelmesh.datasets import load_digits, train_test_split
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.reference import reference_outputs
 from accelmesh.runtime.channels import open_channel
 
 BAR_WIDTH = 30
@@ -66,10 +67,7 @@ def print_shards(job: pb.Job, limit: int = 12) -> None:
         print(f"... and {len(job.shards) - limit} more shards")
 
 
-def inference_demo(client: MeshClient, samples: int) -> float:
-    from compile_svc.programs import default_registry
-
-    program = default_registry().get("transformer_encoder")
+def inference_demo(client: MeshClient, compile_address: str, samples: int) -> float:
     tokens = np.random.default_rng(0).integers(0, 512, size=(samples, 32), dtype=np.int32)
     calibration = tokens[: max(8, samples // 16)]
     print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job planned from catalog "
@@ -91,8 +89,7 @@ def inference_demo(client: MeshClient, samples: int) -> float:
     bar.close()
     wall = time.perf_counter() - started
     print_shards(result.job)
-    (reference,) = program.fn(*program.init_params(0), tokens)
-    reference = np.asarray(reference)
+    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
     tolerance = max(0.05, 1e-5)  # the loosest rule in the plan (bf16) allows 5e-2
     verdict = "within" if error <= tolerance else "OUTSIDE"
@@ -127,11 +124,9 @@ def training_demo(client: MeshClient, epochs: int) -> float:
     return accuracy
 
 
-def pipeline_demo(client: MeshClient, samples: int) -> float:
+def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> float:
     from accelmesh.cli.placement_view import format_candidates, format_device_table, format_layer_table
-    from compile_svc.programs import default_registry
 
-    program = default_registry().get("transformer_encoder")
     tokens = np.random.default_rng(1).integers(0, 512, size=(samples, 32), dtype=np.int32)
     options = pb.PlacementOptions(strategy=pb.PLACEMENT_STRATEGY_AUTO, device_count=3, micro_batch_rows=16)
     print(f"\n(c) model-parallel: transformer_encoder's layers placed on 3 devices (ranked and balanced "
@@ -150,8 +145,7 @@ def pipeline_demo(client: MeshClient, samples: int) -> float:
     print(format_layer_table(placement))
     print(format_device_table(placement))
     print(format_candidates(placement))
-    (reference,) = program.fn(*program.init_params(0), tokens)
-    reference = np.asarray(reference)
+    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
     rules = ", ".join(f"stage {s.index}: {s.rule}" for s in placement.stages)
     print(f"pipeline of {len(placement.stages)} stages ({rules}) in {time.perf_counter() - started:.2f} s; max "
@@ -171,9 +165,9 @@ def run_demo(mesh, *, samples: int, epochs: int) -> int:
     print(f"\n{len(devices)} devices in the inventory:\n")
     print(format_devices(devices))
     with MeshClient(mesh.dispatch.address) as client:
-        error = inference_demo(client, samples)
+        error = inference_demo(client, mesh.compile.address, samples)
         accuracy = training_demo(client, epochs)
-        pipeline_error = pipeline_demo(client, max(64, samples // 8))
+        pipeline_error = pipeline_demo(client, mesh.compile.address, max(64, samples // 8))
     ok = error <= 0.05 and accuracy >= 0.9 and pipeline_error <= 0.05
     print(f"\ndemo {'passed' if ok else 'FAILED'}: inference error {error:.2e}, test accuracy {accuracy:.1%}, "
           f"pipeline error {pipeline_error:.2e}")

@@ -1,0 +1,51 @@
+"""The layout's one rule: services talk through protobuf contracts, so no service package imports
+another and the shared `accelmesh` package imports none of them (ARCHITECTURE.md, Packages)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = ("inventory_svc", "compile_svc", "dispatch_svc", "worker_svc")
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level packages a module imports, at any depth (function-local imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def crossings(package: str, allowed: set[str]) -> list[str]:
+    """`file: package` for every import of a service package outside `allowed`."""
+    return [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / package).rglob("*.py"))
+            for name in sorted(imported_packages(path) & set(SERVICES) - allowed)]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_no_service_imports_another_service(service):
+    assert crossings(service, {service}) == []
+
+
+def test_the_shared_package_and_the_cli_import_no_service():
+    assert crossings("accelmesh", set()) == []
+
+
+def test_every_service_has_the_same_rooms():
+    for service in SERVICES:
+        rooms = {p.name for p in (ROOT / service).glob("*.py")}
+        assert {"__main__.py", "config.py", "server.py", "servicer.py"} <= rooms, service
+
+
+def test_the_check_sees_a_crossing_however_it_is_written(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom compile_svc.programs import x\n\ndef f():\n    import worker_svc.probes\n"
+                      "from . import sibling\n")
+    assert imported_packages(module) == {"os", "compile_svc", "worker_svc"}

@@ -21,9 +21,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
-from accelmesh.runtime.tensors import TensorCollector, dtype_code, split, to_proto
-
-DEFAULT_CHUNK_BYTES = 1024 * 1024
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
 
 
 @dataclass

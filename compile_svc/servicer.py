@@ -6,14 +6,12 @@ from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.devices import device_from_proto
-from accelmesh.runtime.tensors import split
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
 from compile_svc.programs.params_io import check_initialisable
 from compile_svc.uploads import UploadStore
-
-DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 
 class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):

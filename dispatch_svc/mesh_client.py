@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -15,7 +14,8 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
-from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.channels import ChannelPool, open_channel
+from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
 from accelmesh.runtime.tensors import TensorCollector, dtype_name, split
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
@@ -76,23 +76,9 @@ def _constraints_filter(c: m.Constraints) -> str:
     return " AND ".join(terms)
 
 
-def _grpc_failure(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:
-    """Keep the downstream service's meaning: its INVALID_ARGUMENT is the caller's too."""
-    code, details = exc.code(), exc.details()
-    kind = {
-        grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-        grpc.StatusCode.NOT_FOUND: errors.NotFound,
-        grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
-        grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
-    }.get(code, errors.Unavailable)
-    return kind(f"{what}: {details}" if kind is errors.Unavailable else details)
-
-
 class GrpcMesh:
     def __init__(self, inventory_address: str, compile_address: str, *, tracer_provider=None,
                  max_message_bytes: int, chunk_bytes: int):
-        self._tracer_provider = tracer_provider
-        self._max_message_bytes = max_message_bytes
         self._chunk_bytes = chunk_bytes
         self.compile_address = compile_address
         self._inventory_channel = open_channel(inventory_address, tracer_provider=tracer_provider,
@@ -101,20 +87,20 @@ class GrpcMesh:
                                              max_message_bytes=max_message_bytes)
         self.inventory = inventory_service_pb2_grpc.InventoryServiceStub(self._inventory_channel)
         self.compiler = compile_service_pb2_grpc.CompileServiceStub(self._compile_channel)
-        self._workers: dict[str, grpc.Channel] = {}
-        self._lock = threading.Lock()
+        self._workers = ChannelPool(tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
         self._rules: dict[str, compile_pb.Rule] = {}
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
 
     def close(self) -> None:
-        for channel in [self._inventory_channel, self._compile_channel, *self._workers.values()]:
+        for channel in [self._inventory_channel, self._compile_channel]:
             channel.close()
+        self._workers.close()
 
     def _call(self, what: str, method, request):
         try:
             return method(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
-            raise _grpc_failure(exc, what) from None
+            raise error_from_rpc(exc, what) from None
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -224,26 +210,18 @@ class GrpcMesh:
                 else:
                     leaves.chunk(part.chunk)
         except grpc.RpcError as exc:
-            raise _grpc_failure(exc, "compile service parameters") from None
+            raise error_from_rpc(exc, "compile service parameters") from None
         return list(leaves.results().values())
 
     # -- workers -------------------------------------------------------------------------------
 
     def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
-        with self._lock:
-            channel = self._workers.get(address)
-            if channel is None:
-                channel = self._workers[address] = open_channel(
-                    address, tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
-        return worker_service_pb2_grpc.WorkerServiceStub(channel)
+        return worker_service_pb2_grpc.WorkerServiceStub(self._workers.get(address))
 
     def _forget_worker(self, address: str) -> None:
-        """A channel whose worker went away sits in reconnect backoff (seconds, growing to minutes)
-        and fails every call at once, even after the worker is back; the next call dials afresh.
-        Not closed here: another device's call may still be on it, and gRPC closes it when the
-        last one lets go. A worker back on the address holds no tensors: its keys go too."""
-        with self._lock:
-            self._workers.pop(address, None)
+        """The next call dials afresh (ChannelPool.forget). A worker back on the address holds no
+        tensors: its keys go too."""
+        self._workers.forget(address)
         self.held.forget_worker(address)
 
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,

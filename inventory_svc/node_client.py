@@ -6,14 +6,13 @@ accelmesh.errors.Unavailable carrying the reason: to the inventory both are a mi
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import grpc
 
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
-from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.devices import device_from_proto
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 
@@ -23,16 +22,10 @@ DESCRIBE_TIMEOUT_S = 2.0
 class NodeClient:
     def __init__(self, *, timeout_s: float = DESCRIBE_TIMEOUT_S, tracer_provider=None):
         self._timeout_s = timeout_s
-        self._tracer_provider = tracer_provider
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels = ChannelPool(tracer_provider=tracer_provider)
 
     def _stub(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = open_channel(address, tracer_provider=self._tracer_provider)
-        return worker_service_pb2_grpc.WorkerServiceStub(channel)
+        return worker_service_pb2_grpc.WorkerServiceStub(self._channels.get(address))
 
     def describe(self, address: str, device_ids: Sequence[str] = ()) -> NodeDescription:
         try:
@@ -50,16 +43,10 @@ class NodeClient:
             raise errors.Unavailable(f"node {address} answered with an invalid description: {exc}") from None
 
     def forget(self, address: str) -> None:
-        # Not closed here: closing would cancel another thread's call in flight on it (a refresh
-        # racing a poll). gRPC closes the channel when its last user lets go of it.
-        with self._lock:
-            self._channels.pop(address, None)
+        self._channels.forget(address)  # a refresh racing a poll may still be on the old channel
 
     def close(self) -> None:
-        with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            channel.close()
+        self._channels.close()
 
 
 def parse_description(response: worker_service_pb2.DescribeNodeResponse) -> NodeDescription:

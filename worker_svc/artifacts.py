@@ -23,7 +23,8 @@ import grpc
 from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
-from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.channels import ChannelPool
+from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
 from worker_svc.executor import FetchedArtifact
@@ -32,12 +33,6 @@ log = logging.getLogger(__name__)
 
 KEY_PATTERN = re.compile(r"[0-9a-f]{64}")  # keys are sha256 hex digests; anything else is no key
 FETCH_TIMEOUT_S = 300.0
-_FAILURES = {
-    grpc.StatusCode.NOT_FOUND: errors.NotFound,
-    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
-}
 
 
 def sha256_hex(data: bytes) -> str:
@@ -48,18 +43,13 @@ class ArtifactStore:
     def __init__(self, root: str | Path, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
         self.root = Path(root)  # made on the first write, so a worker that never executes leaves no folder
         self.fetches = 0  # FetchArtifact streams completed
-        self._max_message_bytes = max_message_bytes
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)
-        self._tracer_provider = tracer_provider
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels = ChannelPool(tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
         self._inflight: dict[str, Future[FetchedArtifact]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            channel.close()
+        self._channels.close()
 
     def get(self, key: str, digest: str, compile_address: str) -> bytes:
         return self.fetch(key, digest, compile_address).data
@@ -113,7 +103,7 @@ class ArtifactStore:
             return FetchedArtifact(data, cached=True)
         if not compile_address:
             raise errors.InvalidArgument(f"compile_address is required: artifact {key} is not cached on this worker")
-        stub = compile_service_pb2_grpc.CompileServiceStub(self._channel(compile_address))
+        stub = compile_service_pb2_grpc.CompileServiceStub(self._channels.get(compile_address))
         request = compile_pb.FetchArtifactRequest(key=key, chunk_bytes=self._chunk_bytes)
         pieces, announced = [], None
         try:
@@ -122,11 +112,7 @@ class ArtifactStore:
                     announced = part.digest
                 pieces.append(part.chunk)
         except grpc.RpcError as exc:
-            kind = _FAILURES.get(exc.code())
-            if kind is None:
-                raise errors.Unavailable(f"fetching artifact {key} from the compile service at {compile_address}: "
-                                         f"{exc.code().name}: {exc.details()}") from None
-            raise kind(f"fetching artifact {key}: {exc.details()}") from None
+            raise error_from_rpc(exc, f"fetching artifact {key} from the compile service at {compile_address}") from None
         data = b"".join(pieces)
         actual = sha256_hex(data)
         _verify(key, actual, announced or "", "the compile service")
@@ -148,15 +134,6 @@ class ArtifactStore:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-
-    def _channel(self, address: str) -> grpc.Channel:
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = open_channel(
-                    address, tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
-            return channel
-
 
 def _verify(key: str, actual: str, expected: str, source: str) -> None:
     if actual != expected:

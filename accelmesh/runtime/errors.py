@@ -25,6 +25,19 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
 }
 
 
+_DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items() if error_type is not errors.Unavailable}
+
+
+def error_from_rpc(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:
+    """A downstream service's status as the typed error it stands for, so its meaning carries on
+    (its INVALID_ARGUMENT is the caller's too). Any other status (the service down, a deadline,
+    its own bug) means `what` is unavailable; the message then names `what` and the status."""
+    kind = _DOWNSTREAM_KEPT.get(exc.code())
+    if kind is None:
+        return errors.Unavailable(f"{what}: {exc.code().name}: {exc.details()}")
+    return kind(exc.details())
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     for error_type, code in STATUS_BY_ERROR.items():
         if isinstance(exc, error_type):

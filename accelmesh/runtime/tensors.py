@@ -16,6 +16,9 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 
+# Every stream of tensor bytes (clients, dispatch, compile, workers) cuts them into chunks of this
+# size unless the peer asks for less: well under the 16 MiB message limit, and large enough that
+# per-message costs stay small next to the copy.
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 _DTYPES: dict[int, np.dtype] = {

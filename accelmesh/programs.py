@@ -8,9 +8,12 @@ never closed-over constants, so artifacts stay small and one artifact serves any
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from accelmesh.errors import InvalidArgument
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint32", "bool")
 COMBINE_RULES = ("concat", "sum", "mean")  # concat on the batch axis; sum; mean weighted by shard size
@@ -55,6 +58,18 @@ class LayerInfo:
     # owner's parameter_count/bytes), and their bytes, needed again where the owner is not.
     shared_from: str = ""
     shared_parameter_bytes: int = 0
+
+
+# The cost columns of a layer row, whatever carries it (LayerInfo, the planner's LayerCost, the
+# compile and dispatch protos' rows): one list, so every translation copies every column.
+LAYER_COST_FIELDS = ("name", "order", "parameter_count", "parameter_bytes", "flops_per_sample",
+                     "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from",
+                     "shared_parameter_bytes")
+
+
+def layer_cost_fields(row: Any) -> dict[str, Any]:
+    """`row`'s cost columns by name, to build another kind of layer row from."""
+    return {name: getattr(row, name) for name in LAYER_COST_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,21 @@ class TargetType:
 
     @property
     def key(self) -> str:
+        """`platform[@execution platform]:device type[flag,flag]`, what travels as target_type."""
         caps = ",".join(sorted(self.capabilities))
         on = "" if self.execution_platform == self.platform else f"@{self.execution_platform}"
         return f"{self.platform}{on}:{self.device_type}[{caps}]"
+
+    @classmethod
+    def parse(cls, key: str, field: str = "target_type") -> TargetType:
+        """The inverse of `key`; InvalidArgument naming `field` for anything else."""
+        match = _TARGET_TYPE_KEY.fullmatch(key)
+        if match is None:
+            raise InvalidArgument(f"{field} {key!r} is not of the form 'platform[@execution platform]:type[flags]'; "
+                                  "pass the one Compile returned")
+        return cls(match["platform"], match["execution"] or match["platform"], match["type"],
+                   frozenset(f for f in match["flags"].split(",") if f))
+
+
+_TARGET_TYPE_KEY = re.compile(
+    r"(?P<platform>[^@:\[\]]+)(?:@(?P<execution>[^@:\[\]]+))?:(?P<type>[^\[\]]+)\[(?P<flags>[^\[\]]*)\]")

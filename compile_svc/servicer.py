@@ -7,6 +7,7 @@ from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.devices import device_from_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
+from accelmesh.runtime import programs as programs_pb
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
@@ -25,12 +26,12 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
 
     def ListPrograms(self, request, context):
         programs = self.compiler.registry.list()
-        return pb.ListProgramsResponse(programs=[tr.program_to_proto(p, with_layers=False) for p in programs])
+        return pb.ListProgramsResponse(programs=[programs_pb.program_to_proto(p, with_layers=False) for p in programs])
 
     def DescribeProgram(self, request, context):
         if not request.name:
             raise errors.InvalidArgument("name is required; ListPrograms shows what is registered")
-        return pb.DescribeProgramResponse(program=tr.program_to_proto(self.compiler.registry.get(request.name, request.version)))
+        return pb.DescribeProgramResponse(program=programs_pb.program_to_proto(self.compiler.registry.get(request.name, request.version)))
 
     def UploadProgram(self, request_iterator, context):
         first = next(request_iterator, None)
@@ -45,9 +46,9 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             )
         combine = []
         for i, code in enumerate(header.output_combine):
-            if code not in tr.COMBINE_FROM_PROTO:
+            if code not in programs_pb.COMBINE_FROM_PROTO:
                 raise errors.InvalidArgument(f"header.output_combine[{i}] must be CONCAT, SUM or MEAN")
-            combine.append(tr.COMBINE_FROM_PROTO[code])
+            combine.append(programs_pb.COMBINE_FROM_PROTO[code])
         data = bytearray()
         for message in request_iterator:
             if message.WhichOneof("part") != "chunk":
@@ -60,7 +61,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         program = self.uploads.upload(
             header.name, header.version, bytes(data), combine, list(header.input_names), header.description
         )
-        return pb.UploadProgramResponse(program=tr.program_to_proto(program))
+        return pb.UploadProgramResponse(program=programs_pb.program_to_proto(program))
 
     def ListRules(self, request, context):
         table = self.compiler.rules
@@ -76,7 +77,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
         targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
-        inputs = [tr.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
+        inputs = [programs_pb.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
         layers = tr.layer_range_from_proto(request.layers) if request.HasField("layers") else None
         result = self.compiler.compile(
             request.program, request.version, targets, inputs=inputs, batch_sizes=list(request.batch_sizes),
@@ -86,7 +87,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             program=result.program.name,
             version=result.program.version,
             builds=[tr.build_to_proto(b) for b in result.builds],
-            stage=tr.program_to_proto(result.stage) if result.stage is not None else None,
+            stage=programs_pb.program_to_proto(result.stage) if result.stage is not None else None,
         )
 
     def FetchArtifact(self, request, context):

@@ -13,11 +13,12 @@ from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
-from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
+from accelmesh.programs import Program
 from accelmesh.runtime.channels import ChannelPool, open_channel
 from accelmesh.runtime.errors import error_from_rpc
+from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
-from accelmesh.runtime.tensors import TensorCollector, dtype_name, split
+from accelmesh.runtime.tensors import TensorCollector, split
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import model as m
@@ -25,42 +26,13 @@ from dispatch_svc.execution import CancelScope, ShardFailed
 from dispatch_svc.held import HeldKeys, Transfer
 from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
-COMBINE = {compile_pb.COMBINE_RULE_CONCAT: "concat", compile_pb.COMBINE_RULE_SUM: "sum", compile_pb.COMBINE_RULE_MEAN: "mean"}
-KINDS = {compile_pb.PROGRAM_KIND_FUNCTION: "function", compile_pb.PROGRAM_KIND_MODEL: "model",
-         compile_pb.PROGRAM_KIND_TRAINING_STEP: "training_step", compile_pb.PROGRAM_KIND_UPLOADED: "uploaded"}
-FORMATS = {compile_pb.ARTIFACT_FORMAT_STABLEHLO: "stablehlo", compile_pb.ARTIFACT_FORMAT_EXECUTABLE: "executable"}
-FORMAT_TO_PROTO = {v: k for k, v in FORMATS.items()}
 CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0
 NOT_HELD = "is not held"  # in a worker's FAILED_PRECONDITION for a reference (worker_service.proto, Execute)
 
 
-def _spec(msg, field: str = "") -> TensorSpec:
-    return TensorSpec(msg.name, dtype_name(msg.dtype), tuple(None if d == -1 else d for d in msg.shape))
-
-
-def program_from_proto(msg: compile_pb.Program) -> Program:
-    return Program(
-        name=msg.name,
-        version=msg.version,
-        kind=KINDS.get(msg.kind, "function"),
-        description=msg.description,
-        parameters=tuple(_spec(p) for p in msg.parameters),
-        inputs=tuple(_spec(i) for i in msg.inputs),
-        outputs=tuple(OutputSpec(o.tensor.name, dtype_name(o.tensor.dtype),
-                                 tuple(None if d == -1 else d for d in o.tensor.shape), COMBINE[o.combine])
-                      for o in msg.outputs),
-        digest=msg.digest,
-        layers=tuple(LayerInfo(layer.name, layer.kind, layer.order, {p.name: tuple(p.shape) for p in layer.parameters},
-                               layer.parameter_count, layer.parameter_bytes, layer.flops_per_sample,
-                               layer.bytes_accessed_per_sample, layer.activation_bytes_per_sample,
-                               layer.shared_from, layer.shared_parameter_bytes)
-                     for layer in msg.layers),
-    )
-
-
 def _artifact(msg: compile_pb.Artifact) -> ArtifactRef:
-    return ArtifactRef(msg.key, msg.digest, FORMATS[msg.format], msg.batch_size)
+    return ArtifactRef(msg.key, msg.digest, FORMAT_FROM_PROTO[msg.format], msg.batch_size)
 
 
 def _builds(response: compile_pb.CompileResponse) -> list[Build]:

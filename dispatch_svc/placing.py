@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from accelmesh import errors
-from accelmesh.programs import Program
+from accelmesh.programs import Program, layer_cost_fields
 from accelmesh.scoring import Weights, free_status
 from dispatch_svc import model as m
 from dispatch_svc.planner import placement as pl
@@ -34,11 +34,7 @@ class PlacedJob:
 
 
 def layer_costs(program: Program) -> tuple[pl.LayerCost, ...]:
-    return tuple(pl.LayerCost(
-        name=x.name, order=x.order, parameter_count=x.parameter_count, parameter_bytes=x.parameter_bytes,
-        flops_per_sample=x.flops_per_sample, bytes_accessed_per_sample=x.bytes_accessed_per_sample,
-        activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
-        shared_parameter_bytes=x.shared_parameter_bytes) for x in program.layers)
+    return tuple(pl.LayerCost(**layer_cost_fields(x)) for x in program.layers)
 
 
 def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) -> PlacedJob:

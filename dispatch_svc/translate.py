@@ -8,6 +8,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
+from accelmesh.programs import layer_cost_fields
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name, dtype_name, from_proto
@@ -87,11 +88,7 @@ def placement_from_proto(msg: pb.PlacementOptions) -> m.PlacementSpec:
         headroom=msg.memory_headroom if msg.HasField("memory_headroom") else None,
         weights=weights,
         micro_batch_rows=msg.micro_batch_rows,
-        layers=tuple(pl.LayerCost(
-            name=x.name, order=x.order, parameter_count=x.parameter_count, parameter_bytes=x.parameter_bytes,
-            flops_per_sample=x.flops_per_sample, bytes_accessed_per_sample=x.bytes_accessed_per_sample,
-            activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
-            shared_parameter_bytes=x.shared_parameter_bytes) for x in msg.layers),
+        layers=tuple(pl.LayerCost(**layer_cost_fields(x)) for x in msg.layers),
     )
 
 
@@ -99,11 +96,7 @@ def placement_spec_to_proto(spec: m.PlacementSpec) -> pb.PlacementOptions:
     msg = pb.PlacementOptions(
         strategy=STRATEGY_TO_PROTO[spec.strategy], device_count=spec.device_count,
         micro_batch_rows=spec.micro_batch_rows,
-        layers=[pb.LayerCost(name=x.name, order=x.order, parameter_count=x.parameter_count,
-                             parameter_bytes=x.parameter_bytes, flops_per_sample=x.flops_per_sample,
-                             bytes_accessed_per_sample=x.bytes_accessed_per_sample,
-                             activation_bytes_per_sample=x.activation_bytes_per_sample, shared_from=x.shared_from,
-                             shared_parameter_bytes=x.shared_parameter_bytes) for x in spec.layers])
+        layers=[pb.LayerCost(**layer_cost_fields(x)) for x in spec.layers])
     if spec.headroom is not None:
         msg.memory_headroom = spec.headroom
     if spec.weights is not None:

@@ -19,7 +19,9 @@ import pytest
 from jax import export
 
 from accelmesh import errors
-from accelmesh.programs import OutputSpec, Program, TensorSpec
+from accelmesh.errors import InvalidArgument
+from accelmesh.programs import OutputSpec, Program, TargetType, TensorSpec
+from accelmesh.runtime.programs import program_from_proto, program_to_proto
 from compile_svc.programs import (
     ProgramEntry, ProgramRegistry, check_signature, default_registry, describe_layers, load_params,
     program_digest, program_from_export, save_params,
@@ -411,3 +413,26 @@ def test_bad_uploads_are_refused(case):
     max_bytes = 100 if case == "too big" else 1 << 20
     with pytest.raises(error, match=message):
         program_from_export("scaler", "1", make(), combine, names, max_bytes=max_bytes)
+
+
+@pytest.mark.parametrize("target", [
+    TargetType("cuda", "cpu", "a100-80gb", frozenset({"bf16", "tf32"})),
+    TargetType("cpu", "cpu", "cpu", frozenset()),
+    TargetType("tpu", "tpu", "tpu-v4", frozenset({"bf16"})),
+])
+def test_a_target_type_key_parses_back_to_the_same_target_type(target):
+    assert TargetType.parse(target.key) == target
+
+
+@pytest.mark.parametrize("key", ["a100-80gb", "cuda:a100[bf16", "cuda@:a100[]", ""])
+def test_a_malformed_target_type_is_refused_naming_the_field(key):
+    with pytest.raises(InvalidArgument, match="header.target_type .* is not of the form"):
+        TargetType.parse(key, "header.target_type")
+
+
+@pytest.mark.parametrize("name", ["transformer_encoder", "mlp_train_step", "identity"])
+def test_a_program_survives_the_trip_through_its_proto(name):
+    program = default_registry().get(name)
+    back = program_from_proto(program_to_proto(program))
+    fields = ("name", "version", "kind", "description", "parameters", "inputs", "outputs", "digest", "layers")
+    assert [getattr(back, f) for f in fields] == [getattr(program, f) for f in fields]

@@ -9,7 +9,6 @@ at a time, in the order they get its lock; shards on different devices run concu
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,16 +22,13 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.hardware.model import DeviceSpec
 from accelmesh.artifacts import compile_portable, load_executable, load_portable
-from accelmesh.programs import BuildOptions
+from accelmesh.programs import BuildOptions, TargetType
 
 FORMATS = ("stablehlo", "executable")
 QUEUED, LOADING, RUNNING, DONE = "queued", "loading", "running", "done"  # stages, in order
 LOAD_EXECUTABLE, COMPILE_PORTABLE = "executable", "compiled"  # how an artifact was made runnable
 MAX_LOADED_EXECUTABLES = 64  # runnables kept in memory, least recently used dropped first
 LOCK_POLL_S = 0.05  # how often a queued shard checks whether its caller is still there
-# platform[@execution platform]:device type[flag,flag]  (accelmesh.programs.TargetType.key)
-_TARGET_TYPE = re.compile(
-    r"(?P<platform>[^@:\[\]]+)(?:@(?P<execution>[^@:\[\]]+))?:(?P<type>[^\[\]]+)\[(?P<flags>[^\[\]]*)\]")
 
 
 @dataclass(frozen=True)
@@ -97,30 +93,20 @@ def _ignore(stage: str) -> None:
     pass
 
 
-def target_key(device: DeviceSpec) -> str:
-    on = "" if device.execution_platform == device.platform else f"@{device.execution_platform}"
-    return f"{device.platform}{on}:{device.type}"
-
-
 def check_target_type(target_type: str, device: DeviceSpec) -> None:
     """The artifact's target type must name the device's platforms and type, and only flags it has."""
-    match = _TARGET_TYPE.fullmatch(target_type)
-    if match is None:
-        raise errors.InvalidArgument(f"target_type {target_type!r} is not of the form "
-                                     "'platform[@execution platform]:type[flags]'; pass the one Compile returned")
-    platform, device_type = match["platform"], match["type"]
-    execution = match["execution"] or platform
-    flags = {f for f in match["flags"].split(",") if f}
-    problems = [f"{what} {want} != {have}" for what, want, have in (
-        ("platform", platform, device.platform),
-        ("execution platform", execution, device.execution_platform),
-        ("device type", device_type, device.type),
-    ) if want != have]
-    if missing := sorted(flags - device.capabilities):
+    want = TargetType.parse(target_type)
+    problems = [f"{what} {wanted} != {have}" for what, wanted, have in (
+        ("platform", want.platform, device.platform),
+        ("execution platform", want.execution_platform, device.execution_platform),
+        ("device type", want.device_type, device.type),
+    ) if wanted != have]
+    if missing := sorted(want.capabilities - device.capabilities):
         problems.append(f"device lacks {', '.join(missing)}")
     if problems:
         raise errors.FailedPrecondition(
-            f"artifact for target type {target_type} cannot run on {device.id} ({target_key(device)}): "
+            f"artifact for target type {target_type} cannot run on {device.id} "
+            f"({TargetType(device.platform, device.execution_platform, device.type, device.capabilities).key}): "
             f"{'; '.join(problems)}; send the artifact built for this device's target type")
 
 

@@ -12,13 +12,12 @@ from queue import SimpleQueue
 import grpc
 from opentelemetry import trace
 
-from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
+from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from accelmesh.programs import BuildOptions
 from worker_svc import executor as ex
 from worker_svc.agent import NodeAgent
 from worker_svc.held import HeldTensors
@@ -29,21 +28,13 @@ try:
 except metadata.PackageNotFoundError:
     VERSION = "unknown"
 
-FORMATS = {compile_pb.ARTIFACT_FORMAT_STABLEHLO: "stablehlo", compile_pb.ARTIFACT_FORMAT_EXECUTABLE: "executable"}
 STAGES = {ex.QUEUED: pb.SHARD_STAGE_QUEUED, ex.LOADING: pb.SHARD_STAGE_LOADING,
           ex.RUNNING: pb.SHARD_STAGE_RUNNING, ex.DONE: pb.SHARD_STAGE_DONE}
 
 
-def build_options_from_proto(msg: compile_pb.BuildOptions) -> BuildOptions:
-    default = BuildOptions()
-    return BuildOptions(compute_dtype=msg.compute_dtype or default.compute_dtype,
-                        matmul_precision=msg.matmul_precision or default.matmul_precision, remat=msg.remat,
-                        xla_options=dict(msg.xla_options), tolerance=msg.tolerance or default.tolerance)
-
-
 def shard_from_proto(h: pb.ShardHeader) -> ex.Shard:
     return ex.Shard(h.job_id, h.shard_index, h.attempt, h.device_id, h.target_type, h.artifact_key, h.artifact_digest,
-                    FORMATS.get(h.artifact_format, ""), build_options_from_proto(h.rule.build), h.compile_address,
+                    FORMAT_FROM_PROTO.get(h.artifact_format, ""), build_options_from_proto(h.rule.build), h.compile_address,
                     h.input_count, h.batch_size)
 
 

@@ -1,11 +1,24 @@
 """Typed domain errors. Domain code raises these; one server interceptor maps them to gRPC codes.
 
-Messages name the field at fault and say what the caller should do instead.
+Messages name the field at fault and say what the caller should do instead. An error may also
+carry a machine-readable `reason` (google.rpc.ErrorInfo, AIP-193) and the request `field` it is
+about (google.rpc.BadRequest): programs branch on those, never on the message text.
 """
+
+# ErrorInfo domain of every reason below.
+DOMAIN = "accelmesh"
+
+# ErrorInfo reasons a caller may act on (UPPER_SNAKE, stable; add, never rename).
+TENSOR_NOT_HELD = "TENSOR_NOT_HELD"  # Execute: a referenced tensor is not held by this worker: send it in full
 
 
 class AccelmeshError(Exception):
     """Base of every error that is the caller's or the environment's, not a bug."""
+
+    def __init__(self, message: str, *, reason: str = "", field: str = ""):
+        super().__init__(message)
+        self.reason = reason  # ErrorInfo.reason: one of the constants above, or "" for none
+        self.field = field  # the request field at fault (a BadRequest field violation), or ""
 
 
 class InvalidArgument(AccelmeshError):

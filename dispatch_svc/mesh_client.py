@@ -15,7 +15,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.programs import Program
 from accelmesh.runtime.channels import ChannelPool, open_channel
-from accelmesh.runtime.errors import error_from_rpc
+from accelmesh.runtime.errors import error_from_rpc, error_reason
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
 from accelmesh.runtime.tensors import TensorCollector, split
@@ -28,7 +28,6 @@ from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, Score
 
 CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0
-NOT_HELD = "is not held"  # in a worker's FAILED_PRECONDITION for a reference (worker_service.proto, Execute)
 
 
 def _artifact(msg: compile_pb.Artifact) -> ArtifactRef:
@@ -270,7 +269,7 @@ class GrpcMesh:
             code, details = exc.code(), exc.details()
             if code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_worker(address)
-            if code == grpc.StatusCode.FAILED_PRECONDITION and refs and NOT_HELD in (details or ""):
+            if code == grpc.StatusCode.FAILED_PRECONDITION and refs and error_reason(exc) == errors.TENSOR_NOT_HELD:
                 raise _NotHeld(f"{code.name}: {details}") from None
             raise ShardFailed(f"{code.name}: {details}") from None
         except errors.InvalidArgument as exc:

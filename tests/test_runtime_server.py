@@ -18,8 +18,12 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
 from accelmesh import errors
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 
@@ -60,6 +64,8 @@ class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
         action = request.device_ids[0] if request.device_ids else "ok"
         if action in self.ERRORS:
             raise self.ERRORS[action](message_for(action))
+        if action == "reasoned":
+            raise errors.FailedPrecondition(message_for(action), reason=errors.TENSOR_NOT_HELD, field="held[x].key")
         if action == "bug":
             raise RuntimeError(BUG_TEXT)
         if action == "abort":
@@ -139,6 +145,33 @@ def test_typed_error_maps_to_status_with_its_message(channel, error_name, code):
     assert info.value.code() == code
     assert info.value.details() == message_for(error_name)
     assert_serves(channel)
+
+
+def details_of(error: grpc.RpcError) -> tuple[list, list]:
+    """The ErrorInfo and BadRequest details a failed call carries."""
+    status = rpc_status.from_call(error)
+    infos, requests = [], []
+    for detail in status.details:
+        for message, found in ((error_details_pb2.ErrorInfo(), infos), (error_details_pb2.BadRequest(), requests)):
+            if detail.Unpack(message):
+                found.append(message)
+    return infos, requests
+
+
+def test_an_error_with_a_reason_and_a_field_carries_them_as_google_rpc_details(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, "reasoned")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    (reason,), (bad_request,) = details_of(info.value)
+    assert (reason.reason, reason.domain) == (errors.TENSOR_NOT_HELD, "accelmesh")
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [("held[x].key", message_for("reasoned"))]
+    assert error_reason(info.value) == errors.TENSOR_NOT_HELD
+
+
+def test_an_error_without_a_reason_carries_no_error_info(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, "NotFound")
+    assert details_of(info.value) == ([], []) and error_reason(info.value) == ""
 
 
 def test_every_error_type_has_a_row_above():

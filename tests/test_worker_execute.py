@@ -20,6 +20,7 @@ from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.model import DeviceSpec
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.launcher import start_service
 from accelmesh.runtime.tensors import TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
@@ -252,6 +253,7 @@ def test_the_byte_limit_evicts_the_least_recently_used_job(worker, mlp):
                                                  digits(EXECUTABLE_BATCH)))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "input 0 ('input_0')" in error.details() and "is not held" in error.details()
+    assert error_reason(error) == errors.TENSOR_NOT_HELD  # what the dispatcher acts on
     assert execute(worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="evict-b"), keep,
                                      digits(EXECUTABLE_BATCH))).stages == STAGES
 

@@ -13,7 +13,6 @@ from accelmesh.runtime.tensors import TensorAssembler
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from worker_svc.held import HeldTensors
 
-NOT_HELD = "is not held"  # the phrase the proto promises in a missing reference's message
 
 
 def read_header(requests: Iterator[pb.ExecuteRequest]) -> pb.ShardHeader:
@@ -83,8 +82,9 @@ def _held(held: HeldTensors, job_id: str, ref: pb.TensorRef, index: int) -> np.n
     array = held.get(job_id, ref.key)
     if array is None:
         raise errors.FailedPrecondition(
-            f"input {index} ('{ref.name}'): tensor '{ref.key}' of job {job_id or '(none)'} {NOT_HELD} by this worker "
-            "(never kept, evicted, expired or the worker restarted); send it in full")
+            f"input {index} ('{ref.name}'): tensor '{ref.key}' of job {job_id or '(none)'} is not held by this worker "
+            "(never kept, evicted, expired or the worker restarted); send it in full",
+            reason=errors.TENSOR_NOT_HELD, field=f"held[{ref.name}].key")
     return array
 
 

@@ -3,6 +3,10 @@
 Servicers stay free of status-code plumbing: they raise accelmesh.errors types (or let a bug
 escape) and this maps them. Anything untyped is a bug: the caller gets INTERNAL with a generic
 message and an incident id, the log gets the traceback under the same id.
+
+Every status carries google.rpc details (AIP-193, through grpcio-status) in its trailers: an
+ErrorInfo with the error's reason (domain "accelmesh") when it has one, and a BadRequest field
+violation when it names the request field at fault. `error_reason` reads the reason back.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import logging
 import uuid
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from accelmesh import errors
 
@@ -35,7 +42,38 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:
     kind = _DOWNSTREAM_KEPT.get(exc.code())
     if kind is None:
         return errors.Unavailable(f"{what}: {exc.code().name}: {exc.details()}")
-    return kind(exc.details())
+    return kind(exc.details(), reason=error_reason(exc))
+
+
+def error_reason(exc: grpc.RpcError) -> str:
+    """The ErrorInfo reason a failed call carries (accelmesh.errors constants), or ""."""
+    try:
+        status = rpc_status.from_call(exc)
+    except (AttributeError, ValueError):  # not a call, or trailers that disagree with the status
+        return ""
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
+def status_details(code: grpc.StatusCode, message: str, exc: BaseException) -> status_pb2.Status:
+    """The google.rpc.Status sent for `exc`: its code and message, and its reason and field."""
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
+    reason, field = getattr(exc, "reason", ""), getattr(exc, "field", "")
+    if reason:
+        status.details.append(_packed(error_details_pb2.ErrorInfo(reason=reason, domain=errors.DOMAIN)))
+    if field:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message)
+        status.details.append(_packed(error_details_pb2.BadRequest(field_violations=[violation])))
+    return status
+
+
+def _packed(message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -52,7 +90,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
         # The handler already chose a status with context.abort(); keep it.
         raise exc
     code, message = status_for(exc)
-    context.abort(code, message)
+    context.abort_with_status(rpc_status.to_status(status_details(code, message, exc)))
 
 
 def _wrap_unary(behavior):

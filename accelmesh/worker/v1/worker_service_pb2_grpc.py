@@ -67,8 +67,9 @@ class WorkerServiceServicer:
         reference to a tensor the worker holds for the job (see ShardHeader.keep_tensors). Out:
         stages if asked for, then every output as a TensorHeader followed by its chunks, then the timings.
         Cancelling the call stops the shard. A reference to a tensor the worker does not hold (never
-        kept, evicted, or the worker restarted) fails the call with FAILED_PRECONDITION, whose message
-        names the input and says it "is not held": send the call again with that tensor in full.
+        kept, evicted, or the worker restarted) fails the call with FAILED_PRECONDITION carrying a
+        google.rpc.ErrorInfo with reason TENSOR_NOT_HELD (domain "accelmesh") and a BadRequest
+        violation naming the reference: send the call again with that tensor in full.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

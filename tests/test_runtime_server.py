@@ -204,6 +204,23 @@ def test_explicit_abort_keeps_its_status(channel):
     assert_serves(channel)
 
 
+def test_health_watchers_hold_no_server_thread(servicer):
+    server = start_server(servicer, max_workers=2)
+    channel = open_channel(f"127.0.0.1:{server.port}")
+    watches = []
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        # Twice as many watchers as the server has threads; each call starts when it is made.
+        watches = [stub.Watch(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=60) for _ in range(4)]
+        assert_serves(channel)  # a thread is still free for ordinary calls (DEADLINE_EXCEEDED otherwise)
+        assert [next(watch).status for watch in watches] == [health_pb2.HealthCheckResponse.SERVING] * 4
+    finally:
+        for watch in watches:
+            watch.cancel()
+        channel.close()
+        server.stop(0)
+
+
 @pytest.mark.parametrize("service", ["", WORKER_SERVICE])
 def test_health_is_serving_after_start(channel, service):
     assert health_status(channel, service) == health_pb2.HealthCheckResponse.SERVING

@@ -113,11 +113,17 @@ def _wrap_streaming(behavior):
     return handle
 
 
+# The library's health servicer raises no domain errors, and its Watch is non-blocking only when
+# the server calls it with a response callback, which a wrapper would take away: each watcher
+# would then hold a server thread for as long as it watches.
+_UNWRAPPED_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+        if handler is None or handler_call_details.method.startswith(_UNWRAPPED_PREFIXES):
+            return handler
         if handler.unary_unary:
             make, behavior, wrap = grpc.unary_unary_rpc_method_handler, handler.unary_unary, _wrap_unary
         elif handler.stream_unary:

@@ -90,6 +90,10 @@ def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
         # The handler already chose a status with context.abort(); keep it.
         raise exc
     code, message = status_for(exc)
+    # abort_with_status alone bypasses the tracing interceptor's record of the status; these
+    # two calls let the server span carry the code and message the caller gets.
+    context.set_code(code)
+    context.set_details(message)
     context.abort_with_status(rpc_status.to_status(status_details(code, message, exc)))
 
 

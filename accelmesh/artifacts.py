@@ -110,7 +110,7 @@ def load_executable(data: bytes, backend: str | None = None, device: jax.Device 
 class _RetargetingUnpickler(serialize_executable._JaxPjrtUnpickler):
     """serialize_executable's unpickler with every device id mapped to one target device.
 
-    Private jax API, pinned by tests/test_lowering.py: jax's own persistent cache retargets the
+    Private jax API, pinned by tests/compile/test_lowering.py: jax's own persistent cache retargets the
     same way (deserialize_executable with compile options naming the new device assignment).
     """
 

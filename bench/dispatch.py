@@ -373,8 +373,8 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     from accelmesh.client import MeshClient
     from compile_svc.programs import default_registry
     from compile_svc.rules import load_rules
-    from dispatch_svc import model as m
-    from dispatch_svc.execution import CancelScope
+    from dispatch_svc import records as m
+    from dispatch_svc.device_queues import CancelScope
     from dispatch_svc.mesh_client import GrpcMesh
     from dispatch_svc.runner import JobDevice
     from worker_svc.artifacts import ArtifactStore

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from accelmesh.programs import Program
-from dispatch_svc import model as m
-from dispatch_svc.execution import CancelScope, DevicePool
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import CancelScope, DevicePool
 
 RESERVATION_TTL_S = 120
 

@@ -24,7 +24,7 @@ import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
 import numpy as np
 
 from accelmesh import errors
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc.planner.placement import LayerCost
 
 SCHEMA = """

@@ -21,9 +21,9 @@ from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, devi
 from accelmesh.runtime.tensors import TensorCollector, split
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc import model as m
-from dispatch_svc.execution import CancelScope, ShardFailed
-from dispatch_svc.held import HeldKeys, Transfer
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import CancelScope, ShardFailed
+from dispatch_svc.held_keys import HeldKeys, Transfer
 from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 CALL_TIMEOUT_S = 120.0
@@ -200,7 +200,7 @@ class GrpcMesh:
                 scope: CancelScope, held_keys: Mapping[str, str] | None = None) -> ShardOutput:
         """Run one shard on its device's worker. `held_keys` maps names in `arrays` to keys unique per
         content within the job: such an input goes to each worker in full once, then as a reference
-        to the copy the worker keeps (dispatch_svc.held); a worker that lost one gets all in full."""
+        to the copy the worker keeps (dispatch_svc.held_keys); a worker that lost one gets all in full."""
         header = worker_pb.ShardHeader(
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from accelmesh.programs import Program
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.jobs import JobBook
-from dispatch_svc.ports import LiveJob, ShardWork
+from dispatch_svc.interface import LiveJob, ShardWork
 
 
 class JobOutputs:

@@ -17,11 +17,11 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
-from dispatch_svc import model as m
-from dispatch_svc.execution import Attempt, DevicePool
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import Attempt, DevicePool
 from dispatch_svc.outputs import JobOutputs
-from dispatch_svc.placing import plan_placement
-from dispatch_svc.ports import (
+from dispatch_svc.pipeline_plan import plan_placement
+from dispatch_svc.interface import (
     RESERVATION_TTL_S,
     Build,
     InputFeed,

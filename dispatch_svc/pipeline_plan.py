@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from accelmesh import errors
 from accelmesh.programs import Program, layer_cost_fields
 from accelmesh.scoring import Weights, free_status
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc.planner import placement as pl
-from dispatch_svc.ports import JobDevice, RuleChoice, Scoring
+from dispatch_svc.interface import JobDevice, RuleChoice, Scoring
 
 
 @dataclass

@@ -19,13 +19,13 @@ from opentelemetry import trace
 from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.programs import Program
-from dispatch_svc import model as m
-from dispatch_svc.execution import Attempt, Cancelled, CancelScope, DevicePool
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import Attempt, Cancelled, CancelScope, DevicePool
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.planner import PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
 from dispatch_svc.pipeline import PipelineMixin
-from dispatch_svc.ports import (  # noqa: F401 - re-exported: the runner's types
+from dispatch_svc.interface import (  # noqa: F401 - re-exported: the runner's types
     RESERVATION_TTL_S, ArtifactRef, Build, InputFeed, JobDevice, LiveJob, Mesh, RuleChoice, ScoredStatus, Scoring,
     ShardOutput, ShardWork,
 )

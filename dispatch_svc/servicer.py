@@ -12,7 +12,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import dtype_code, split
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc import translate as tr
 from dispatch_svc.runner import JobRunner
 

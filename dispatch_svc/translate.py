@@ -13,7 +13,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name, dtype_name, from_proto
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.training import TrainingOptions
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 
 INFERENCE_KINDS = ("function", "model", "uploaded")
 

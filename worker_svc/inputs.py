@@ -11,7 +11,7 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorAssembler
 from accelmesh.worker.v1 import worker_service_pb2 as pb
-from worker_svc.held import HeldTensors
+from worker_svc.held_tensors import HeldTensors
 
 
 

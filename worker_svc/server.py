@@ -13,7 +13,7 @@ from worker_svc.agent import NodeAgent
 from worker_svc.artifacts import ArtifactStore
 from worker_svc.config import WorkerConfig
 from worker_svc.executor import ArtifactSource, ShardExecutor
-from worker_svc.held import HeldTensors
+from worker_svc.held_tensors import HeldTensors
 from worker_svc.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)

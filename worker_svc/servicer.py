@@ -20,7 +20,7 @@ from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from worker_svc import executor as ex
 from worker_svc.agent import NodeAgent
-from worker_svc.held import HeldTensors
+from worker_svc.held_tensors import HeldTensors
 from worker_svc.inputs import read_header, read_inputs
 
 try:

@@ -23,7 +23,7 @@ from that host are dropped, nobody is told. Everything made is removed again by 
 (namespaces, links, the route), also after Ctrl-C; `cleanup_stale` removes what a run killed
 with SIGKILL left behind.
 
-The test tests/test_multihost.py imports this file; it uses only the standard library and the
+The test tests/e2e/test_multihost.py imports this file; it uses only the standard library and the
 accelmesh packages.
 """
 

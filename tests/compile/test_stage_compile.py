@@ -30,7 +30,7 @@ from compile_svc.programs.layers import LayerFn
 from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
-from dispatch_svc.execution import CancelScope
+from dispatch_svc.device_queues import CancelScope
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.runner import JobDevice
 

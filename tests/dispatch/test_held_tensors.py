@@ -23,12 +23,12 @@ from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
 from dispatch_svc.config import DispatchConfig
-from dispatch_svc.execution import CancelScope
-from dispatch_svc.held import MAX_MISSES, HeldKeys
+from dispatch_svc.device_queues import CancelScope
+from dispatch_svc.held_keys import MAX_MISSES, HeldKeys
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.runner import JobDevice
 from dispatch_svc.server import build_dispatch
-from worker_svc.held import HeldTensors
+from worker_svc.held_tensors import HeldTensors
 
 CALL_TIMEOUT_S = 60.0
 UNUSED_INVENTORY = "127.0.0.1:1"  # GrpcMesh.execute reaches only the compile service and the worker

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
-from dispatch_svc import model as m
+from dispatch_svc import records as m
 from dispatch_svc.jobs import RESTART_ERROR, JobBook
 
 

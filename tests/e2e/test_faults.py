@@ -35,7 +35,7 @@ from accelmesh.runtime.tensors import split
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.programs import default_registry
-from dispatch_svc.execution import CancelScope, ShardFailed
+from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.runner import ArtifactRef, Build, JobDevice
 

@@ -25,7 +25,7 @@ from compile_svc.programs import default_registry
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "netns" / "multihost.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "netns" / "multihost.py"
 DEVICES_PER_HOST = 2
 POLL_INTERVAL_S = 0.25
 LOST_AFTER = 2

@@ -28,7 +28,7 @@ from compile_svc.programs import default_registry
 
 pytestmark = pytest.mark.slow
 
-NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
+NODE_CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 DEVICE_ID = re.compile(r"^\d+\.\d+\.\d+\.\d+/(cuda|cpu|rocm|tpu):\d+$")
 ROWS = 600
 FEATURES = 64

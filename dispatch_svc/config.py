@@ -22,7 +22,7 @@ class DispatchConfig:
     max_shard_bytes: int = 16 * MIB  # ACCELMESH_MAX_SHARD_BYTES: inputs of one shard, at most
     inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
-    max_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_PARAMETER_BYTES: client parameters per job
+    max_client_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
 
 
@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         max_shard_bytes=env_int("ACCELMESH_MAX_SHARD_BYTES", d.max_shard_bytes, env, minimum=1024),
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),
         chunk_bytes=env_int("ACCELMESH_CHUNK_BYTES", d.chunk_bytes, env, minimum=1024),
-        max_parameter_bytes=env_int("ACCELMESH_MAX_PARAMETER_BYTES", d.max_parameter_bytes, env, minimum=1024),
+        max_client_parameter_bytes=env_int("ACCELMESH_MAX_CLIENT_PARAMETER_BYTES", d.max_client_parameter_bytes, env,
+                                           minimum=1024),
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
     )
     if config.chunk_bytes + 4096 > config.max_message_bytes:

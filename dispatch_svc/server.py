@@ -35,7 +35,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
-    servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_parameter_bytes)
+    servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_client_parameter_bytes)
 
     def shutdown():
         mesh.close()

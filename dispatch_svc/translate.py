@@ -214,7 +214,7 @@ class StreamFeed:
                 total += message.parameter.total_bytes
                 if total > self._max_parameter_bytes:
                     raise errors.ResourceExhausted(
-                        f"parameters exceed {self._max_parameter_bytes} bytes; raise ACCELMESH_MAX_PARAMETER_BYTES")
+                        f"parameters exceed {self._max_parameter_bytes} bytes; raise ACCELMESH_MAX_CLIENT_PARAMETER_BYTES")
                 leaves.header(message.parameter)
             elif part == "parameter_chunk":
                 leaves.chunk(message.parameter_chunk)

@@ -17,14 +17,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.capabilities import CAPABILITIES, unknown_capabilities
 from accelmesh.hardware.model import PLATFORMS
-
-if TYPE_CHECKING:
-    from inventory_svc.store import DeviceRecord
+from inventory_svc.records import DeviceRecord
 
 HEALTH_STATES = ("healthy", "lost")
 STRING_FIELDS = ("platform", "type", "kind", "node", "health")

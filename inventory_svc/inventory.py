@@ -24,7 +24,8 @@ from accelmesh.runtime import attributes as attr
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
-from inventory_svc.store import DeviceRecord, NodeRecord, Reservation, Store
+from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
+from inventory_svc.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import PRECISIONS
 from accelmesh.scoring import DeviceStatus, Weights, combine, free_status
-from inventory_svc.store import DeviceRecord
+from inventory_svc.records import DeviceRecord
 
 TASK_KINDS = ("training", "inference")
 DEFAULT_INTENSITY_FLOP_PER_BYTE = {"training": 100.0, "inference": 10.0}

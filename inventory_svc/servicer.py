@@ -13,7 +13,7 @@ from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.inventory import Claim, Inventory
 from inventory_svc.scoring import TaskProfile, Weights
-from inventory_svc.store import DeviceRecord, NodeRecord, Reservation
+from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
 
 TASK_KINDS = {pb.TASK_KIND_UNSPECIFIED: "inference", pb.TASK_KIND_TRAINING: "training", pb.TASK_KIND_INFERENCE: "inference"}
 NODE_STATES = {"active": pb.NODE_STATE_ACTIVE, "lost": pb.NODE_STATE_LOST}

@@ -16,82 +16,19 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
 from inventory_svc.filtering import DeviceFilter
+from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
 from inventory_svc.migrations import apply_migrations
 
 MAX_SAMPLES_PER_DEVICE = 720  # one hour at a 5 s poll interval
 SAMPLE_RETENTION_S = 3600.0
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    node_id: str  # the address the poller dials, "host:port"
-    address: str
-    ip: str
-    hostname: str
-    state: str  # "active" | "lost"
-    registered_at: float
-    last_seen_at: float | None
-    missed_polls: int
-    last_error: str
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    """A device as the planner sees it: its spec, where it lives, how it is and what is promised away."""
-
-    spec: DeviceSpec
-    node_id: str
-    health: str  # "healthy" | "lost"
-    latest: DeviceSample | None
-    reserved_memory_bytes: int  # sum over live reservations
-    reserved_compute_fraction: float  # sum over live reservations; may exceed 1 (time slicing)
-    first_seen_at: float
-    updated_at: float  # last change of spec or health
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def memory_total_bytes(self) -> int:
-        # Before the first sample the datasheet figure is the best guess.
-        return self.latest.memory_total_bytes if self.latest else self.spec.performance.memory_bytes
-
-    @property
-    def memory_used_bytes(self) -> int:
-        return self.latest.memory_used_bytes if self.latest else 0
-
-    @property
-    def utilization(self) -> float:
-        return self.latest.utilization if self.latest else 0.0
-
-    @property
-    def free_memory_bytes(self) -> int:
-        return max(0, self.memory_total_bytes - self.memory_used_bytes - self.reserved_memory_bytes)
-
-
-@dataclass(frozen=True)
-class Reservation:
-    job_id: str
-    device_id: str
-    memory_bytes: int
-    compute_fraction: float
-    created_at: float
-    expires_at: float  # the lease: renew by reserving again, or it lapses with its job
-
-
-class DeviceChange(NamedTuple):
-    kind: str  # "added" | "updated" | "recovered" | "lost"
-    device_id: str
 
 
 class Store(Protocol):

@@ -11,7 +11,8 @@ from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, Reso
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, device_id
 from inventory_svc.filtering import parse_filter
 from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS, apply_migrations
-from inventory_svc.store import DeviceChange, SqliteStore
+from inventory_svc.records import DeviceChange
+from inventory_svc.store import SqliteStore
 
 GB = 10**9
 NODE = "10.0.0.1:50051"

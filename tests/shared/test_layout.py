@@ -4,6 +4,7 @@ another and the shared `accelmesh` package imports none of them (ARCHITECTURE.md
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,16 @@ def test_the_check_sees_a_crossing_however_it_is_written(tmp_path):
     module.write_text("import os\nfrom compile_svc.programs import x\n\ndef f():\n    import worker_svc.probes\n"
                       "from . import sibling\n")
     assert imported_packages(module) == {"os", "compile_svc", "worker_svc"}
+
+
+# Variables every service that reads them reads with one meaning: the gRPC message limit, and
+# where the inventory is.
+SHARED_VARIABLES = {"ACCELMESH_MAX_MESSAGE_BYTES", "ACCELMESH_INVENTORY"}
+
+
+def test_no_two_services_read_one_variable_with_two_meanings():
+    read = {service: set(re.findall(r'"(ACCELMESH_[A-Z_]+)"', (ROOT / service / "config.py").read_text()))
+            for service in SERVICES}
+    clashes = {(a, b): sorted(read[a] & read[b] - SHARED_VARIABLES)
+               for i, a in enumerate(SERVICES) for b in SERVICES[i + 1:]}
+    assert {pair: names for pair, names in clashes.items() if names} == {}

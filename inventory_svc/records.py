@@ -1,0 +1,75 @@
+"""The inventory's records: what the store keeps and hands out, as plain frozen values.
+
+Their own module, so that filtering (which reads a DeviceRecord) and the store (which applies a
+filter) import these instead of each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from accelmesh.hardware.model import DeviceSample, DeviceSpec
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node_id: str  # the address the poller dials, "host:port"
+    address: str
+    ip: str
+    hostname: str
+    state: str  # "active" | "lost"
+    registered_at: float
+    last_seen_at: float | None
+    missed_polls: int
+    last_error: str
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """A device as the planner sees it: its spec, where it lives, how it is and what is promised away."""
+
+    spec: DeviceSpec
+    node_id: str
+    health: str  # "healthy" | "lost"
+    latest: DeviceSample | None
+    reserved_memory_bytes: int  # sum over live reservations
+    reserved_compute_fraction: float  # sum over live reservations; may exceed 1 (time slicing)
+    first_seen_at: float
+    updated_at: float  # last change of spec or health
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def memory_total_bytes(self) -> int:
+        # Before the first sample the datasheet figure is the best guess.
+        return self.latest.memory_total_bytes if self.latest else self.spec.performance.memory_bytes
+
+    @property
+    def memory_used_bytes(self) -> int:
+        return self.latest.memory_used_bytes if self.latest else 0
+
+    @property
+    def utilization(self) -> float:
+        return self.latest.utilization if self.latest else 0.0
+
+    @property
+    def free_memory_bytes(self) -> int:
+        return max(0, self.memory_total_bytes - self.memory_used_bytes - self.reserved_memory_bytes)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    job_id: str
+    device_id: str
+    memory_bytes: int
+    compute_fraction: float
+    created_at: float
+    expires_at: float  # the lease: renew by reserving again, or it lapses with its job
+
+
+class DeviceChange(NamedTuple):
+    kind: str  # "added" | "updated" | "recovered" | "lost"
+    device_id: str

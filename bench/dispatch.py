@@ -376,7 +376,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     from dispatch_svc import records as m
     from dispatch_svc.device_queues import CancelScope
     from dispatch_svc.mesh_client import GrpcMesh
-    from dispatch_svc.runner import JobDevice
+    from dispatch_svc.interface import JobDevice
     from worker_svc.artifacts import ArtifactStore
 
     program = default_registry().get(name)

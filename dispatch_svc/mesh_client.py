@@ -24,7 +24,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.held_keys import HeldKeys, Transfer
-from dispatch_svc.runner import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
+from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0

@@ -32,7 +32,7 @@ from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
 from dispatch_svc.device_queues import CancelScope
 from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.runner import JobDevice
+from dispatch_svc.interface import JobDevice
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from dispatch_svc.config import DispatchConfig
 from dispatch_svc.device_queues import CancelScope
 from dispatch_svc.held_keys import MAX_MISSES, HeldKeys
 from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.runner import JobDevice
+from dispatch_svc.interface import JobDevice
 from dispatch_svc.server import build_dispatch
 from worker_svc.held_tensors import HeldTensors
 

@@ -37,7 +37,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.programs import default_registry
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.runner import ArtifactRef, Build, JobDevice
+from dispatch_svc.interface import ArtifactRef, Build, JobDevice
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,27 @@
+"""Job strategies: how a started job becomes work on the mesh, one module per strategy.
+
+Every strategy has `start(ctx: JobContext) -> work`: it runs in the caller's thread (planning,
+building, reserving, taking the inputs, so that an input error reaches the caller) and returns a
+callable that the job's lifecycle (dispatch_svc.runner) runs in the background to collect the
+results. What strategies share (parameters, reservations, the device pool, one shard attempt,
+the in-flight budget) is in `context.py`.
+
+- `data_parallel`: plans shards by throughput and builds per target type, then hands the job to
+  `inference` (every shard once, outputs streamed as they finish) or `training` (mini-batch
+  steps, gradients averaged by rows, the optimizer applied here).
+- `pipeline`: a model's layers placed on devices (MISSION B), micro-batches stage to stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dispatch_svc import records as m
+from dispatch_svc.strategies import data_parallel, pipeline
+from dispatch_svc.strategies.context import JobContext
+
+Work = Callable[[], None]
+
+
+def strategy_for(spec: m.JobSpec) -> Callable[[JobContext], Work]:
+    return pipeline.start if spec.placement is not None else data_parallel.start

@@ -1,0 +1,181 @@
+"""What every job strategy works with: one job's context, and the shared steps of running shards.
+
+A strategy receives a `JobContext` (the mesh, the job book, the throughput model, the job, what
+only the running dispatcher knows of it, its input feed) and calls these steps instead of
+writing them again: fetch or take the parameters, reserve, open the job's device pool (retries
+recorded on the job), run one shard attempt (events, trace span, shard record, throughput), and
+route the input feed into shards within one in-flight budget.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from opentelemetry import trace
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from accelmesh.runtime import attributes as attr
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import Attempt, DevicePool
+from dispatch_svc.interface import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh, ShardOutput, ShardWork
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.validation import check_parameters
+
+BUDGET_POLL_S = 0.5  # how often a reader waiting for the budget checks for a cancel
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_shard_bytes: int  # inputs of one shard at most (ACCELMESH_MAX_SHARD_BYTES)
+    inflight_bytes: int  # shard inputs held at once per job (ACCELMESH_INFLIGHT_BYTES)
+
+
+class InflightBudget:
+    """Bytes of a job's shard inputs in memory at once: the input reader takes, finished shards
+    give back. A shard larger than the whole budget still runs, alone."""
+
+    def __init__(self, limit: int, live: LiveJob):
+        self._limit, self._live = limit, live
+        self._used = 0
+        self._changed = threading.Condition()
+
+    def take(self, nbytes: int) -> None:
+        with self._changed:
+            while self._used and self._used + nbytes > self._limit:
+                if self._live.failure is not None:
+                    raise self._live.failure
+                self._changed.wait(BUDGET_POLL_S)
+                self._live.scope.check()
+            self._used += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._changed:
+            self._used -= nbytes
+            self._changed.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """A shard finally failed: the job's first failure stops the reader."""
+        with self._changed:
+            self._live.failure = self._live.failure or error
+            self._changed.notify_all()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+
+@dataclass
+class JobContext:
+    mesh: Mesh
+    book: JobBook
+    throughput: ThroughputModel
+    limits: Limits
+    job: m.JobRecord
+    live: LiveJob
+    feed: InputFeed
+    tracer: trace.Tracer = field(default_factory=trace.NoOpTracer)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def spec(self) -> m.JobSpec:
+        return self.job.spec
+
+    def parameters(self, program: Program | None) -> list[tuple[str, np.ndarray]]:
+        """The client's parameters (checked against the program), or the program's initial ones."""
+        if self.spec.client_parameters:
+            given = self.feed.parameters()
+            check_parameters(program, given)
+            return given
+        if program is None or not program.parameters:
+            return []
+        values = self.mesh.fetch_parameters(program, self.spec.parameter_seed)
+        return [(p.name, v) for p, v in zip(program.parameters, values)]
+
+    def reserve(self, claims: Sequence[tuple[str, int]]) -> None:
+        self.mesh.reserve(self.job.job_id, claims, RESERVATION_TTL_S)
+        self.book.update(self.job, state=m.RUNNING)
+
+    def open_pool(self, devices: Sequence[JobDevice], run) -> DevicePool:
+        """The job's device pool; every retry is recorded on the shard and as an event."""
+        self.live.pool = DevicePool(list(devices), run, self.live.scope, on_retry=self.retried)
+        return self.live.pool
+
+    def execute(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
+                attempt: Attempt, held: str | None = None, span_attributes: dict | None = None) -> ShardOutput:
+        """Run one shard attempt on its device. `params` None: the shard's own (`ShardWork.params`);
+        `held` prefixes the keys its parameters are held under on workers (None: sent in full)."""
+        shard: ShardWork = attempt.shard
+        device: JobDevice = attempt.device
+        build = next(b for b in builds if b.target_type == device.target_type)
+        artifact = build.executables.get(shard.rows, build.portable)
+        self.book.emit(self.job, m.SHARD_STARTED, shard=self.record(shard, device, build, attempt.number),
+                       message=f"shard {shard.index} on {device.id}")
+        started = time.perf_counter()
+        shard_params = params if shard.params is None else shard.params
+        arrays = [*shard_params, *zip((i.name for i in program.inputs), shard.inputs)]
+        held_keys = {name: f"{held}:{name}" for name, _ in shard_params} if held else None
+        attributes = {
+            attr.JOB_ID: self.job.job_id, attr.SHARD_INDEX: shard.index, attr.SHARD_ATTEMPT: attempt.number,
+            attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
+            attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
+            attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays), **(span_attributes or {})}
+        with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
+            out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
+                                    shard.rows, self.live.scope, held_keys=held_keys)
+        record = self.record(shard, device, build, attempt.number)
+        record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
+        record.execute_seconds, record.total_seconds = out.execute_seconds, time.perf_counter() - started
+        if out.execute_seconds > 0:
+            self.throughput.record(program.ref, device.target_type, shard.rows, out.execute_seconds)
+        return out
+
+    def record(self, shard: ShardWork, device: JobDevice, build: Build, attempt: int) -> m.ShardRecord:
+        with self._lock:
+            self.ensure_records(shard.index + 1)
+            record = self.job.shards[shard.index]
+            record.device_id, record.target_type, record.rule = device.id, device.target_type, build.rule_name
+            record.first_row, record.rows, record.attempts = shard.first_row, shard.rows, attempt
+            return record
+
+    def ensure_records(self, count: int) -> None:
+        """The job has at least `count` shard records (callers hold the lock or run before shards do)."""
+        while len(self.job.shards) < count:
+            self.job.shards.append(m.ShardRecord(len(self.job.shards), "", "", "", 0, 0))
+
+    def retried(self, attempt: Attempt, cause: str) -> None:
+        shard = attempt.shard
+        with self._lock:
+            if shard.index < len(self.job.shards):
+                self.job.shards[shard.index].failures.append(cause)
+        self.book.emit(self.job, m.SHARD_RETRIED, message=f"shard {shard.index} retried on {attempt.device.id}: {cause}")
+
+    def shards_from_feed(self, shards: Sequence[ShardWork], total: int, budget: InflightBudget) -> Iterator[ShardWork]:
+        """Route the feed's row blocks into `shards` in order; yield each shard once its rows are
+        complete and the budget has room for them."""
+        current, parts, seen = 0, [], 0
+        for first_row, arrays in self.feed.blocks():
+            self.live.scope.check()
+            offset = 0
+            rows = arrays[0].shape[0]
+            while offset < rows:
+                shard = shards[current]
+                want = shard.first_row + shard.rows - (first_row + offset)
+                take = min(want, rows - offset)
+                parts.append([a[offset: offset + take] for a in arrays])
+                offset += take
+                if take == want:
+                    shard.inputs = [np.ascontiguousarray(np.concatenate(cols)) for cols in zip(*parts)]
+                    shard.nbytes = sum(a.nbytes for a in shard.inputs)
+                    parts = []
+                    budget.take(shard.nbytes)
+                    yield shard
+                    current += 1
+            seen = first_row + rows
+        if seen != total:
+            raise errors.InvalidArgument(f"the input blocks ended after {seen} of the {total} rows the spec declares")

@@ -1,0 +1,99 @@
+"""Data-parallel planning (MISSION A2, A5): the program built once per target type, the batch
+split into shards sized by each device's expected throughput, executables for the shard sizes.
+
+`plan` answers PlanJob as well as SubmitJob; `start` then reserves the devices and hands the
+job to its strategy (inference or training), which streams the shards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from dispatch_svc import records as m
+from dispatch_svc.interface import Build, JobDevice, Mesh
+from dispatch_svc.planner import PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
+from dispatch_svc.strategies import inference, training
+from dispatch_svc.strategies.context import JobContext, Limits
+from dispatch_svc.validation import check_inputs, check_program_kind
+
+MAX_EXECUTABLE_SIZES = 8  # distinct shard sizes worth a compiled executable each
+
+
+def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
+         spec: m.JobSpec) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
+    program = mesh.describe_program(spec.program, spec.version)
+    check_program_kind(program, spec)
+    rows = check_inputs(program, spec)
+    devices = mesh.candidate_devices(spec.constraints)
+    if not devices:
+        raise errors.FailedPrecondition(
+            f"no device can run {program.ref}: the inventory has no healthy device matching the job's "
+            f"constraints ({_describe_constraints(spec.constraints)})"
+        )
+    devices = mesh.refresh(devices)  # real-time status of exactly the candidates (A2)
+    builds = mesh.compile(program, devices, ())
+    by_type = {b.target_type: b for b in builds}
+    type_of = {d: b.target_type for b in builds for d in b.device_ids}
+    devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]
+    batch_rows = spec.training.batch_size if spec.kind == m.TRAINING else rows
+    job_plan = _split(throughput, limits, program, spec, devices, by_type, min(batch_rows, rows))
+    sizes = sorted({s.rows for s in job_plan.shards})
+    if spec.kind == m.TRAINING and rows % batch_rows:
+        sizes = sorted(set(sizes) | {count for _, count, _ in training.plan_rows(job_plan, rows % batch_rows)})
+    if len(sizes) <= MAX_EXECUTABLE_SIZES:
+        builds = mesh.compile(program, devices, sizes)  # portables come from the cache
+    return program, job_plan, builds, devices
+
+
+def start(ctx: JobContext):
+    """Plan shards, build per target type, reserve; returns the strategy's collecting work."""
+    job = ctx.job
+    program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
+    ctx.book.update(job, plan=job_plan, state=m.COMPILING)
+    ctx.book.emit(job, m.PLANNED, plan=job_plan, message=f"{len(job_plan.shards)} shards on {len(devices)} devices")
+    ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
+    used = {s.device_id for s in job_plan.shards} if job.spec.kind == m.INFERENCE else {d.id for d in devices}
+    spares = devices  # retries may go to any candidate: each type has its own build
+    params = ctx.parameters(program)
+    param_bytes = sum(v.nbytes for _, v in params)
+    ctx.reserve([(d.id, param_bytes + ctx.limits.max_shard_bytes) for d in devices if d.id in used])
+    if job.spec.kind == m.TRAINING:
+        # A training step's parameters change every step (ShardWork.params): they always travel in full.
+        pool = ctx.open_pool(spares, lambda attempt: ctx.execute(program, builds, params, attempt))
+        return training.collect(ctx, program, pool, [v for _, v in params])
+    # An inference job's parameters are the same for every shard: each worker gets them once.
+    pool = ctx.open_pool(spares, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
+    return inference.collect(ctx, program, pool)
+
+
+def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: m.JobSpec,
+           devices: list[JobDevice], builds: dict[str, Build], rows: int) -> m.Plan:
+    targets = {d.target_type: Target(d.target_type, d.spec.performance, builds[d.target_type].compute_dtype)
+               for d in devices}
+    rates = throughput.rates(program.ref, list(targets.values()), flops_per_row=flops_per_row(program))
+    row_bytes = sum(int(np.prod(i.shape[1:], dtype=np.int64)) * np.dtype(i.dtype).itemsize for i in spec.inputs)
+    max_rows = None if spec.kind == m.TRAINING else max(1, limits.max_shard_bytes // max(1, row_bytes))
+    sharding = plan_shards(rows, [PlannedDevice(d.id, d.target_type, rates[d.target_type].rows_per_second)
+                                  for d in devices], max_shard_rows=max_rows, exact=True)
+    used = {s.device_id for s in sharding.shards}
+    return m.Plan(
+        targets=tuple(
+            m.TargetPlan(t, builds[t].rule_name, builds[t].compute_dtype, builds[t].portable.key,
+                         tuple(d.id for d in devices if d.target_type == t and d.id in used),
+                         rates[t].rows_per_second, rates[t].source)
+            for t in targets if any(d.target_type == t and d.id in used for d in devices)
+        ),
+        shards=tuple(m.ShardPlan(s.index, s.device_id, s.target_type, s.first_row, s.rows, s.predicted_seconds)
+                     for s in sharding.shards),
+        predicted_seconds=sharding.predicted_seconds,
+        equal_split_predicted_seconds=sharding.equal_split_predicted_seconds,
+    )
+
+
+def _describe_constraints(c: m.Constraints) -> str:
+    parts = [f"platforms {', '.join(c.platforms)}"] if c.platforms else []
+    parts += [f"capabilities {', '.join(c.capabilities)}"] if c.capabilities else []
+    parts += [f"filter {c.filter!r}"] if c.filter else []
+    return "; ".join(parts) or "none"

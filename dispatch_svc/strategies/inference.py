@@ -1,0 +1,42 @@
+"""Data-parallel inference (MISSION A6, A7): every shard runs once on its planned device (retried
+elsewhere if that fails), and its outputs are taken as it finishes: concatenated outputs written
+in place, the others folded in shard order, so RunJob streams rows while later shards still run.
+"""
+
+from __future__ import annotations
+
+from accelmesh.programs import Program
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import DevicePool
+from dispatch_svc.interface import ShardOutput, ShardWork
+from dispatch_svc.outputs import JobOutputs
+from dispatch_svc.strategies.context import InflightBudget, JobContext
+
+
+def collect(ctx: JobContext, program: Program, pool: DevicePool):
+    """Submit every shard as the feed completes it (in this thread, so input errors reach the
+    caller); returns the work that waits for the last one."""
+    job = ctx.job
+    shards = [ShardWork(s.index, s.first_row, s.rows, s.device_id) for s in job.plan.shards]
+    outputs = JobOutputs(ctx.book, job, ctx.live, program, shards)
+    budget = InflightBudget(ctx.limits.inflight_bytes, ctx.live)
+
+    def take(shard: ShardWork, out: ShardOutput) -> None:
+        job.shards[shard.index].done = True
+        outputs.take(shard, out.outputs)
+        budget.give(shard.nbytes)
+        shard.inputs = []
+        ctx.book.emit(job, m.SHARD_FINISHED, shard=job.shards[shard.index],
+                      message=f"shard {shard.index} done on {job.shards[shard.index].device_id}")
+
+    # Results are taken on the device threads as shards finish, which frees the in-flight
+    # budget while this thread is still reading input blocks.
+    pending = [pool.submit(shard, shard.device_id, on_done=lambda out, shard=shard: take(shard, out),
+                           on_error=budget.fail)
+               for shard in ctx.shards_from_feed(shards, outputs.total, budget)]
+
+    def work():
+        for handle in pending:
+            pool.wait(handle)
+        outputs.close()
+    return work

@@ -1,0 +1,183 @@
+"""A placed model, run as a pipeline (MISSION B7): one artifact per stage built for its
+device's rule, each device given only its own layers' parameters, micro-batches streamed stage
+to stage through the dispatcher as soon as each stage's output is back.
+
+A stage's micro-batch runs through the same steps as any shard (JobContext.execute): it is
+retried, recorded and traced like one, and the feed is routed within the same in-flight budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from accelmesh.runtime import attributes as attr
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import Attempt, DevicePool
+from dispatch_svc.interface import Build, Mesh, ShardOutput, ShardWork
+from dispatch_svc.outputs import JobOutputs
+from dispatch_svc.pipeline_plan import PlacedJob, plan_placement
+from dispatch_svc.strategies.context import InflightBudget, JobContext
+from dispatch_svc.validation import check_inputs
+
+ALL_DONE_POLL_S = 0.5  # how often the collecting thread checks for a cancel while micro-batches run
+
+
+def place(mesh: Mesh, spec: m.JobSpec) -> tuple[Program | None, PlacedJob]:
+    """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
+    if spec.placement.layers:
+        program = None
+        rows = spec.inputs[0].rows if spec.inputs else 0
+    else:
+        program = mesh.describe_program(spec.program, spec.version)
+        if program.kind != "model":
+            raise errors.InvalidArgument(
+                f"spec.placement places a model's layers, but {program.ref} is a {program.kind}; name a model "
+                "program (ListPrograms shows kind MODEL) or leave spec.placement unset for data-parallel shards")
+        rows = check_inputs(program, spec)
+    return program, plan_placement(mesh, spec, program, rows)
+
+
+def start(ctx: JobContext):
+    """Place the layers, build one artifact per stage for its device's rule, reserve what the
+    placement needs on each device; returns the work that streams micro-batches through."""
+    job, spec = ctx.job, ctx.spec
+    if spec.placement.layers:
+        raise errors.InvalidArgument(
+            "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
+            "name a registered model program")
+    if spec.kind == m.TRAINING:
+        raise errors.FailedPrecondition(
+            "placed (pipelined) training is not implemented yet: PlanJob plans it, and SubmitJob trains "
+            "data-parallel with a training_step program when spec.placement is unset")
+    program, placed = place(ctx.mesh, spec)
+    placement = placed.plan.placement
+    if ctx.live.span is not None:
+        ctx.live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
+    rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
+    sizes = sorted({micro, rows % micro} - {0})
+    stages = _build_stages(ctx, program, placed, sizes)
+    plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
+        dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
+                            rule=stages[st.index].builds[st.target_type].rule_name)
+        for st in placement.stages)))
+    ctx.book.update(job, plan=plan, state=m.COMPILING)
+    layers = placement.layers
+    ctx.book.emit(job, m.PLANNED, plan=plan, message=(
+        f"{len(layers)} layers in {len(stages)} stages on {placement.device_count} "
+        f"devices ({placement.strategy}), {placement.micro_batches} micro-batches of {micro} rows"))
+    ctx.book.emit(job, m.COMPILED, message=", ".join(
+        f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
+        f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
+    params = dict(ctx.parameters(program))
+    for stage in stages:  # a device receives only the parameters of its own layers
+        stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
+    params.clear()
+    ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
+    pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
+    return _flow(ctx, program, stages, pool)
+
+
+def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: list[int]) -> list[_Stage]:
+    """One build per (layer range, target type): stages on devices of one type share it."""
+    stages: list[_Stage] = []
+    builds: dict[tuple[int, int], tuple[Program, dict[str, Build]]] = {}
+    for st in placed.plan.placement.stages:
+        key = (st.first_layer, st.layer_count)
+        device = placed.devices[st.device_id]
+        stage_program, by_type = builds.get(key, (None, {}))
+        if device.target_type not in by_type:
+            stage_program, built = ctx.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes)
+            by_type.update({b.target_type: b for b in built})
+            builds[key] = (stage_program, by_type)
+        stages.append(_Stage(st.index, st.device_id, st.first_layer, st.layer_count, stage_program, by_type))
+    return stages
+
+
+def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt: Attempt) -> ShardOutput:
+    """Run one micro-batch through one stage; a retry on a device of another target type
+    builds the stage for that type first (the compile service caches it)."""
+    work: _StageWork = attempt.shard
+    stage = work.stage
+    build = stage.builds.get(attempt.device.target_type)
+    if build is None:
+        _, built = ctx.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes)
+        build = stage.builds.setdefault(attempt.device.target_type, built[0])
+    # A stage's parameters serve every micro-batch: its worker gets them once, then by key.
+    return ctx.execute(stage.program, [build], None, attempt, held=f"stage{stage.index}",
+                       span_attributes={attr.PIPELINE_STAGE: stage.index, attr.MICRO_BATCH: work.batch.index})
+
+
+def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DevicePool):
+    """Micro-batches flow stage to stage through the dispatcher: each stage's output is the
+    next stage's input, as soon as it is back; micro-batches overlap across devices."""
+    job, live = ctx.job, ctx.live
+    placement = job.plan.placement
+    micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
+    batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_id)
+               for k, first in enumerate(range(0, total, micro))]
+    outputs = JobOutputs(ctx.book, job, live, program, batches)
+    budget = InflightBudget(ctx.limits.inflight_bytes, live)
+    all_done = threading.Event()
+    ctx.ensure_records(len(batches) * len(stages))
+
+    def failed(error: BaseException) -> None:
+        budget.fail(error)
+        all_done.set()
+
+    def submit(batch: ShardWork, s: int, x: list[np.ndarray]) -> None:
+        work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, stages[s].device_id,
+                          inputs=x, params=stages[s].params, stage=stages[s], batch=batch)
+        pool.submit(work, work.device_id, on_done=lambda out: advanced(work, out), on_error=failed)
+
+    def advanced(work: _StageWork, out: ShardOutput) -> None:
+        job.shards[work.index].done = True
+        s = work.stage.index
+        if s + 1 < len(stages):
+            submit(work.batch, s + 1, [out.outputs[0]])
+            return
+        batch = work.batch
+        done = outputs.take(batch, out.outputs)
+        budget.give(batch.nbytes)
+        ctx.book.emit(job, m.SHARD_FINISHED, shard=job.shards[work.index],
+                      message=f"micro-batch {batch.index} through all {len(stages)} stages")
+        if done == len(batches):
+            all_done.set()
+
+    for batch in ctx.shards_from_feed(batches, total, budget):
+        submit(batch, 0, batch.inputs)
+        batch.inputs = []
+
+    def work():
+        while not all_done.wait(ALL_DONE_POLL_S):
+            live.scope.check()
+        if live.failure is not None:
+            raise live.failure
+        outputs.close()
+    return work
+
+
+@dataclass
+class _Stage:
+    """A pipeline stage as it runs: its program, its builds by target type, its parameters."""
+
+    index: int
+    device_id: str
+    first_layer: int
+    layer_count: int
+    program: Program
+    builds: dict[str, Build]
+    params: list[tuple[str, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class _StageWork(ShardWork):
+    """One micro-batch at one stage."""
+
+    stage: _Stage | None = None
+    batch: ShardWork | None = None

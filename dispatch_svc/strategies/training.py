@@ -1,0 +1,93 @@
+"""Data-parallel training (MISSION A7): each mini-batch split across the devices as the plan
+splits a full batch, shard gradients averaged by rows, the optimizer applied here, the new
+parameters sent with every step; the trained parameters and the losses are the job's results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from dispatch_svc import records as m
+from dispatch_svc.device_queues import DevicePool
+from dispatch_svc.interface import ShardWork
+from dispatch_svc.strategies.context import JobContext
+from dispatch_svc.training import minibatches
+
+
+def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray]):
+    """Take the whole training set (it is reused every epoch); returns the work that runs the steps."""
+    job = ctx.job
+    data = _read_all(ctx)
+    options = job.spec.training
+    optimizer = options.optimizer()
+    grad_outputs = [i for i, o in enumerate(program.outputs) if o.name.startswith("grad/")]
+    loss_output = next(i for i, o in enumerate(program.outputs) if o.name == "loss")
+    steps = list(minibatches(job.spec.inputs[0].rows, options.batch_size, options.epochs, options.shuffle_seed))
+    names = [p.name for p in program.parameters]
+    splits: dict[int, list[tuple[int, int, str]]] = {}
+
+    def step(batch, params: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
+        size = len(batch.indices)
+        split = splits.setdefault(size, plan_rows(job.plan, size))
+        handles = []
+        for index, (first, count, device_id) in enumerate(split):
+            idx = batch.indices[first: first + count]
+            shard = ShardWork(index, first, count, device_id, [d[idx] for d in data], params=list(zip(names, params)))
+            handles.append((shard, pool.submit(shard, device_id)))
+        outs = [(s, pool.wait(h)) for s, h in handles]
+        for s, _ in outs:
+            job.shards[s.index].done = True
+        weights = [s.rows for s, _ in outs]
+        grads = [weighted_mean([o.outputs[i] for _, o in outs], weights) for i in grad_outputs]
+        loss = float(weighted_mean([o.outputs[loss_output] for _, o in outs], weights))
+        return optimizer.step(params, grads), loss
+
+    def work():
+        nonlocal params
+        for batch in steps:
+            ctx.live.scope.check()
+            params, loss = step(batch, params)
+            job.losses.append(loss)
+            job.progress = batch.step / len(steps)
+            ctx.book.emit(job, m.TRAINING_STEP, step=batch.step, loss=loss, message=f"epoch {batch.epoch}")
+        for spec, value in zip(program.parameters, params):
+            ctx.book.results.save(job.job_id, spec.name, np.asarray(value, np.dtype(spec.dtype)))
+        ctx.book.results.save(job.job_id, "losses", np.asarray(job.losses, np.float32))
+    return work
+
+
+def _read_all(ctx: JobContext) -> list[np.ndarray]:
+    rows = ctx.spec.inputs[0].rows
+    data = [np.empty(i.shape, np.dtype(i.dtype)) for i in ctx.spec.inputs]
+    seen = 0
+    for first_row, arrays in ctx.feed.blocks():
+        for full, part in zip(data, arrays):
+            full[first_row: first_row + part.shape[0]] = part
+        seen = first_row + arrays[0].shape[0]
+    if seen != rows:
+        raise errors.InvalidArgument(f"the input blocks ended after {seen} of the {rows} rows the spec declares")
+    return data
+
+
+def weighted_mean(values: list[np.ndarray], weights: list[int]) -> np.ndarray:
+    total = np.zeros_like(np.asarray(values[0], np.float32))
+    for value, weight in zip(values, weights):
+        total += np.asarray(value, np.float32) * weight
+    return total / sum(weights)
+
+
+def plan_rows(plan: m.Plan, rows: int) -> list[tuple[int, int, str]]:
+    """Scale a plan's split of a full batch to `rows` (the last, partial mini-batch)."""
+    full = sum(s.rows for s in plan.shards)
+    if rows == full:
+        return [(s.first_row, s.rows, s.device_id) for s in plan.shards]
+    counts = [max(0, round(s.rows * rows / full)) for s in plan.shards]
+    counts[int(np.argmax(counts))] += rows - sum(counts)
+    out, first = [], 0
+    for shard, count in zip(plan.shards, counts):
+        if count > 0:
+            out.append((first, count, shard.device_id))
+            first += count
+    return out

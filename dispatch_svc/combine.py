@@ -1,11 +1,11 @@
-"""Combining per-shard outputs into a job's outputs (MISSION A7), always in shard order.
+"""Folding per-shard "sum" and "mean" outputs into a job's outputs (MISSION A7), in shard order.
 
-Rules (OutputSpec.combine): "concat" joins shards along axis 0; "sum" adds them; "mean" is the
-mean weighted by shard rows, so per-shard mean gradients give the full-batch mean gradient.
-Float addition is not associative, so sums fold strictly in shard order: whatever order shards
-finish in, the result is bit-identical to ``combine_outputs`` over the shards in order. A shard
-that arrives early waits in a buffer until the shards before it are in: memory is one output in
-the common in-order case and grows only with the shards finished ahead of a gap.
+Rules (OutputSpec.combine): "sum" adds the shards' values; "mean" is the mean weighted by shard
+rows, so per-shard mean gradients give the full-batch mean gradient ("concat" outputs are written
+in place by dispatch_svc.outputs). Float addition is not associative, so sums fold strictly in
+shard order: whatever order shards finish in, the result is bit-identical to folding them in
+order. A shard that arrives early waits in a buffer until the shards before it are in: memory is
+one output in the common in-order case and grows only with the shards finished ahead of a gap.
 
 Sums of bfloat16 / float16 outputs accumulate in float32 and are cast back once at the end, so
 the rounding of a low-precision dtype happens once instead of once per shard. Integer sums use
@@ -20,12 +20,10 @@ import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
 import numpy as np
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
-from accelmesh.programs import COMBINE_RULES
 
 _FLOAT_ACCUMULATORS = {"bfloat16": np.float32, "float16": np.float32, "float32": np.float32, "float64": np.float64}
 _INT_ACCUMULATORS = {"int8": np.int64, "int16": np.int64, "int32": np.int64, "int64": np.int64,
                      "uint8": np.uint64, "uint32": np.uint64}
-Released = tuple[int, tuple[np.ndarray, ...]]  # (shard index, that shard's concat outputs)
 
 
 class _ShardSlots:
@@ -58,44 +56,13 @@ class _ShardSlots:
         return self.next_index == len(self.shard_rows)
 
 
-class ConcatReleaser:
-    """Streams concatenated outputs in shard order as soon as they are final.
-
-    ``add`` returns every shard that became releasable: the added one if all earlier shards were
-    already released, followed by any later ones that were waiting on it.
-    """
-
-    def __init__(self, shard_rows: Sequence[int]):
-        self._slots = _ShardSlots(shard_rows)
-        self._like: list[tuple[np.dtype, tuple[int, ...]]] | None = None  # per output: dtype, shape past axis 0
-
-    def add(self, shard_index: int, outputs: Sequence[np.ndarray]) -> list[Released]:
-        arrays = tuple(np.asarray(output) for output in outputs)
-        rows = self._slots.check(shard_index)
-        for position, array in enumerate(arrays):
-            if array.ndim == 0 or array.shape[0] != rows:
-                raise InvalidArgument(f"shard {shard_index} concat output {position} has shape {array.shape}; "
-                                      f"axis 0 must hold the shard's {rows} rows")
-        like = [(array.dtype, array.shape[1:]) for array in arrays]
-        if self._like is not None and like != self._like:
-            raise InvalidArgument(f"shard {shard_index} concat outputs are {like} (dtype, shape past axis 0) but "
-                                  f"an earlier shard's are {self._like}; every shard must return the same layout")
-        self._slots.pending[shard_index] = arrays
-        self._like = like
-        return list(self._slots.ready())
-
-    @property
-    def done(self) -> bool:
-        return self._slots.done
-
-
 class Accumulator:
     """Folds one "sum" or "mean" output in, in shard order, in O(output size) when shards arrive in order."""
 
     def __init__(self, rule: str, shard_rows: Sequence[int]):
         if rule not in ("sum", "mean"):
             raise InvalidArgument(f"an Accumulator folds 'sum' or 'mean' outputs, not {rule!r}; "
-                                  "stream 'concat' outputs with a ConcatReleaser")
+                                  "'concat' outputs are written in place (dispatch_svc.outputs)")
         self.rule = rule
         self._slots = _ShardSlots(shard_rows)
         self._total: np.ndarray | None = None
@@ -136,54 +103,6 @@ class Accumulator:
         if self.rule == "mean":
             total = total / sum(self._slots.shard_rows)
         return np.asarray(total).astype(self._like.dtype)
-
-
-class ShardCombiner:
-    """Every output of a program: concat outputs stream out in shard order, sum/mean outputs fold in."""
-
-    def __init__(self, rules: Sequence[str], shard_rows: Sequence[int]):
-        if unknown := [rule for rule in rules if rule not in COMBINE_RULES]:
-            raise InvalidArgument(f"unknown combine rules {unknown}; use {', '.join(COMBINE_RULES)}")
-        self.rules = tuple(rules)
-        self.concat_positions = tuple(k for k, rule in enumerate(rules) if rule == "concat")
-        self._releaser = ConcatReleaser(shard_rows)  # also tracks arrivals when nothing concatenates
-        self._accumulators = {k: Accumulator(rule, shard_rows) for k, rule in enumerate(rules) if rule != "concat"}
-
-    def add(self, shard_index: int, outputs: Sequence[np.ndarray]) -> list[Released]:
-        """Take one shard's outputs (all of them, in program order); return newly final concat outputs."""
-        if len(outputs) != len(self.rules):
-            raise InvalidArgument(f"shard {shard_index} returned {len(outputs)} outputs; the program has "
-                                  f"{len(self.rules)}")
-        released = self._releaser.add(shard_index, [outputs[k] for k in self.concat_positions])
-        for k, accumulator in self._accumulators.items():
-            accumulator.add(shard_index, outputs[k])
-        return released
-
-    @property
-    def done(self) -> bool:
-        return self._releaser.done
-
-    def reduced(self) -> dict[int, np.ndarray]:
-        """The final sum/mean outputs by output position (every shard must be in)."""
-        return {k: accumulator.result() for k, accumulator in self._accumulators.items()}
-
-
-def combine_outputs(rules: Sequence[str], shard_outputs: Sequence[Sequence[np.ndarray]],
-                    shard_rows: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """All shards at once (in shard order) -> the job's outputs in program order."""
-    combiner = ShardCombiner(rules, shard_rows)
-    pieces: list[tuple[np.ndarray, ...]] = []
-    for index, outputs in enumerate(shard_outputs):
-        pieces.extend(released for _, released in combiner.add(index, outputs))
-    reduced = combiner.reduced()
-    joined = {k: np.concatenate([piece[j] for piece in pieces], axis=0)
-              for j, k in enumerate(combiner.concat_positions)}
-    return tuple(joined[k] if k in joined else reduced[k] for k in range(len(rules)))
-
-
-def combine(rule: str, shard_values: Sequence[np.ndarray], shard_rows: Sequence[int]) -> np.ndarray:
-    """One output's per-shard values (in shard order) combined by ``rule``."""
-    return combine_outputs([rule], [[value] for value in shard_values], shard_rows)[0]
 
 
 def _accumulator_dtype(rule: str, dtype: np.dtype) -> type:

@@ -1,4 +1,5 @@
-"""Combining shard outputs: concat / sum / mean against one-device references, in any arrival order."""
+"""Folding shard outputs: sum / mean against one-device references, in any arrival order
+(concatenated outputs are written in place: tests/dispatch/test_strategies.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
-from dispatch_svc.combine import Accumulator, ConcatReleaser, ShardCombiner, combine, combine_outputs
+from dispatch_svc.combine import Accumulator
 
 SHARD_ROWS = [3, 1, 5, 2]  # uneven, as a throughput-weighted plan makes them
 
@@ -18,14 +19,17 @@ def split(x: np.ndarray, rows=SHARD_ROWS) -> list[np.ndarray]:
     return np.split(x, np.cumsum(rows)[:-1])
 
 
+def combine(rule: str, values, rows) -> np.ndarray:
+    """The shards' values folded in shard order."""
+    accumulator = Accumulator(rule, rows)
+    for index, value in enumerate(values):
+        accumulator.add(index, value)
+    return accumulator.result()
+
+
 @pytest.fixture
 def batch() -> np.ndarray:
     return np.random.default_rng(0).normal(size=(sum(SHARD_ROWS), 4))
-
-
-def test_concat_equals_the_whole_batch(batch):
-    out = combine("concat", [np.tanh(s) for s in split(batch)], SHARD_ROWS)
-    np.testing.assert_array_equal(out, np.tanh(batch))
 
 
 def test_sum_of_shard_sums_equals_the_full_sum(batch):
@@ -50,20 +54,6 @@ def test_mean_of_per_shard_mean_gradients_is_the_full_batch_gradient():
     x, y, w = rng.normal(size=(11, 3)), rng.normal(size=11), rng.normal(size=3)
     grads = [mse_gradient(w, xs, ys) for xs, ys in zip(split(x), split(y))]
     np.testing.assert_allclose(combine("mean", grads, SHARD_ROWS), mse_gradient(w, x, y), rtol=1e-12)
-
-
-def test_concat_releaser_releases_in_shard_order_as_soon_as_possible():
-    releaser = ConcatReleaser(SHARD_ROWS)
-    pieces = {i: (np.full((n, 2), i),) for i, n in enumerate(SHARD_ROWS)}
-    assert releaser.add(2, pieces[2]) == []
-    released = releaser.add(0, pieces[0])
-    assert [i for i, _ in released] == [0]
-    released = releaser.add(1, pieces[1])
-    assert [i for i, _ in released] == [1, 2]  # shard 2 was waiting only on shard 1
-    np.testing.assert_array_equal(released[1][1][0], pieces[2][0])
-    assert not releaser.done
-    assert [i for i, _ in releaser.add(3, pieces[3])] == [3]
-    assert releaser.done
 
 
 @pytest.mark.parametrize("rule", ["sum", "mean"])
@@ -97,11 +87,8 @@ def test_bf16_sums_accumulate_in_fp32_and_keep_their_dtype():
     assert float(naive[0]) == 256.0  # bf16 accumulation stalls where 256 + 1 rounds back to 256
 
 
-def test_bf16_concat_and_mean_keep_their_dtype(batch):
+def test_bf16_mean_keeps_its_dtype(batch):
     shards = [s.astype(ml_dtypes.bfloat16) for s in split(batch)]
-    concat = combine("concat", shards, SHARD_ROWS)
-    assert concat.dtype == ml_dtypes.bfloat16
-    np.testing.assert_array_equal(concat, batch.astype(ml_dtypes.bfloat16))
     mean = combine("mean", [s.astype(np.float32).mean(axis=0).astype(ml_dtypes.bfloat16) for s in shards], SHARD_ROWS)
     assert mean.dtype == ml_dtypes.bfloat16
     np.testing.assert_allclose(mean.astype(np.float32), batch.mean(axis=0), rtol=2e-2, atol=2e-2)
@@ -112,37 +99,15 @@ def test_integer_sum_keeps_its_dtype():
     assert out.dtype == np.int32 and out.tolist() == [4, 6]
 
 
-def test_shard_combiner_streams_concat_and_folds_the_rest(batch):
-    rules = ["concat", "mean", "sum"]
-    combiner = ShardCombiner(rules, SHARD_ROWS)
-    shard_outputs = [(s * 2, s.mean(axis=0), np.array(len(s))) for s in split(batch)]
-    streamed = []
-    for i in (3, 1, 0, 2):
-        streamed.extend(combiner.add(i, shard_outputs[i]))
-    assert [i for i, _ in streamed] == [0, 1, 2, 3]
-    assert combiner.done
-    np.testing.assert_array_equal(np.concatenate([p[0] for _, p in streamed]), batch * 2)
-    reduced = combiner.reduced()
-    assert set(reduced) == {1, 2}
-    np.testing.assert_allclose(reduced[1], batch.mean(axis=0), rtol=1e-12)
-    assert int(reduced[2]) == len(batch)
-    whole = combine_outputs(rules, shard_outputs, SHARD_ROWS)
-    np.testing.assert_array_equal(whole[0], batch * 2)
-    assert whole[1].tobytes() == reduced[1].tobytes()
-
-
 @pytest.mark.parametrize(
     "action, error",
     [
-        (lambda: ConcatReleaser(SHARD_ROWS).add(4, (np.zeros((2, 1)),)), InvalidArgument),
-        (lambda: ConcatReleaser(SHARD_ROWS).add(0, (np.zeros((2, 1)),)), InvalidArgument),  # shard 0 has 3 rows
-        (lambda: ConcatReleaser(SHARD_ROWS).add(0, (np.zeros(()),)), InvalidArgument),
+        (lambda: Accumulator("sum", SHARD_ROWS).add(4, np.zeros(1)), InvalidArgument),  # no shard 4
         (lambda: Accumulator("mean", SHARD_ROWS).add(0, np.array([1, 2])), InvalidArgument),  # integer mean
         (lambda: Accumulator("sum", SHARD_ROWS).add(0, np.array([True])), InvalidArgument),
         (lambda: Accumulator("concat", SHARD_ROWS), InvalidArgument),
         (lambda: Accumulator("sum", [2, 0]), InvalidArgument),
-        (lambda: ShardCombiner(["max"], SHARD_ROWS), InvalidArgument),
-        (lambda: ShardCombiner(["sum", "sum"], SHARD_ROWS).add(0, [np.zeros(1)]), InvalidArgument),
+        (lambda: Accumulator("max", SHARD_ROWS), InvalidArgument),
         (lambda: Accumulator("sum", SHARD_ROWS).result(), FailedPrecondition),
     ],
 )
@@ -163,7 +128,3 @@ def test_duplicate_and_mismatched_shards_are_rejected():
         accumulator.add(0, np.zeros(3))  # folded already, still a duplicate
     with pytest.raises(FailedPrecondition, match=r"shards \[2, 3\]"):
         accumulator.result()
-    releaser = ConcatReleaser([1, 1])
-    releaser.add(1, (np.zeros((1, 2), np.float32),))
-    with pytest.raises(InvalidArgument, match="same layout"):
-        releaser.add(0, (np.zeros((1, 2), np.float64),))

@@ -1,9 +1,6 @@
-"""DispatchService adapter: request streams into the runner, jobs and events out."""
+"""DispatchService adapter: request streams into the runner, what dispatch_svc.delivery hands back out."""
 
 from __future__ import annotations
-
-import contextvars
-import threading
 
 import numpy as np
 
@@ -12,6 +9,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import dtype_code, split
+from dispatch_svc import delivery
 from dispatch_svc import records as m
 from dispatch_svc import translate as tr
 from dispatch_svc.runner import JobRunner
@@ -53,60 +51,23 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         job, live, feed = self._start(request_iterator)
         # The client's deadline or disconnect stops the job (its shards and reservations).
         context.add_callback(lambda: None if job.final else live.scope.cancel())
-        failure = []
+        for piece in delivery.run(self.runner, job, live, feed, self._chunk_bytes):
+            if isinstance(piece, delivery.EventOut):
+                yield pb.RunJobResponse(event=tr.event_to_proto(piece.event))
+            elif isinstance(piece, delivery.JobOut):
+                yield pb.RunJobResponse(job=tr.job_to_proto(piece.job))
+            elif isinstance(piece, delivery.TensorOut):
+                yield pb.RunJobResponse(tensor=_header(piece.entry))
+            else:
+                yield from (pb.RunJobResponse(chunk=chunk) for chunk in self._chunks(piece))
 
-        def feed_inputs():
-            try:
-                self.runner.run(job, live, feed)
-            except Exception as exc:  # noqa: BLE001 - recorded on the job; re-raised below for the status
-                failure.append(exc)
-
-        # The feeding thread carries this call's context, so the job joins the client's trace.
-        threading.Thread(target=contextvars.copy_context().run, args=(feed_inputs,), name=f"inputs-{job.job_id}",
-                         daemon=True).start()
-        sent_rows = 0
-        for event in self.book.events(job.job_id):
-            yield pb.RunJobResponse(event=tr.event_to_proto(event))
-            if event.type == m.SHARD_FINISHED or event.type == "succeeded":
-                sent_rows = yield from self._stream_released(job, live, sent_rows)
-        live.done.wait()
-        final = self.book.get(job.job_id)
-        if final.state == m.SUCCEEDED:
-            yield from self._stream_folded(job, live)
-        elif live.error is not None or failure:
-            raise live.error or failure[0]
-        yield pb.RunJobResponse(job=tr.job_to_proto(final))
-
-    def _stream_released(self, job, live, sent_rows: int):
-        """Rows of concatenated outputs that became final since the last call, as chunks."""
-        released = live.released_rows
-        if released <= sent_rows:
-            return sent_rows
-        for entry in self.book.results.entries(job.job_id):
-            if entry.name in live.concat_names:
-                if sent_rows == 0:
-                    yield pb.RunJobResponse(tensor=_header(entry))
-                for chunk in self._chunks(entry, sent_rows, released):
-                    yield pb.RunJobResponse(chunk=chunk)
-        return released
-
-    def _stream_folded(self, job, live):
-        for entry in self.book.results.entries(job.job_id):
-            if entry.name not in live.concat_names:
-                yield pb.RunJobResponse(tensor=_header(entry))
-                for chunk in self._chunks(entry, 0, entry.shape[0] if entry.shape else 1):
-                    yield pb.RunJobResponse(chunk=chunk)
-
-    def _chunks(self, entry, first: int, last: int):
-        """Chunks of rows [first, last), read from disk a slab at a time."""
-        rows_per_slab = max(1, self._chunk_bytes // max(1, entry.row_bytes))
-        for start in range(first, last, rows_per_slab):
-            stop = min(last, start + rows_per_slab)
-            _, chunks = split(entry.name, entry.read_rows(start, stop), self._chunk_bytes)
-            for chunk in chunks:
-                if chunk.data:
-                    chunk.offset += start * entry.row_bytes
-                    yield chunk
+    def _chunks(self, piece: delivery.RowsOut):
+        """A slab of rows as chunks, each placed at its byte offset in the whole tensor."""
+        _, chunks = split(piece.entry.name, piece.rows, self._chunk_bytes)
+        for chunk in chunks:
+            if chunk.data:
+                chunk.offset += piece.first_row * piece.entry.row_bytes
+                yield chunk
 
     def WatchJob(self, request, context):
         if request.from_index < 0:
@@ -138,10 +99,11 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             raise errors.FailedPrecondition(
                 f"job {job.job_id} is {job.state}; results exist only for succeeded jobs"
                 + (f" (error: {job.error})" if job.error else ""))
-        for entry in self.book.results.entries(job.job_id):
-            yield pb.FetchResultResponse(tensor=_header(entry))
-            for chunk in self._chunks(entry, 0, entry.shape[0] if entry.shape else 1):
-                yield pb.FetchResultResponse(chunk=chunk)
+        for piece in delivery.results(self.book, job.job_id, self._chunk_bytes):
+            if isinstance(piece, delivery.TensorOut):
+                yield pb.FetchResultResponse(tensor=_header(piece.entry))
+            else:
+                yield from (pb.FetchResultResponse(chunk=chunk) for chunk in self._chunks(piece))
 
 
 def _header(entry) -> common_pb2.TensorHeader:

@@ -14,6 +14,7 @@ import pytest
 from accelmesh import errors
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
+from dispatch_svc import delivery
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import ShardFailed
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
@@ -336,3 +337,21 @@ def test_a_pipeline_runs_every_micro_batch_through_the_stages_in_order_and_retri
     assert len(retried) == 1 and retried[0].failures[0].startswith(mesh.devices[1].id)
     assert sorted(d for d, _ in mesh.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
     assert mesh.released == [job.job_id]
+
+
+def test_a_run_hands_back_events_then_final_rows_in_order_then_folded_outputs_then_the_job(tmp_path):
+    mesh = FakeMesh(AFFINE)
+    runner = runner_for(mesh, tmp_path)
+    job, live = runner.start(spec_for(AFFINE, [X]))
+    pieces = list(delivery.run(runner, job, live, Feed([X]), slab_bytes=64))
+    assert isinstance(pieces[0], delivery.EventOut) and pieces[0].event.type == m.PLANNED
+    assert isinstance(pieces[-1], delivery.JobOut) and pieces[-1].job.state == m.SUCCEEDED
+    y = [p for p in pieces if isinstance(p, delivery.RowsOut) and p.entry.name == "y"]
+    assert [p.first_row for p in y] == list(np.cumsum([0] + [len(p.rows) for p in y[:-1]]))  # in order, once
+    np.testing.assert_array_equal(np.concatenate([p.rows for p in y]), 2 * X + BIAS)
+    headers = [i for i, p in enumerate(pieces) if isinstance(p, delivery.TensorOut)]
+    assert [pieces[i].entry.name for i in headers] == ["y", "s"]
+    succeeded = next(i for i, p in enumerate(pieces) if isinstance(p, delivery.EventOut) and p.event.type == "succeeded")
+    assert headers[1] > succeeded > pieces.index(y[0])  # the sum only once final; rows before the end
+    (s,) = [p for p in pieces if isinstance(p, delivery.RowsOut) and p.entry.name == "s"]
+    np.testing.assert_allclose(s.rows, X.sum(axis=0), rtol=1e-5)

@@ -1,0 +1,108 @@
+"""What a job hands back to its client, in the order it is sent: events as they happen, rows of
+concatenated outputs as soon as they are final, the folded outputs once the job succeeded, and
+the final record. Results are read from the job book a slab at a time, so no result is held
+whole; the servicer only turns each piece into its message.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from dispatch_svc import records as m
+from dispatch_svc.interface import InputFeed, LiveJob
+from dispatch_svc.jobs import JobBook, ResultEntry
+from dispatch_svc.runner import JobRunner
+
+
+@dataclass(frozen=True)
+class EventOut:
+    event: m.Event
+
+
+@dataclass(frozen=True)
+class TensorOut:
+    """A result tensor begins: its name, dtype and whole shape."""
+
+    entry: ResultEntry
+
+
+@dataclass(frozen=True)
+class RowsOut:
+    """Rows [first_row, first_row + len(rows)) of the tensor begun last."""
+
+    entry: ResultEntry
+    first_row: int
+    rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class JobOut:
+    job: m.JobRecord
+
+
+Piece = EventOut | TensorOut | RowsOut | JobOut
+
+
+def slabs(entry: ResultEntry, first: int, last: int, slab_bytes: int) -> Iterator[RowsOut]:
+    """Rows [first, last) of a result, read from disk `slab_bytes` at a time."""
+    rows_per_slab = max(1, slab_bytes // max(1, entry.row_bytes))
+    for start in range(first, last, rows_per_slab):
+        yield RowsOut(entry, start, entry.read_rows(start, min(last, start + rows_per_slab)))
+
+
+def whole(entry: ResultEntry, slab_bytes: int) -> Iterator[TensorOut | RowsOut]:
+    yield TensorOut(entry)
+    yield from slabs(entry, 0, entry.shape[0] if entry.shape else 1, slab_bytes)
+
+
+def results(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[TensorOut | RowsOut]:
+    """Every result of a finished job (FetchResult)."""
+    for entry in book.results.entries(job_id):
+        yield from whole(entry, slab_bytes)
+
+
+def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, slab_bytes: int) -> Iterator[Piece]:
+    """Run the job, taking its inputs on a thread of its own, and yield what its client is sent
+    (RunJob). A job that failed ends the stream with its error, after its events."""
+    failure: list[BaseException] = []
+
+    def feed_inputs():
+        try:
+            runner.run(job, live, feed)
+        except Exception as exc:  # noqa: BLE001 - recorded on the job; re-raised below for the status
+            failure.append(exc)
+
+    # The feeding thread carries the caller's context, so the job joins the client's trace.
+    threading.Thread(target=contextvars.copy_context().run, args=(feed_inputs,), name=f"inputs-{job.job_id}",
+                     daemon=True).start()
+    book, sent_rows = runner.book, 0
+    for event in book.events(job.job_id):
+        yield EventOut(event)
+        if event.type in (m.SHARD_FINISHED, "succeeded"):
+            released = live.released_rows
+            if released > sent_rows:
+                yield from _released(book, job.job_id, live, sent_rows, released, slab_bytes)
+                sent_rows = released
+    live.done.wait()
+    final = book.get(job.job_id)
+    if final.state == m.SUCCEEDED:
+        for entry in book.results.entries(job.job_id):
+            if entry.name not in live.concat_names:
+                yield from whole(entry, slab_bytes)
+    elif live.error is not None or failure:
+        raise live.error or failure[0]
+    yield JobOut(final)
+
+
+def _released(book: JobBook, job_id: str, live: LiveJob, sent: int, released: int,
+              slab_bytes: int) -> Iterator[TensorOut | RowsOut]:
+    for entry in book.results.entries(job_id):
+        if entry.name in live.concat_names:
+            if sent == 0:
+                yield TensorOut(entry)
+            yield from slabs(entry, sent, released, slab_bytes)

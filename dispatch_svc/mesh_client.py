@@ -114,14 +114,15 @@ class GrpcMesh:
         return [self._device(d) for d in response.devices if d.health == common_pb2.DEVICE_HEALTH_HEALTHY]
 
     def score_devices(self, kind: str, precision: str, intensity: float,
-                      weights: tuple[float, float, float] | None, constraints: m.Constraints) -> Scoring:
+                      weights: tuple[float, float, float] | None, constraints: m.Constraints,
+                      device_ids: Sequence[str] = ()) -> Scoring:
         task = inv_pb.TaskProfile(
             kind=inv_pb.TASK_KIND_TRAINING if kind == m.TRAINING else inv_pb.TASK_KIND_INFERENCE,
             precision=precision, arithmetic_intensity=intensity)
         if weights is not None:
             task.weights.CopyFrom(inv_pb.TaskWeights(compute=weights[0], memory=weights[1], bandwidth=weights[2]))
         response = self._call("inventory score", self.inventory.ScoreDevices, inv_pb.ScoreDevicesRequest(
-            task=task, filter=_constraints_filter(constraints)))
+            task=task, filter=_constraints_filter(constraints), device_ids=list(device_ids)))
         w = response.weights
         return Scoring(
             devices={s.device.id: ScoredStatus(s.score, s.free_compute_tflops, s.device.status.memory_free_bytes,

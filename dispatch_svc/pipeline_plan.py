@@ -66,7 +66,8 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
     devices = mesh.refresh(devices)
     rules = _rules(mesh, devices)
     precision = Counter(r.compute_dtype for r in rules.values()).most_common(1)[0][0]
-    scoring = mesh.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints)
+    scoring = mesh.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints,
+                                 [d.id for d in devices])  # the devices just refreshed, not a new search
     devices = [dataclasses.replace(d, target_type=rules[d.id].target_type) for d in devices if d.id in scoring.devices]
     if not devices:
         raise errors.FailedPrecondition("the inventory scored none of the refreshed devices; retry the job")

@@ -35,6 +35,7 @@ ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
 DEFAULT_RESERVATION_TTL_S = 300.0
 MAX_RESERVATION_TTL_S = 24 * 3600.0
 POLL_WORKERS = 32
+MAX_SCORED_IDS = 10_000  # device ids one ScoreDevices may name
 
 
 @dataclass(frozen=True)
@@ -192,10 +193,19 @@ class Inventory:
             if not after:
                 return found
 
-    def score(self, profile: TaskProfile, filter_text: str, limit: int) -> Ranking:
+    def score(self, profile: TaskProfile, filter_text: str, limit: int, device_ids: Sequence[str] = ()) -> Ranking:
+        """Rank the devices the filter matches, or exactly `device_ids` among them."""
         if limit < 0:
             raise errors.InvalidArgument(f"limit is {limit}; use 0 for all devices or a positive number")
-        candidates = self.all_devices(parse_filter(filter_text))
+        if len(device_ids) > MAX_SCORED_IDS:
+            raise errors.InvalidArgument(f"device_ids lists {len(device_ids)} devices; score at most {MAX_SCORED_IDS} "
+                                         "at a time, or narrow the candidates with filter instead")
+        flt = parse_filter(filter_text)
+        if device_ids:
+            records = [self.get_device(device_id) for device_id in dict.fromkeys(device_ids)]
+            candidates = [r for r in records if flt.matches(r)]
+        else:
+            candidates = self.all_devices(flt)
         ranked = score_devices(candidates, profile, limit or None)
         weights = ranked[0].weights if ranked else weights_for(profile, candidates)
         return Ranking(ranked, weights, explain_weights(profile, weights))

@@ -152,7 +152,8 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
     def ScoreDevices(self, request, context):
         if not request.HasField("task"):
             raise errors.InvalidArgument("task is required; set task.kind (and optionally precision, weights)")
-        ranking = self.inventory.score(task_profile(request.task), request.filter, request.limit)
+        ranking = self.inventory.score(task_profile(request.task), request.filter, request.limit,
+                                       list(request.device_ids))
         return pb.ScoreDevicesResponse(
             devices=[
                 pb.ScoredDevice(

@@ -293,7 +293,8 @@ class FakePipelineMesh(FakeMesh):
     def explain_rule(self, device):
         return RuleChoice(f"cuda:{device.spec.type}[]", "cuda-fp32", "fp32")
 
-    def score_devices(self, kind, precision, intensity, weights, constraints):
+    def score_devices(self, kind, precision, intensity, weights, constraints, device_ids=()):
+        assert sorted(device_ids) == sorted(d.id for d in self.devices)  # the refreshed candidates
         status = ScoredStatus(1.0, 10.0, 30 * 10**9, 0.0, 0.0)
         return Scoring({d.id: status for d in self.devices}, (0.5, 0.25, 0.25), "test weights")
 

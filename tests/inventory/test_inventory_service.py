@@ -183,6 +183,20 @@ def test_score_weights_follow_the_task_kind(inventory_stub, worker):
         assert scores == sorted(scores, reverse=True) and len(scores) == 3
 
 
+def test_score_devices_scores_exactly_the_ids_named_and_still_applies_the_filter(inventory_stub, worker):
+    register(inventory_stub, worker)
+    task = pb.TaskProfile(kind=pb.TASK_KIND_INFERENCE)
+    named = ["127.0.0.1/cuda:1", "127.0.0.1/cpu:2"]
+    scored = inventory_stub.ScoreDevices(pb.ScoreDevicesRequest(task=task, device_ids=named)).devices
+    assert sorted(d.device.id for d in scored) == sorted(named)
+    narrowed = inventory_stub.ScoreDevices(pb.ScoreDevicesRequest(task=task, device_ids=named, filter='platform = "cuda"'))
+    assert [d.device.id for d in narrowed.devices] == ["127.0.0.1/cuda:1"]
+    error = rpc_error(inventory_stub.ScoreDevices, pb.ScoreDevicesRequest(task=task, device_ids=["127.0.0.1/cuda:9"]))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "cuda:9" in error.details()
+    error = rpc_error(inventory_stub.ScoreDevices, pb.ScoreDevicesRequest(task=task, device_ids=["x"] * 10_001))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 10000" in error.details()
+
+
 @pytest.mark.parametrize(
     "task, words",
     [

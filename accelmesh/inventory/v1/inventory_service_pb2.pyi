@@ -199,14 +199,16 @@ class ScoredDevice(_message.Message):
     def __init__(self, device: _Optional[_Union[_common_pb2.Device, _Mapping]] = ..., score: _Optional[float] = ..., components: _Optional[_Union[StatusComponents, _Mapping]] = ..., free_compute_tflops: _Optional[float] = ...) -> None: ...
 
 class ScoreDevicesRequest(_message.Message):
-    __slots__ = ("task", "filter", "limit")
+    __slots__ = ("task", "filter", "limit", "device_ids")
     TASK_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     task: TaskProfile
     filter: str
     limit: int
-    def __init__(self, task: _Optional[_Union[TaskProfile, _Mapping]] = ..., filter: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task: _Optional[_Union[TaskProfile, _Mapping]] = ..., filter: _Optional[str] = ..., limit: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScoreDevicesResponse(_message.Message):
     __slots__ = ("devices", "weights", "weights_rule")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from accelmesh.hardware.model import DeviceSample, DeviceSpec
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, free_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class DeviceRecord:
 
     @property
     def free_memory_bytes(self) -> int:
-        return max(0, self.memory_total_bytes - self.memory_used_bytes - self.reserved_memory_bytes)
+        return free_memory_bytes(self.memory_total_bytes, self.memory_used_bytes, self.reserved_memory_bytes)
 
 
 @dataclass(frozen=True)

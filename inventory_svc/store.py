@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, free_memory_bytes
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
 from inventory_svc.migrations import apply_migrations
@@ -66,7 +66,7 @@ _SAMPLE_COLUMNS = "ts, memory_total, memory_used, utilization, temperature_c, po
 _RESERVED_SQL = (
     "(SELECT COALESCE(SUM({column}), {zero}) FROM reservations r WHERE r.device_id = d.id AND r.expires_at > :now)"
 )
-# Mirrors DeviceRecord.free_memory_bytes so free-memory filters run in SQL rather than
+# Mirrors accelmesh.hardware.model.free_memory_bytes so free-memory filters run in SQL rather than
 # decoding every row in Python (a filter matching nothing would otherwise scan 10,000 rows).
 _FREE_MEMORY_SQL = (
     "MAX(0, COALESCE(s.memory_total, json_extract(d.performance, '$.memory_bytes')) - COALESCE(s.memory_used, 0) - "
@@ -385,7 +385,7 @@ class SqliteStore:
             "WHERE device_id = ? AND job_id != ? AND expires_at > ?",
             (device_id, job_id, now),
         ).fetchone()
-        free = max(0, record.memory_total_bytes - record.memory_used_bytes - others)
+        free = free_memory_bytes(record.memory_total_bytes, record.memory_used_bytes, others)
         if memory_bytes > free:
             raise ResourceExhausted(
                 f"memory_bytes: requested {memory_bytes} bytes on device {device_id!r} but only {free} bytes "

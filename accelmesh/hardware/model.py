@@ -15,6 +15,14 @@ PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
 
+def free_memory_bytes(total: int, used: int, reserved: int = 0) -> int:
+    """A device's free memory (MISSION B1): its total less what is in use and what jobs reserved;
+    never negative (reservations may exceed what is measured free). The one definition: the
+    inventory's records, its reservation check, the status it reports and its SQL filter
+    (inventory_svc/store.py, which mirrors it) all mean this."""
+    return max(0, total - used - reserved)
+
+
 @dataclass(frozen=True)
 class Performance:
     """Datasheet or measured figures. Peak rates are dense (no sparsity), in TFLOP/s (TOP/s for int8)."""
@@ -74,7 +82,7 @@ class DeviceSample:
 
     @property
     def memory_free_bytes(self) -> int:
-        return max(0, self.memory_total_bytes - self.memory_used_bytes)
+        return free_memory_bytes(self.memory_total_bytes, self.memory_used_bytes)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
-from accelmesh.hardware.model import DeviceSample, DeviceSpec, Performance, parse_device_id
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, Performance, free_memory_bytes, parse_device_id
 
 PLATFORM_TO_PROTO = {
     "cpu": common_pb2.PLATFORM_CPU,
@@ -57,7 +57,7 @@ def status_to_proto(
         memory_total_bytes=sample.memory_total_bytes,
         memory_used_bytes=sample.memory_used_bytes,
         memory_reserved_bytes=reserved_memory_bytes,
-        memory_free_bytes=max(0, sample.memory_free_bytes - reserved_memory_bytes),
+        memory_free_bytes=free_memory_bytes(sample.memory_total_bytes, sample.memory_used_bytes, reserved_memory_bytes),
         utilization=sample.utilization,
         reserved_compute_fraction=reserved_compute_fraction,
     )

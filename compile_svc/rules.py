@@ -173,6 +173,8 @@ def loads_rules(text: str, origin: str = "<rules>") -> RuleTable:
 
 
 def _parse_rule(table: object, index: int, locator: _Locator) -> Rule:
+    """One [[rule]] table checked key by key, each refusal naming the rule, the key and its line.
+    Long because the table has that many keys; each check is two lines and reads in file order."""
     if not isinstance(table, dict):
         raise locator.error(index, "?", "(rule)", "must be a table; write each rule as a [[rule]] table")
     name = table.get("name")

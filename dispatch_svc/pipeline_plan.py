@@ -75,17 +75,7 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
     task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights))
     model = pl.Model(layers, task)
 
-    tried: list[tuple[str, pl.Placement | None, pl.NoRoom | None]] = []
-    for strategy in ((pl.RANKED, pl.BALANCED) if options.strategy == pl.AUTO else (options.strategy,)):
-        place = pl.place_ranked if strategy == pl.RANKED else pl.place_balanced
-        try:
-            tried.append((strategy, place(model, candidates), None))
-        except pl.NoRoom as exc:
-            tried.append((strategy, None, exc))
-    feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]
-    if not feasible:
-        raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
-    strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != pl.BALANCED))
+    tried, strategy, chosen = _choose(model, candidates, options.strategy)
     by_id = {d.id: d for d in devices}
     summaries = tuple(
         m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices),
@@ -110,6 +100,23 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
         shards=(), predicted_seconds=placement.predicted_seconds, equal_split_predicted_seconds=0.0,
         placement=placement)
     return PlacedJob(plan, used, rules, tuple(model.layers))
+
+
+def _choose(model: pl.Model, candidates: list[pl.Device], asked: str):
+    """Every strategy asked for (both for auto), and the fastest feasible placement (balanced on a
+    tie); the smallest shortfall is raised when none fits."""
+    tried: list[tuple[str, pl.Placement | None, pl.NoRoom | None]] = []
+    for strategy in ((pl.RANKED, pl.BALANCED) if asked == pl.AUTO else (asked,)):
+        place = pl.place_ranked if strategy == pl.RANKED else pl.place_balanced
+        try:
+            tried.append((strategy, place(model, candidates), None))
+        except pl.NoRoom as exc:
+            tried.append((strategy, None, exc))
+    feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]
+    if not feasible:
+        raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
+    strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != pl.BALANCED))
+    return tried, strategy, chosen
 
 
 def _rules(mesh, devices: list[JobDevice]) -> dict[str, RuleChoice]:

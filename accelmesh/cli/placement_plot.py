@@ -14,6 +14,8 @@ def plot_placement(placement: pb.Placement, path: str | Path, *, model: str, not
 
     Segments are layers coloured by their position in the forward pass, so a model of 50 layers
     reads as a gradient with a colorbar rather than a 50-entry legend. `note` joins the title.
+    One function: matplotlib's figure, axes and colour map are shared by both panels, and the
+    drawing reads top to bottom as the picture is laid out.
     """
     import matplotlib
     from matplotlib.cm import ScalarMappable

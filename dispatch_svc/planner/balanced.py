@@ -67,6 +67,9 @@ def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
 
 def _balanced(model: Model, devices: Sequence[Device], scores: dict[str, float], count: int,
               explain: list[str]) -> Placement:
+    """The order-preserving dynamic program over device classes and a binary search on the step
+    time. Kept in one function on purpose: its arrays (prefix sums, send costs, memory reach) and
+    the recurrence that reads them are one invariant, easier to check read together than split."""
     n = len(model)
     classes, note = _classes(model, devices, scores, count)
     k_count = len(classes)

@@ -36,6 +36,9 @@ def place_ranked(model: Model, devices: Sequence[Device]) -> Placement:
 
 
 def _ranked(model: Model, devices: Sequence[Device], scores: dict[str, float], count: int) -> Placement:
+    """MISSION B4-B6 as one loop: largest layer first, the best-scoring device with room, its status
+    updated before the next layer. Kept in one function so that the status arrays it updates (B5)
+    are visibly the ones the next choice reads."""
     task = model.task
     weights = task.weights
     caps = {d.id: capacity(d, task) for d in devices}

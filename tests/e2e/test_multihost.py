@@ -146,6 +146,8 @@ def watch_for_lost(inventory, address: str, deadline: float, seen: dict) -> None
 
 
 def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
+    """One scenario from the cut to the job's end (watchers, the cut, the retries, the restore),
+    kept in one function so its timeline reads in order."""
     _, hosts, mesh = lab
     cut = hosts.host(1)
     cut_address = mesh.workers[cut.index].address

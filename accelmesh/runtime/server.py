@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
 from accelmesh import errors
+from accelmesh.runtime import health
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.errors import ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
@@ -31,8 +32,7 @@ from accelmesh.runtime.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVING, NOT_SERVING = health.SERVING, health.NOT_SERVING
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,29 @@ def test_health_watchers_hold_no_server_thread(servicer):
         server.stop(0)
 
 
+STOP_ROUNDS = 25
+
+
+def test_a_server_stops_while_its_health_watchers_go_away(servicer):
+    """grpcio-health-checking's servicer deadlocked here: stop() sent NOT_SERVING to the watchers
+    while holding its lock, and the server's event thread, which that send waits for, waited for
+    the same lock to close a cancelled watcher (accelmesh/runtime/health.py)."""
+    for _ in range(STOP_ROUNDS):
+        server = start_server(servicer)
+        channel = open_channel(f"127.0.0.1:{server.port}")
+        stub = health_pb2_grpc.HealthStub(channel)
+        watches = [stub.Watch(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=60) for _ in range(4)]
+        assert [next(watch).status for watch in watches] == [health_pb2.HealthCheckResponse.SERVING] * 4
+        stopping = threading.Thread(target=server.stop, args=(0,))
+        cancelling = threading.Thread(target=lambda: [watch.cancel() for watch in watches])
+        cancelling.start()
+        stopping.start()
+        for thread in (cancelling, stopping):
+            thread.join(GATE_TIMEOUT_S)
+            assert not thread.is_alive(), "stop() hung while health watchers went away"
+        channel.close()
+
+
 @pytest.mark.parametrize("service", ["", WORKER_SERVICE])
 def test_health_is_serving_after_start(channel, service):
     assert health_status(channel, service) == health_pb2.HealthCheckResponse.SERVING

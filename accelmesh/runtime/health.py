@@ -1,0 +1,65 @@
+"""grpc.health.v1.Health for every mesh server: Check, and Watch without holding a server thread.
+
+Written here rather than taken from grpcio-health-checking because that servicer deadlocks a
+server that stops while a watcher goes away: it calls each watcher's response callback while
+holding its lock, a callback waits for the server's event thread to send, and that thread may be
+waiting for the same lock to run the closing watcher's callback (seen as a hung stop() in this
+project's tests). Here the lock guards only the table; callbacks run outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+Send = Callable[[health_pb2.HealthCheckResponse | None], None]
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    def __init__(self):
+        self._lock = threading.Lock()  # guards the two tables, never held while sending
+        self._sending = threading.Lock()  # one status change delivered at a time, in order
+        self._status: dict[str, int] = {"": SERVING}
+        self._watchers: dict[str, set[Send]] = {}
+
+    def Check(self, request, context):
+        with self._lock:
+            status = self._status.get(request.service)
+        if status is None:
+            context.set_code(grpc.StatusCode.NOT_FOUND)
+            context.set_details(f"no service {request.service!r} on this server; use '' for the server itself")
+            return health_pb2.HealthCheckResponse()
+        return health_pb2.HealthCheckResponse(status=status)
+
+    def Watch(self, request, context, send_response_callback: Send | None = None):
+        if send_response_callback is None:
+            raise RuntimeError("this server does not call non-blocking handlers; Watch needs grpcio >= 1.28")
+        service = request.service
+        with self._lock:
+            status = self._status.get(service, SERVICE_UNKNOWN)
+            self._watchers.setdefault(service, set()).add(send_response_callback)
+        context.add_callback(lambda: self._forget(service, send_response_callback))
+        send_response_callback(health_pb2.HealthCheckResponse(status=status))
+
+    Watch.experimental_non_blocking = True  # the server passes send_response_callback and frees the thread
+
+    def set(self, service: str, status: int) -> None:
+        with self._sending:
+            with self._lock:
+                self._status[service] = status
+                watchers = list(self._watchers.get(service, ()))
+            for send in watchers:  # a watcher that went away meanwhile ignores it
+                send(health_pb2.HealthCheckResponse(status=status))
+
+    def _forget(self, service: str, send: Send) -> None:
+        with self._lock:
+            self._watchers.get(service, set()).discard(send)
+        send(None)  # ends the call

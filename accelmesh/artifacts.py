@@ -2,17 +2,19 @@
 
 - "stablehlo": bytes of a serialized `jax.export`, portable to any platform it was exported for;
   the consumer finishes the compilation with the rule's XLA options (`compile_portable`).
-- "executable": a compiled XLA executable for one backend and batch size, serialized with
-  `jax.experimental.serialize_executable` behind a small header. Its payload pickles pytree
-  definitions, so executables are only ever produced by the compile service and fetched over the
-  mesh's own channels; clients upload StableHLO, never executables.
+- "executable": a compiled XLA executable for one backend and batch size: a magic, a JSON header
+  (schema, jaxlib, platform, XLA options, the flat inputs' dtypes and shapes, the output count)
+  and the backend's own serialization of the XLA executable. Nothing in it is pickled or run on
+  load: the bytes go to PJRT's deserialize_executable, which reads them as data. Programs take
+  flat arguments and return a flat tuple (accelmesh.programs), so no pytree needs to travel.
+  Executables are only produced by the compile service; clients upload StableHLO.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
-from collections.abc import Iterator
+import json
+import struct
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,12 +23,14 @@ import jaxlib
 import numpy as np
 from jax import export
 from jax._src import compiler as _jax_compiler
-from jax.experimental import serialize_executable
 
 from accelmesh.errors import AccelmeshError, FailedPrecondition, InvalidArgument
 from accelmesh.programs import BuildOptions
 
-EXECUTABLE_SCHEMA = 1
+EXECUTABLE_SCHEMA = 2  # 1 was a pickle; refused
+EXECUTABLE_MAGIC = b"AMXE"  # accelmesh executable
+_HEADER_LENGTH = struct.Struct(">I")
+MAX_EXECUTABLE_HEADER_BYTES = 1 << 20
 
 
 @contextmanager
@@ -81,49 +85,77 @@ def run_portable(exported: export.Exported, options: BuildOptions, *args: Any,
 
 
 def pack_executable(compiled: jax.stages.Compiled, platform: str, options: BuildOptions) -> bytes:
-    payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+    """The "executable" format of a compilation whose arguments were all kept (jit keep_unused)."""
+    runtime = compiled.runtime_executable()
     header = {"schema": EXECUTABLE_SCHEMA, "jaxlib": jaxlib.__version__, "platform": platform,
-              "xla_options": xla_compiler_options(options)}
-    return pickle.dumps((header, payload, in_tree, out_tree))
+              "xla_options": xla_compiler_options(options),
+              "inputs": [[np.dtype(a.dtype).name, list(a.shape)] for a in jax.tree.leaves(compiled.in_avals)],
+              "outputs": len(jax.tree.leaves(compiled.out_info))}
+    return join_executable(header, runtime.client.serialize_executable(runtime))
 
 
-def load_executable(data: bytes, backend: str | None = None, device: jax.Device | None = None) -> jax.stages.Compiled:
-    """Load an executable from compile_executable onto `device` (default: first of `backend`).
+def join_executable(header: dict[str, Any], payload: bytes) -> bytes:
+    text = json.dumps(header, sort_keys=True).encode()
+    return EXECUTABLE_MAGIC + _HEADER_LENGTH.pack(len(text)) + text + payload
 
-    An XLA executable carries its device assignment, and serialize_executable binds it to the
-    compiling device's id; we retarget it so one artifact serves every device of a target type.
+
+def split_executable(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header and the XLA payload of an executable; InvalidArgument for anything else."""
+    start = len(EXECUTABLE_MAGIC) + _HEADER_LENGTH.size
+    if len(data) < start or data[:len(EXECUTABLE_MAGIC)] != EXECUTABLE_MAGIC:
+        raise InvalidArgument("artifact is not an accelmesh executable (no AMXE header); fetch it again or use "
+                              "the stablehlo format")
+    (length,) = _HEADER_LENGTH.unpack_from(data, len(EXECUTABLE_MAGIC))
+    if length > MAX_EXECUTABLE_HEADER_BYTES or start + length > len(data):
+        raise InvalidArgument(f"executable header of {length} bytes does not fit the artifact")
+    try:
+        header = json.loads(data[start: start + length])
+    except ValueError as exc:
+        raise InvalidArgument(f"executable header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidArgument("executable header is not a JSON object")
+    return header, bytes(data[start + length:])
+
+
+class LoadedExecutable:
+    """An executable loaded onto one device: call it with the program's flat arguments."""
+
+    def __init__(self, executable: Any, device: jax.Device, in_avals: Sequence[jax.ShapeDtypeStruct], outputs: int):
+        self._executable, self.device, self.in_avals, self._outputs = executable, device, list(in_avals), outputs
+
+    def __call__(self, *args: Any) -> tuple[jax.Array, ...]:
+        if len(args) != len(self.in_avals):
+            raise InvalidArgument(f"the executable takes {len(self.in_avals)} arguments, got {len(args)}")
+        results = self._executable.execute_sharded(list(jax.device_put(list(args), self.device)))
+        outputs = tuple(shards[0] for shards in results.disassemble_into_single_device_arrays())
+        if len(outputs) != self._outputs:
+            raise FailedPrecondition(f"the executable returned {len(outputs)} outputs; its header says {self._outputs}")
+        return outputs
+
+
+def load_executable(data: bytes, backend: str | None = None, device: jax.Device | None = None) -> LoadedExecutable:
+    """Load an executable from pack_executable onto `device` (default: first of `backend`).
+
+    An XLA executable carries its device assignment; compile options naming `device` retarget it,
+    as jax's own persistent cache does, so one artifact serves every device of a target type.
     """
-    header, payload, in_tree, out_tree = pickle.loads(data)  # trusted: written by pack_executable
+    header, payload = split_executable(data)
     device = device or jax.devices(backend)[0]
     if header.get("schema") != EXECUTABLE_SCHEMA or header.get("jaxlib") != jaxlib.__version__:
-        raise FailedPrecondition(f"executable built by jaxlib {header.get('jaxlib')}, this is {jaxlib.__version__}; "
-                                 "fetch the stablehlo format or rebuild")
+        raise FailedPrecondition(f"executable built by jaxlib {header.get('jaxlib')} (schema {header.get('schema')}), "
+                                 f"this is {jaxlib.__version__} (schema {EXECUTABLE_SCHEMA}); fetch the stablehlo "
+                                 "format or rebuild")
     if header.get("platform") != device.platform:
         raise FailedPrecondition(f"executable built for {header.get('platform')}, device is {device.platform}")
+    try:
+        in_avals = [jax.ShapeDtypeStruct(tuple(int(d) for d in shape), np.dtype(dtype))
+                    for dtype, shape in header["inputs"]]
+        outputs, xla_options = int(header["outputs"]), dict(header["xla_options"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgument(f"executable header is malformed: {exc!r}") from None
+    options = _jax_compiler.get_compile_options(
+        num_replicas=1, num_partitions=1, device_assignment=np.array([[device]]),
+        env_options_overrides=xla_options, backend=device.client)
     with xla_failures("loading executable"):
-        unloaded, args_info_flat, no_kwargs = _RetargetingUnpickler(
-            io.BytesIO(payload), device, header["xla_options"]).load()
-        return jax.stages.Compiled(unloaded.load(), [], in_tree.unflatten(args_info_flat), out_tree,
-                                   no_kwargs=no_kwargs)
-
-
-class _RetargetingUnpickler(serialize_executable._JaxPjrtUnpickler):
-    """serialize_executable's unpickler with every device id mapped to one target device.
-
-    Private jax API, pinned by tests/compile/test_lowering.py: jax's own persistent cache retargets the
-    same way (deserialize_executable with compile options naming the new device assignment).
-    """
-
-    def __init__(self, file: io.BytesIO, device: jax.Device, xla_options: dict[str, Any]):
-        super().__init__(file, device.client, [device])
-        self._device = device
-        self._compile_options = _jax_compiler.get_compile_options(
-            num_replicas=1, num_partitions=1, device_assignment=np.array([[device]]),
-            env_options_overrides=dict(xla_options), backend=device.client)
-
-    def persistent_load(self, pid: Any) -> Any:
-        if pid[0] == "exec":
-            return self.backend.deserialize_executable(pid[1], self.execution_devices, self._compile_options)
-        if pid[0] == "device":
-            return self._device
-        return super().persistent_load(pid)
+        executable = device.client.deserialize_executable(payload, [device], options)
+    return LoadedExecutable(executable, device, in_avals, outputs)

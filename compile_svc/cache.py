@@ -28,6 +28,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from accelmesh.artifacts import EXECUTABLE_SCHEMA
 from accelmesh.errors import InvalidArgument, NotFound
 
 _SCHEMA = 1  # bump when the key recipe or layout changes so old entries stop matching
@@ -65,8 +66,9 @@ def _canonical(value: Any) -> Any:
 
 
 def key_for(**parts: Any) -> str:
-    """sha256 over canonical JSON of the parts plus jax/jaxlib versions and the cache schema."""
-    doc = _canonical({**parts, "_versions": _versions(), "_schema": _SCHEMA})
+    """sha256 over canonical JSON of the parts plus jax/jaxlib versions, the cache schema and the
+    executable format's schema (a cache written before a format change never serves the old one)."""
+    doc = _canonical({**parts, "_versions": _versions(), "_schema": _SCHEMA, "_executable": EXECUTABLE_SCHEMA})
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -95,12 +95,9 @@ def export_portable(program: Program, options: BuildOptions, platform: str) -> b
 
 def compile_executable(program: Program, options: BuildOptions, batch_size: int,
                        device: jax.Device | None = None) -> bytes:
-    """A compiled executable for the local backend at a fixed batch, serialized.
-
-    The blob is a pickle (serialize_executable itself pickles the pytree definitions): that is
-    acceptable only because the compile service produces these itself. Never load an executable
-    a client supplied; clients upload portable StableHLO instead.
-    """
+    """A compiled executable for the local backend at a fixed batch, serialized as data
+    (accelmesh.artifacts: a JSON header and XLA's own serialization, nothing pickled). Clients
+    still upload portable StableHLO only: an executable is machine code for the device."""
     return lower_executable(program, options, batch_size, device)()
 
 
@@ -113,7 +110,10 @@ def lower_executable(program: Program, options: BuildOptions, batch_size: int,
     sharding = jax.sharding.SingleDeviceSharding(device)
     what = f"compiling {program.ref} for {device.platform} at batch {batch_size}"
     with xla_failures(what):
-        lowered = jax.jit(apply_build_options(program, options)).lower(*_abstract_args(program, batch_size, sharding))
+        # keep_unused: the executable takes every argument the program declares, in order, so its
+        # caller needs no record of which ones jit would have pruned.
+        lowered = jax.jit(apply_build_options(program, options), keep_unused=True).lower(
+            *_abstract_args(program, batch_size, sharding))
 
     def compile_and_serialize() -> bytes:
         with xla_failures(what):

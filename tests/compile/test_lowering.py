@@ -151,10 +151,24 @@ def test_executable_round_trips_and_matches():
     assert y.dtype == jnp.float32 and rel_error(y, reference(X8)) < 2e-2
 
 
-def test_executable_from_another_jaxlib_is_refused():
-    header, *rest = pickle.loads(lowering.compile_executable(MLP, FP32, batch_size=2))
+def test_executable_from_another_jaxlib_or_schema_is_refused():
+    header, payload = artifacts.split_executable(lowering.compile_executable(MLP, FP32, batch_size=2))
+    assert header["inputs"] == [[str(np.dtype(p.dtype)), list(p.shape)] for p in PARAMS] + [["float32", [2, X8.shape[1]]]]
     with pytest.raises(FailedPrecondition, match="jaxlib 0.0.1"):
-        artifacts.load_executable(pickle.dumps(({**header, "jaxlib": "0.0.1"}, *rest)))
+        artifacts.load_executable(artifacts.join_executable({**header, "jaxlib": "0.0.1"}, payload))
+    with pytest.raises(FailedPrecondition, match="schema 1"):
+        artifacts.load_executable(artifacts.join_executable({**header, "schema": 1}, payload))
+
+
+@pytest.mark.parametrize("data, words", [
+    (pickle.dumps(({"schema": 1}, b"", None, None)), "not an accelmesh executable"),  # the old format
+    (b"AMXE" + (2**31).to_bytes(4, "big") + b"{}", "does not fit"),
+    (b"AMXE" + (5).to_bytes(4, "big") + b"[1,2]", "not a JSON object"),
+    (b"AMXE" + (3).to_bytes(4, "big") + b"{x}", "not JSON"),
+])
+def test_bytes_that_are_not_an_executable_are_refused_before_anything_loads(data, words):
+    with pytest.raises(InvalidArgument, match=words):
+        artifacts.load_executable(data)
 
 
 def test_executable_loads_in_a_fresh_process_on_another_device(tmp_path: Path):

@@ -63,3 +63,16 @@ def test_no_two_services_read_one_variable_with_two_meanings():
     clashes = {(a, b): sorted(read[a] & read[b] - SHARED_VARIABLES)
                for i, a in enumerate(SERVICES) for b in SERVICES[i + 1:]}
     assert {pair: names for pair, names in clashes.items() if names} == {}
+
+
+UNPICKLERS = {"pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+
+
+@pytest.mark.parametrize("package", ("accelmesh", *SERVICES))
+def test_no_product_code_can_unpickle(package):
+    """Nothing received over the network is executed or unpickled (MISSION D1)."""
+    found = [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / package).rglob("*.py"))
+             for name in sorted(imported_packages(path) & UNPICKLERS)]
+    found += [str(path.relative_to(ROOT)) for path in sorted((ROOT / package).rglob("*.py"))
+              if re.search(r"allow_pickle\s*=\s*True", path.read_text())]
+    assert found == []

@@ -139,13 +139,7 @@ class MeshClient:
         return self.stub.CancelJob(pb.CancelJobRequest(job_id=job_id)).job
 
     def fetch_result(self, job_id: str) -> dict[str, np.ndarray]:
-        results = TensorCollector("result")
-        for response in self.stub.FetchResult(pb.FetchResultRequest(job_id=job_id)):
-            if response.WhichOneof("part") == "tensor":
-                results.header(response.tensor)
-            else:
-                results.chunk(response.chunk)
-        return results.results()
+        return TensorCollector("result").collect(self.stub.FetchResult(pb.FetchResultRequest(job_id=job_id)))
 
 
 __all__ = ["JobResult", "MeshClient", "job_spec", "request_parts"]

@@ -46,12 +46,7 @@ def reference_outputs(compile_address: str, program: str, inputs: Sequence[np.nd
             pb.FetchArtifactRequest(key=build.portable.key), timeout=CALL_TIMEOUT_S))
         if hashlib.sha256(data).hexdigest() != build.portable.digest:
             raise errors.Unavailable(f"artifact {build.portable.key} does not hash to the digest Compile announced")
-        parameters = TensorCollector("parameter")
-        for part in stub.FetchParameters(pb.FetchParametersRequest(
-                program=response.program, version=response.version, seed=parameter_seed), timeout=CALL_TIMEOUT_S):
-            if part.WhichOneof("part") == "tensor":
-                parameters.header(part.tensor)
-            else:
-                parameters.chunk(part.chunk)
-    outputs = run_portable(load_portable(data), BuildOptions(), *parameters.results().values(), *inputs)
+        parameters = TensorCollector("parameter").collect(stub.FetchParameters(pb.FetchParametersRequest(
+            program=response.program, version=response.version, seed=parameter_seed), timeout=CALL_TIMEOUT_S))
+    outputs = run_portable(load_portable(data), BuildOptions(), *parameters.values(), *inputs)
     return [np.asarray(output) for output in outputs]

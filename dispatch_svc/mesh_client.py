@@ -173,17 +173,13 @@ class GrpcMesh:
             targets=[device_to_proto(d.spec) for d in devices], layers=layers))
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
-        leaves = TensorCollector("parameter")
         try:
-            for part in self.compiler.FetchParameters(compile_pb.FetchParametersRequest(
-                    program=program.name, version=program.version, seed=seed), timeout=CALL_TIMEOUT_S):
-                if part.WhichOneof("part") == "tensor":
-                    leaves.header(part.tensor)
-                else:
-                    leaves.chunk(part.chunk)
+            leaves = TensorCollector("parameter").collect(self.compiler.FetchParameters(
+                compile_pb.FetchParametersRequest(program=program.name, version=program.version, seed=seed),
+                timeout=CALL_TIMEOUT_S))
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, "compile service parameters") from None
-        return list(leaves.results().values())
+        return list(leaves.values())
 
     # -- workers -------------------------------------------------------------------------------
 

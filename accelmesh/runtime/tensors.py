@@ -8,7 +8,7 @@ size crosses a stream without raising grpc.max_receive_message_length.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -188,3 +188,13 @@ class TensorCollector:
 
     def results(self) -> dict[str, np.ndarray]:
         return {name: assembler.result() for name, assembler in self._open.items()}
+
+    def collect(self, messages: Iterable) -> dict[str, np.ndarray]:
+        """Every tensor of a stream whose messages are each a `tensor` header or a `chunk` (the
+        `part` oneof of FetchResult, FetchParameters and the like)."""
+        for message in messages:
+            if message.WhichOneof("part") == "tensor":
+                self.header(message.tensor)
+            else:
+                self.chunk(message.chunk)
+        return self.results()

@@ -183,7 +183,7 @@ def load_nodes(inventory: Inventory, nodes: list[NodeDescription], now: float) -
     """Write nodes as the poller would after a successful describe; return the device count."""
     for description in nodes:
         node = inventory.store.upsert_node(f"{description.ip}:50070", description.ip, description.hostname, now)
-        inventory.store.record_poll_success(node.node_id, description, now)
+        inventory.store.record_poll_success(node.address, description, now)
     return sum(len(d.devices) for d in nodes)
 
 

@@ -156,7 +156,7 @@ def _term_matches(term: Term, record: DeviceRecord) -> bool:
             "platform": spec.platform,
             "type": spec.type,
             "kind": spec.kind,
-            "node": record.node_id,
+            "node": record.node_address,
             "health": record.health,
             "emulated": spec.emulated,
         }[term.field]

@@ -23,8 +23,8 @@ from accelmesh.hardware.model import NodeDescription, parse_device_id
 from accelmesh.runtime import attributes as attr
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
-from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
 from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
+from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
 from inventory_svc.store import Store
 
 log = logging.getLogger(__name__)
@@ -86,13 +86,13 @@ class Inventory:
         self._check_ids_are_free(address, description)
         now = self._clock()
         node = self.store.upsert_node(address, description.ip, description.hostname, now)
-        self._publish(self.store.record_poll_success(node.node_id, description, now), now)
-        return self.store.get_node(node.node_id), [self.store.get_device(d.id) for d in description.devices]
+        self._publish(self.store.record_poll_success(node.address, description, now), now)
+        return self.store.get_node(node.address), [self.store.get_device(d.id) for d in description.devices]
 
     def _check_ids_are_free(self, address: str, description: NodeDescription) -> None:
         for spec in description.devices:
             try:
-                owner = self.store.get_device(spec.id).node_id
+                owner = self.store.get_device(spec.id).node_address
             except errors.NotFound:
                 continue
             if owner == address or self.store.get_node(owner).state != "active":
@@ -124,12 +124,12 @@ class Inventory:
             try:
                 description = self._describe(node.address, ())
                 now = self._clock()
-                changes = self.store.record_poll_success(node.node_id, description, now)
+                changes = self.store.record_poll_success(node.address, description, now)
             except Exception as exc:  # noqa: BLE001 - a node's failure is data, never a crash
                 now = self._clock()
                 reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
                 span.set_attribute(attr.POLL_OUTCOME, reason)
-                lost = self.store.record_poll_failure(node.node_id, reason, now, self._lost_after)
+                lost = self.store.record_poll_failure(node.address, reason, now, self._lost_after)
                 self._publish([(ev.LOST, device_id) for device_id in lost], now)
                 return False
             span.set_attribute(attr.POLL_OUTCOME, "ok")
@@ -142,7 +142,7 @@ class Inventory:
         with self._tracer.start_as_current_span("inventory.poll_cycle") as span:
             span.set_attribute(attr.POLL_REASON, "interval")
             nodes = self.store.list_nodes()
-            outcomes = dict(zip((n.node_id for n in nodes), self._map_in_context(self.poll_node, nodes)))
+            outcomes = dict(zip((n.address for n in nodes), self._map_in_context(self.poll_node, nodes)))
             self.store.expire_reservations(self._clock())
             return outcomes
 
@@ -156,9 +156,9 @@ class Inventory:
         if not device_ids:
             raise errors.InvalidArgument("device_ids is empty; name the devices to refresh")
         records = [self.get_device(device_id) for device_id in device_ids]
-        nodes = {r.node_id: self.store.get_node(r.node_id) for r in records}
+        nodes = {r.node_address: self.store.get_node(r.node_address) for r in records}
         answered = dict(zip(nodes, self._map_in_context(lambda n: self.poll_node(n, "refresh"), list(nodes.values()))))
-        silent = [r.id for r in records if not answered[r.node_id]]
+        silent = [r.id for r in records if not answered[r.node_address]]
         if silent:
             reasons = "; ".join(f"{n}: {self.store.get_node(n).last_error}" for n, ok in answered.items() if not ok)
             raise errors.Unavailable(f"could not refresh {', '.join(silent)}: {reasons}")

@@ -70,6 +70,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX reservations_expiry ON reservations(expires_at)",
         ),
     ),
+    (
+        2,
+        (
+            # A node has one name, the address the poller dials: version 1 kept it twice
+            # (node_id and address, always equal) and devices called it node_id.
+            "ALTER TABLE nodes DROP COLUMN address",
+            "ALTER TABLE nodes RENAME COLUMN node_id TO address",
+            "ALTER TABLE devices RENAME COLUMN node_id TO node_address",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

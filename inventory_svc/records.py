@@ -14,8 +14,7 @@ from accelmesh.hardware.model import DeviceSample, DeviceSpec, free_memory_bytes
 
 @dataclass(frozen=True)
 class NodeRecord:
-    node_id: str  # the address the poller dials, "host:port"
-    address: str
+    address: str  # the node's one name: the worker's "host:port", which the poller dials
     ip: str
     hostname: str
     state: str  # "active" | "lost"
@@ -30,7 +29,7 @@ class DeviceRecord:
     """A device as the planner sees it: its spec, where it lives, how it is and what is promised away."""
 
     spec: DeviceSpec
-    node_id: str
+    node_address: str  # the owning node's address (NodeRecord.address)
     health: str  # "healthy" | "lost"
     latest: DeviceSample | None
     reserved_memory_bytes: int  # sum over live reservations

@@ -12,8 +12,8 @@ from accelmesh.runtime.devices import device_to_proto, status_to_proto, timestam
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.inventory import Claim, Inventory
-from inventory_svc.scoring import TaskProfile, Weights
 from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
+from inventory_svc.scoring import TaskProfile, Weights
 
 TASK_KINDS = {pb.TASK_KIND_UNSPECIFIED: "inference", pb.TASK_KIND_TRAINING: "training", pb.TASK_KIND_INFERENCE: "inference"}
 NODE_STATES = {"active": pb.NODE_STATE_ACTIVE, "lost": pb.NODE_STATE_LOST}
@@ -31,7 +31,7 @@ def device_proto(record: DeviceRecord) -> common_pb2.Device:
         record.spec,
         record.latest,
         health=record.health,
-        node_address=record.node_id,
+        node_address=record.node_address,
         reserved_memory_bytes=record.reserved_memory_bytes,
         reserved_compute_fraction=record.reserved_compute_fraction,
     )
@@ -97,9 +97,9 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
     def ListNodes(self, request, context):
         counts: dict[str, int] = {}
         for record in self.inventory.all_devices(DeviceFilter(include_lost=True)):
-            counts[record.node_id] = counts.get(record.node_id, 0) + 1
+            counts[record.node_address] = counts.get(record.node_address, 0) + 1
         nodes = self.inventory.store.list_nodes()
-        return pb.ListNodesResponse(nodes=[node_proto(n, counts.get(n.node_id, 0)) for n in nodes])
+        return pb.ListNodesResponse(nodes=[node_proto(n, counts.get(n.address, 0)) for n in nodes])
 
     def ListDevices(self, request, context):
         records, token = self.inventory.list_devices(request.filter, request.page_size, request.page_token)

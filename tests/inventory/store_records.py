@@ -1,0 +1,44 @@
+"""What the store tests build: a node address, device specs, samples, node reports, and two stores
+(fresh, and with one registered A100) as fixtures the test modules import."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, device_id
+from inventory_svc.store import SqliteStore
+
+GB = 10**9
+NODE = "10.0.0.1:50051"
+
+
+def spec(ip: str = "10.0.0.1", index: int = 0, platform: str = "cuda", memory: int = 80 * GB, **extra) -> DeviceSpec:
+    return DeviceSpec(
+        id=device_id(ip, platform, index), node_ip=ip, local_index=index, platform=platform,
+        kind=extra.pop("kind", "NVIDIA A100-SXM4-80GB"), type=extra.pop("type", "a100-80gb"),
+        capabilities=frozenset(extra.pop("capabilities", {"bf16", "tf32"})),
+        performance=Performance({"fp32": 19.5, "bf16": 312.0}, memory, 2039.0), **extra,
+    )
+
+
+def sample(device: DeviceSpec, ts: float, used: int = 0, utilization: float = 0.0) -> DeviceSample:
+    return DeviceSample(device.id, ts, device.performance.memory_bytes, used, utilization, 40.0, 100.0)
+
+
+def report(devices, samples=(), ip: str = "10.0.0.1") -> NodeDescription:
+    return NodeDescription(ip, "host-" + ip, tuple(devices), tuple(samples))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "inventory.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def one_device(store):
+    store.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
+    gpu = spec()
+    store.record_poll_success(NODE, report([gpu], [sample(gpu, 0.0)]), now=0.0)
+    return gpu

@@ -20,7 +20,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
 from accelmesh import errors
@@ -28,6 +27,7 @@ from accelmesh.runtime import health
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.errors import ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
+from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,7 @@ def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in services:
         health_servicer.set(service.name, NOT_SERVING)
-    names = [s.name for s in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
-    reflection.enable_server_reflection(names, server)
+    enable_server_reflection([s.name for s in services] + [health.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}; is the port in use?")

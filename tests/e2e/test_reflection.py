@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 10
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 # process -> (the service it hosts, the generated module of its .proto)
 PROCESSES = {
     "inventory": ("accelmesh.inventory.v1.InventoryService", inventory_service_pb2),
@@ -101,7 +102,28 @@ def test_reflection_lists_the_services_of_each_process(mesh, process):
     with open_channel(address_of(mesh, process)) as channel:
         names = Reflector(channel).services()
     assert [n for n in names if n.startswith("accelmesh.")] == [service]  # each process hosts its one service
-    assert {HEALTH, REFLECTION} <= set(names)
+    assert {HEALTH, REFLECTION, REFLECTION_V1} <= set(names)
+
+
+@pytest.mark.parametrize("process", PROCESSES)
+def test_reflection_v1_answers_a_client_that_knows_only_v1(mesh, process):
+    """grpcurl 1.9 and grpcui ask grpc.reflection.v1 first; its messages come from reflection itself."""
+    with open_channel(address_of(mesh, process)) as channel:
+        reflector = Reflector(channel)
+        pool = reflector.pool_for(REFLECTION_V1)
+        method = pool.FindServiceByName(REFLECTION_V1).methods_by_name["ServerReflectionInfo"]
+        assert method.input_type.full_name == "grpc.reflection.v1.ServerReflectionRequest"
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        call = channel.stream_stream(f"/{REFLECTION_V1}/ServerReflectionInfo",
+                                     request_serializer=request_class.SerializeToString,
+                                     response_deserializer=response_class.FromString)
+        (listed,) = call(iter([request_class(list_services="")]), timeout=TIMEOUT_S)
+        (described,) = call(iter([request_class(file_containing_symbol=PROCESSES[process][0])]), timeout=TIMEOUT_S)
+        expected = reflector.services()
+    assert [s.name for s in listed.list_services_response.service] == expected
+    (raw, *_) = described.file_descriptor_response.file_descriptor_proto
+    assert descriptor_pb2.FileDescriptorProto.FromString(raw).package == PROCESSES[process][0].rsplit(".", 1)[0]
 
 
 @pytest.mark.parametrize("process", PROCESSES)

@@ -18,6 +18,8 @@ import numpy as np
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
@@ -26,9 +28,9 @@ from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtyp
 
 @dataclass
 class JobResult:
-    job: pb.Job
+    job: job_pb.Job
     outputs: dict[str, np.ndarray]
-    events: list[pb.JobEvent]
+    events: list[job_pb.JobEvent]
 
 
 def job_spec(
@@ -36,7 +38,7 @@ def job_spec(
     inputs: Mapping[str, np.ndarray],
     *,
     version: str = "",
-    training: pb.TrainingOptions | None = None,
+    training: job_pb.TrainingOptions | None = None,
     platforms: Sequence[str] = (),
     capabilities: Sequence[str] = (),
     max_devices: int = 0,
@@ -44,14 +46,15 @@ def job_spec(
     parameter_seed: int = 0,
     client_parameters: bool = False,
     name: str = "",
-    placement: pb.PlacementOptions | None = None,
-) -> pb.JobSpec:
-    return pb.JobSpec(
+    placement: plan_pb.PlacementOptions | None = None,
+) -> job_pb.JobSpec:
+    return job_pb.JobSpec(
         program=program,
         version=version,
-        kind=pb.JOB_KIND_TRAINING if training is not None else pb.JOB_KIND_INFERENCE,
-        constraints=pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in platforms],
-                                      required_capabilities=list(capabilities), max_devices=max_devices, filter=filter),
+        kind=job_pb.JOB_KIND_TRAINING if training is not None else job_pb.JOB_KIND_INFERENCE,
+        constraints=job_pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in platforms],
+                                          required_capabilities=list(capabilities), max_devices=max_devices,
+                                          filter=filter),
         inputs=[common_pb2.TensorHeader(name=k, dtype=dtype_code(v.dtype), shape=v.shape, total_bytes=v.nbytes)
                 for k, v in inputs.items()],
         client_parameters=client_parameters,
@@ -62,7 +65,7 @@ def job_spec(
     )
 
 
-def request_parts(spec: pb.JobSpec, inputs: Mapping[str, np.ndarray],
+def request_parts(spec: job_pb.JobSpec, inputs: Mapping[str, np.ndarray],
                   parameters: Sequence[tuple[str, np.ndarray]] | None, chunk_bytes: int) -> Iterator[tuple[str, object]]:
     """(field, message) pairs of a SubmitJob / RunJob stream: spec, parameters, row blocks."""
     yield "spec", spec
@@ -97,7 +100,8 @@ class MeshClient:
 
     def run(self, program: str, inputs: Mapping[str, np.ndarray], *,
             parameters: Sequence[tuple[str, np.ndarray]] | None = None,
-            on_event: Callable[[pb.JobEvent], None] | None = None, timeout: float | None = None, **spec_options) -> JobResult:
+            on_event: Callable[[job_pb.JobEvent], None] | None = None, timeout: float | None = None,
+            **spec_options) -> JobResult:
         """RunJob: one call, events and results streamed back; raises grpc.RpcError on failure."""
         spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
         requests = (pb.RunJobRequest(**{field: message})
@@ -125,17 +129,17 @@ class MeshClient:
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
         return self.stub.SubmitJob(requests, timeout=timeout).job_id
 
-    def plan(self, program: str, inputs: Mapping[str, np.ndarray], **spec_options) -> pb.Plan:
+    def plan(self, program: str, inputs: Mapping[str, np.ndarray], **spec_options) -> plan_pb.Plan:
         return self.stub.PlanJob(pb.PlanJobRequest(spec=job_spec(program, inputs, **spec_options))).plan
 
-    def watch(self, job_id: str, from_index: int = 0) -> Iterator[pb.JobEvent]:
+    def watch(self, job_id: str, from_index: int = 0) -> Iterator[job_pb.JobEvent]:
         for response in self.stub.WatchJob(pb.WatchJobRequest(job_id=job_id, from_index=from_index)):
             yield response.event
 
-    def get(self, job_id: str) -> pb.Job:
+    def get(self, job_id: str) -> job_pb.Job:
         return self.stub.GetJob(pb.GetJobRequest(job_id=job_id)).job
 
-    def cancel(self, job_id: str) -> pb.Job:
+    def cancel(self, job_id: str) -> job_pb.Job:
         return self.stub.CancelJob(pb.CancelJobRequest(job_id=job_id)).job
 
     def fetch_result(self, job_id: str) -> dict[str, np.ndarray]:

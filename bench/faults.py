@@ -33,7 +33,7 @@ import grpc
 import numpy as np
 
 from accelmesh.client import MeshClient
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import (
     EmbeddedMesh,
     start_compile,
@@ -104,7 +104,7 @@ def start_mesh(data_dir: Path) -> EmbeddedMesh:
     return mesh
 
 
-def run_job(client: MeshClient, tokens: np.ndarray, on_event=None) -> tuple[float, pb.Job, list]:
+def run_job(client: MeshClient, tokens: np.ndarray, on_event=None) -> tuple[float, job_pb.Job, list]:
     started = time.perf_counter()
     result = client.run(PROGRAM, {"tokens": tokens}, on_event=on_event)
     return time.perf_counter() - started, result.job, result.events
@@ -153,9 +153,9 @@ def faulted_run(mesh: EmbeddedMesh, client: MeshClient, tokens: np.ndarray, vict
     state = {"shards": 0, "finished": 0, "killed_at": None}
 
     def on_event(event):
-        if event.type == pb.JOB_EVENT_TYPE_PLANNED:
+        if event.type == job_pb.JOB_EVENT_TYPE_PLANNED:
             state["shards"] = len(event.plan.shards)
-        elif event.type == pb.JOB_EVENT_TYPE_SHARD_FINISHED:
+        elif event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED:
             state["finished"] += 1
             if state["killed_at"] is None and 2 * state["finished"] >= state["shards"]:
                 state["killed_at"] = time.time()
@@ -164,11 +164,11 @@ def faulted_run(mesh: EmbeddedMesh, client: MeshClient, tokens: np.ndarray, vict
     watch = LossWatch(mesh, ip)
     wall_s, job, events = run_job(client, tokens, on_event)
     killed_at = state["killed_at"]
-    if killed_at is None or job.state != pb.JOB_STATE_SUCCEEDED:
+    if killed_at is None or job.state != job_pb.JOB_STATE_SUCCEEDED:
         raise RuntimeError(f"the faulted job did not run as planned: state {job.state}, killed {killed_at}")
-    retried = [seconds(e.time) for e in events if e.type == pb.JOB_EVENT_TYPE_SHARD_RETRIED]
+    retried = [seconds(e.time) for e in events if e.type == job_pb.JOB_EVENT_TYPE_SHARD_RETRIED]
     restarted = [seconds(e.time) for e in events
-                 if e.type == pb.JOB_EVENT_TYPE_SHARD_STARTED and e.shard.attempts > 1]
+                 if e.type == job_pb.JOB_EVENT_TYPE_SHARD_STARTED and e.shard.attempts > 1]
     lost_at = watch.lost_at()
     mesh.workers[victim] = start_node(mesh, ip, process.address.rsplit(":", 1)[1])
     return {

@@ -7,6 +7,7 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import dtype_code, split
 from dispatch_svc import delivery
@@ -17,7 +18,7 @@ from dispatch_svc.runner import JobRunner
 DEFAULT_LIST = 50
 
 
-def _first_spec(requests) -> pb.JobSpec:
+def _first_spec(requests) -> job_pb.JobSpec:
     first = next(requests, None)
     if first is None or first.WhichOneof("part") != "spec":
         raise errors.InvalidArgument("the first message must carry the job spec")

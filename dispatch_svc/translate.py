@@ -9,7 +9,8 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.programs import layer_cost_fields
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name, dtype_name, from_proto
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
@@ -17,24 +18,26 @@ from dispatch_svc import records as m
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.training import TrainingOptions
 
-KIND_FROM_PROTO = {pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, pb.JOB_KIND_INFERENCE: m.INFERENCE, pb.JOB_KIND_TRAINING: m.TRAINING}
+KIND_FROM_PROTO = {job_pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, job_pb.JOB_KIND_INFERENCE: m.INFERENCE,
+                   job_pb.JOB_KIND_TRAINING: m.TRAINING}
 STATE_TO_PROTO = {
-    m.PLANNING: pb.JOB_STATE_PLANNING, m.COMPILING: pb.JOB_STATE_COMPILING, m.RUNNING: pb.JOB_STATE_RUNNING,
-    m.SUCCEEDED: pb.JOB_STATE_SUCCEEDED, m.FAILED: pb.JOB_STATE_FAILED, m.CANCELLED: pb.JOB_STATE_CANCELLED,
+    m.PLANNING: job_pb.JOB_STATE_PLANNING, m.COMPILING: job_pb.JOB_STATE_COMPILING, m.RUNNING: job_pb.JOB_STATE_RUNNING,
+    m.SUCCEEDED: job_pb.JOB_STATE_SUCCEEDED, m.FAILED: job_pb.JOB_STATE_FAILED, m.CANCELLED: job_pb.JOB_STATE_CANCELLED,
 }
 EVENT_TO_PROTO = {
-    m.PLANNED: pb.JOB_EVENT_TYPE_PLANNED, m.COMPILED: pb.JOB_EVENT_TYPE_COMPILED,
-    m.SHARD_STARTED: pb.JOB_EVENT_TYPE_SHARD_STARTED, m.SHARD_FINISHED: pb.JOB_EVENT_TYPE_SHARD_FINISHED,
-    m.SHARD_RETRIED: pb.JOB_EVENT_TYPE_SHARD_RETRIED, m.TRAINING_STEP: pb.JOB_EVENT_TYPE_TRAINING_STEP,
-    "succeeded": pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": pb.JOB_EVENT_TYPE_FAILED, "cancelled": pb.JOB_EVENT_TYPE_CANCELLED,
+    m.PLANNED: job_pb.JOB_EVENT_TYPE_PLANNED, m.COMPILED: job_pb.JOB_EVENT_TYPE_COMPILED,
+    m.SHARD_STARTED: job_pb.JOB_EVENT_TYPE_SHARD_STARTED, m.SHARD_FINISHED: job_pb.JOB_EVENT_TYPE_SHARD_FINISHED,
+    m.SHARD_RETRIED: job_pb.JOB_EVENT_TYPE_SHARD_RETRIED, m.TRAINING_STEP: job_pb.JOB_EVENT_TYPE_TRAINING_STEP,
+    "succeeded": job_pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": job_pb.JOB_EVENT_TYPE_FAILED,
+    "cancelled": job_pb.JOB_EVENT_TYPE_CANCELLED,
 }
-KIND_TO_PROTO = {m.INFERENCE: pb.JOB_KIND_INFERENCE, m.TRAINING: pb.JOB_KIND_TRAINING}
-STRATEGY_FROM_PROTO = {pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
-                       pb.PLACEMENT_STRATEGY_AUTO: pl.AUTO}
+KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_KIND_TRAINING}
+STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
+                       plan_pb.PLACEMENT_STRATEGY_AUTO: pl.AUTO}
 STRATEGY_TO_PROTO = {v: k for k, v in STRATEGY_FROM_PROTO.items()}
 
 
-def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
+def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
     if msg.kind not in KIND_FROM_PROTO:
         raise errors.InvalidArgument(f"spec.kind {msg.kind} is not a JobKind")
     c = msg.constraints
@@ -49,7 +52,7 @@ def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
             raise errors.InvalidArgument(f"spec.inputs[{i}]: name and a full shape (rows first, no -1) are required")
         inputs.append(m.InputDecl(t.name, dtype_name(t.dtype, f"spec.inputs[{i}].dtype"), tuple(t.shape)))
     training = None
-    if msg.kind == pb.JOB_KIND_TRAINING:
+    if msg.kind == job_pb.JOB_KIND_TRAINING:
         t = msg.training
         defaults = TrainingOptions()
         training = TrainingOptions(
@@ -74,7 +77,7 @@ def spec_from_proto(msg: pb.JobSpec) -> m.JobSpec:
     )
 
 
-def placement_from_proto(msg: pb.PlacementOptions) -> m.PlacementSpec:
+def placement_from_proto(msg: plan_pb.PlacementOptions) -> m.PlacementSpec:
     if msg.strategy not in STRATEGY_FROM_PROTO:
         raise errors.InvalidArgument(
             f"spec.placement.strategy must be PLACEMENT_STRATEGY_RANKED, _BALANCED or _AUTO, got {msg.strategy}; "
@@ -92,11 +95,11 @@ def placement_from_proto(msg: pb.PlacementOptions) -> m.PlacementSpec:
     )
 
 
-def placement_spec_to_proto(spec: m.PlacementSpec) -> pb.PlacementOptions:
-    msg = pb.PlacementOptions(
+def placement_spec_to_proto(spec: m.PlacementSpec) -> plan_pb.PlacementOptions:
+    msg = plan_pb.PlacementOptions(
         strategy=STRATEGY_TO_PROTO[spec.strategy], device_count=spec.device_count,
         micro_batch_rows=spec.micro_batch_rows,
-        layers=[pb.LayerCost(**layer_cost_fields(x)) for x in spec.layers])
+        layers=[plan_pb.LayerCost(**layer_cost_fields(x)) for x in spec.layers])
     if spec.headroom is not None:
         msg.memory_headroom = spec.headroom
     if spec.weights is not None:
@@ -105,21 +108,22 @@ def placement_spec_to_proto(spec: m.PlacementSpec) -> pb.PlacementOptions:
     return msg
 
 
-def _load_to_proto(x: m.DeviceLoad) -> pb.DeviceLoad:
-    return pb.DeviceLoad(device_id=x.device_id, target_type=x.target_type, memory_bytes=x.memory_bytes,
-                         memory_capacity_bytes=x.memory_capacity_bytes, compute_seconds=x.compute_seconds,
-                         transfer_seconds=x.transfer_seconds, layers=list(x.layers), score=x.score)
+def _load_to_proto(x: m.DeviceLoad) -> plan_pb.DeviceLoad:
+    return plan_pb.DeviceLoad(device_id=x.device_id, target_type=x.target_type, memory_bytes=x.memory_bytes,
+                              memory_capacity_bytes=x.memory_capacity_bytes, compute_seconds=x.compute_seconds,
+                              transfer_seconds=x.transfer_seconds, layers=list(x.layers), score=x.score)
 
 
-def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
-    return pb.Placement(
+def placement_to_proto(p: m.PlacementPlan) -> plan_pb.Placement:
+    return plan_pb.Placement(
         strategy=STRATEGY_TO_PROTO[p.strategy],
-        layers=[pb.LayerPlacement(layer=x.layer, order=x.order, device_id=x.device_id, target_type=x.target_type,
-                                  parameter_count=x.parameter_count, memory_bytes=x.memory_bytes,
-                                  compute_seconds=x.compute_seconds, stage=x.stage) for x in p.layers],
-        stages=[pb.StagePlan(index=x.index, device_id=x.device_id, target_type=x.target_type,
-                             first_layer=x.first_layer, layer_count=x.layer_count, compute_seconds=x.compute_seconds,
-                             transfer_seconds=x.transfer_seconds, artifact_key=x.artifact_key, rule=x.rule)
+        layers=[plan_pb.LayerPlacement(layer=x.layer, order=x.order, device_id=x.device_id, target_type=x.target_type,
+                                       parameter_count=x.parameter_count, memory_bytes=x.memory_bytes,
+                                       compute_seconds=x.compute_seconds, stage=x.stage) for x in p.layers],
+        stages=[plan_pb.StagePlan(index=x.index, device_id=x.device_id, target_type=x.target_type,
+                                  first_layer=x.first_layer, layer_count=x.layer_count,
+                                  compute_seconds=x.compute_seconds, transfer_seconds=x.transfer_seconds,
+                                  artifact_key=x.artifact_key, rule=x.rule)
                 for x in p.stages],
         devices=[_load_to_proto(x) for x in p.devices],
         predicted_step_seconds=p.predicted_step_seconds, cross_device_transfers=p.cross_device_transfers,
@@ -127,41 +131,43 @@ def placement_to_proto(p: m.PlacementPlan) -> pb.Placement:
         predicted_seconds=p.predicted_seconds, lower_bound_step_seconds=p.lower_bound_step_seconds,
         weights=inv_pb.TaskWeights(compute=p.weights[0], memory=p.weights[1], bandwidth=p.weights[2]),
         weights_rule=p.weights_rule,
-        candidates=[pb.PlacementSummary(strategy=STRATEGY_TO_PROTO[c.strategy], feasible=c.feasible,
-                                        predicted_step_seconds=c.predicted_step_seconds,
-                                        cross_device_transfers=c.cross_device_transfers,
-                                        device_count=c.device_count, error=c.error,
-                                        devices=[_load_to_proto(x) for x in c.devices]) for c in p.candidates],
+        candidates=[plan_pb.PlacementSummary(strategy=STRATEGY_TO_PROTO[c.strategy], feasible=c.feasible,
+                                             predicted_step_seconds=c.predicted_step_seconds,
+                                             cross_device_transfers=c.cross_device_transfers,
+                                             device_count=c.device_count, error=c.error,
+                                             devices=[_load_to_proto(x) for x in c.devices]) for c in p.candidates],
         explain=list(p.explain),
     )
 
 
-def plan_to_proto(plan: m.Plan | None) -> pb.Plan | None:
+def plan_to_proto(plan: m.Plan | None) -> plan_pb.Plan | None:
     if plan is None:
         return None
-    return pb.Plan(
-        targets=[pb.TargetPlan(target_type=t.target_type, rule=t.rule, compute_dtype=t.compute_dtype,
-                               artifact_key=t.artifact_key, device_ids=list(t.device_ids),
-                               rows_per_second=t.rows_per_second, rate_source=t.rate_source) for t in plan.targets],
-        shards=[pb.ShardPlan(index=s.index, device_id=s.device_id, target_type=s.target_type, first_row=s.first_row,
-                             rows=s.rows, predicted_seconds=s.predicted_seconds) for s in plan.shards],
+    return plan_pb.Plan(
+        targets=[plan_pb.TargetPlan(target_type=t.target_type, rule=t.rule, compute_dtype=t.compute_dtype,
+                                    artifact_key=t.artifact_key, device_ids=list(t.device_ids),
+                                    rows_per_second=t.rows_per_second, rate_source=t.rate_source)
+                 for t in plan.targets],
+        shards=[plan_pb.ShardPlan(index=s.index, device_id=s.device_id, target_type=s.target_type,
+                                  first_row=s.first_row, rows=s.rows, predicted_seconds=s.predicted_seconds)
+                for s in plan.shards],
         predicted_seconds=plan.predicted_seconds,
         equal_split_predicted_seconds=plan.equal_split_predicted_seconds,
         placement=placement_to_proto(plan.placement) if plan.placement is not None else None,
     )
 
 
-def shard_to_proto(s: m.ShardRecord) -> pb.ShardRecord:
-    return pb.ShardRecord(
+def shard_to_proto(s: m.ShardRecord) -> job_pb.ShardRecord:
+    return job_pb.ShardRecord(
         index=s.index, device_id=s.device_id, target_type=s.target_type, rule=s.rule, first_row=s.first_row,
         rows=s.rows, attempts=s.attempts, failures=list(s.failures), queue_seconds=s.queue_seconds,
         load_seconds=s.load_seconds, execute_seconds=s.execute_seconds, total_seconds=s.total_seconds, done=s.done,
     )
 
 
-def event_to_proto(e: m.Event) -> pb.JobEvent:
-    msg = pb.JobEvent(index=e.index, type=EVENT_TO_PROTO[e.type], time=timestamp(e.time), progress=e.progress,
-                      message=e.message, step=e.step, loss=e.loss)
+def event_to_proto(e: m.Event) -> job_pb.JobEvent:
+    msg = job_pb.JobEvent(index=e.index, type=EVENT_TO_PROTO[e.type], time=timestamp(e.time), progress=e.progress,
+                          message=e.message, step=e.step, loss=e.loss)
     if e.plan is not None:
         msg.plan.CopyFrom(plan_to_proto(e.plan))
     if e.shard is not None:
@@ -169,25 +175,25 @@ def event_to_proto(e: m.Event) -> pb.JobEvent:
     return msg
 
 
-def spec_to_proto(spec: m.JobSpec) -> pb.JobSpec:
+def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
     t = spec.training
-    return pb.JobSpec(
+    return job_pb.JobSpec(
         program=spec.program, version=spec.version, kind=KIND_TO_PROTO[spec.kind],
-        constraints=pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in spec.constraints.platforms],
-                                      required_capabilities=list(spec.constraints.capabilities),
-                                      max_devices=spec.constraints.max_devices, filter=spec.constraints.filter),
+        constraints=job_pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in spec.constraints.platforms],
+                                          required_capabilities=list(spec.constraints.capabilities),
+                                          max_devices=spec.constraints.max_devices, filter=spec.constraints.filter),
         inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
-        training=pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
-                                    momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
+        training=job_pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
+                                        momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
         placement=placement_spec_to_proto(spec.placement) if spec.placement is not None else None,
     )
 
 
-def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> pb.Job:
-    msg = pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
-                 progress=job.progress, create_time=timestamp(job.created), losses=job.losses,
-                 shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
+def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> job_pb.Job:
+    msg = job_pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
+                     progress=job.progress, create_time=timestamp(job.created), losses=job.losses,
+                     shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
     if job.plan is not None:
         msg.plan.CopyFrom(plan_to_proto(job.plan))
     if job.ended is not None:

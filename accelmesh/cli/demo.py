@@ -18,7 +18,8 @@ from accelmesh.cli.inventory import inventory_stub, list_all_devices
 from accelmesh.cli.tables import format_devices, table
 from accelmesh.client import MeshClient
 from accelmesh.datasets import load_digits, train_test_split
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.reference import reference_outputs
 from accelmesh.runtime.channels import open_channel
 
@@ -47,7 +48,7 @@ class Progress:
             print()
 
 
-def print_plan(plan: pb.Plan) -> None:
+def print_plan(plan: plan_pb.Plan) -> None:
     rows = [("TARGET TYPE", "RULE", "DTYPE", "ARTIFACT", "DEVICES", "ROWS/S", "FROM")]
     for t in plan.targets:
         rows.append((t.target_type, t.rule, t.compute_dtype, t.artifact_key[:12], ",".join(t.device_ids),
@@ -57,7 +58,7 @@ def print_plan(plan: pb.Plan) -> None:
           f"(equal shards: {plan.equal_split_predicted_seconds:.3f} s)")
 
 
-def print_shards(job: pb.Job, limit: int = 12) -> None:
+def print_shards(job: job_pb.Job, limit: int = 12) -> None:
     rows = [("SHARD", "DEVICE", "RULE", "ROWS", "ATTEMPTS", "LOAD ms", "EXEC ms", "TOTAL ms")]
     for s in list(job.shards)[:limit]:
         rows.append((str(s.index), s.device_id, s.rule, str(s.rows), str(s.attempts), f"{s.load_seconds * 1e3:.1f}",
@@ -78,10 +79,10 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int) -> fl
     print(f"\n    {samples} sequences, planned from measured rates:")
     bar = Progress("    shards")
 
-    def on_event(event: pb.JobEvent) -> None:
-        if event.type == pb.JOB_EVENT_TYPE_PLANNED:
+    def on_event(event: job_pb.JobEvent) -> None:
+        if event.type == job_pb.JOB_EVENT_TYPE_PLANNED:
             print_plan(event.plan)
-        elif event.type in (pb.JOB_EVENT_TYPE_SHARD_FINISHED, pb.JOB_EVENT_TYPE_SHARD_RETRIED):
+        elif event.type in (job_pb.JOB_EVENT_TYPE_SHARD_FINISHED, job_pb.JOB_EVENT_TYPE_SHARD_RETRIED):
             bar.update(event.progress, event.message)
 
     started = time.perf_counter()
@@ -101,14 +102,14 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int) -> fl
 def training_demo(client: MeshClient, epochs: int) -> float:
     x, y = load_digits()
     split = train_test_split(x, y, test_fraction=0.2, seed=0)
-    options = pb.TrainingOptions(epochs=epochs, batch_size=128, learning_rate=0.1, momentum=0.9, shuffle_seed=0)
+    options = job_pb.TrainingOptions(epochs=epochs, batch_size=128, learning_rate=0.1, momentum=0.9, shuffle_seed=0)
     print(f"\n(b) training: mlp_train_step on {len(split.y_train)} digits, {epochs} epochs, data-parallel")
     bar = Progress("    steps")
 
-    def on_event(event: pb.JobEvent) -> None:
-        if event.type == pb.JOB_EVENT_TYPE_PLANNED:
+    def on_event(event: job_pb.JobEvent) -> None:
+        if event.type == job_pb.JOB_EVENT_TYPE_PLANNED:
             print_plan(event.plan)
-        elif event.type == pb.JOB_EVENT_TYPE_TRAINING_STEP:
+        elif event.type == job_pb.JOB_EVENT_TYPE_TRAINING_STEP:
             bar.update(event.progress, f"step {event.step} loss {event.loss:.3f}")
 
     started = time.perf_counter()
@@ -128,13 +129,13 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> flo
     from accelmesh.cli.placement_view import format_candidates, format_device_table, format_layer_table
 
     tokens = np.random.default_rng(1).integers(0, 512, size=(samples, 32), dtype=np.int32)
-    options = pb.PlacementOptions(strategy=pb.PLACEMENT_STRATEGY_AUTO, device_count=3, micro_batch_rows=16)
+    options = plan_pb.PlacementOptions(strategy=plan_pb.PLACEMENT_STRATEGY_AUTO, device_count=3, micro_batch_rows=16)
     print(f"\n(c) model-parallel: transformer_encoder's layers placed on 3 devices (ranked and balanced "
           f"predicted, the faster taken), {samples} sequences in micro-batches of 16 through the pipeline")
     bar = Progress("    micro-batches")
 
-    def on_event(event: pb.JobEvent) -> None:
-        if event.type == pb.JOB_EVENT_TYPE_SHARD_FINISHED:
+    def on_event(event: job_pb.JobEvent) -> None:
+        if event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED:
             bar.update(event.progress, event.message)
 
     started = time.perf_counter()
@@ -150,8 +151,8 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> flo
     rules = ", ".join(f"stage {s.index}: {s.rule}" for s in placement.stages)
     print(f"pipeline of {len(placement.stages)} stages ({rules}) in {time.perf_counter() - started:.2f} s; max "
           f"relative error against a single-device fp32 run: {error:.2e}")
-    plan = client.plan("gpt2_xl", {"tokens": np.zeros((32, 1024), np.int32)}, placement=pb.PlacementOptions(
-        strategy=pb.PLACEMENT_STRATEGY_AUTO, device_count=4)).placement
+    plan = client.plan("gpt2_xl", {"tokens": np.zeros((32, 1024), np.int32)}, placement=plan_pb.PlacementOptions(
+        strategy=plan_pb.PLACEMENT_STRATEGY_AUTO, device_count=4)).placement
     total = sum(layer.parameter_count for layer in plan.layers)
     print(f"\n    gpt2_xl ({total / 1e9:.2f} billion parameters, {len(plan.layers)} layers) planned on the same "
           f"devices (planning only; its weights never exist here):")

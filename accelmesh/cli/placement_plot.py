@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from accelmesh.cli.placement_view import GIB, MIB, _ms, _share, format_bytes, strategy_name
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 
 
-def plot_placement(placement: pb.Placement, path: str | Path, *, model: str, note: str = ""):
+def plot_placement(placement: plan_pb.Placement, path: str | Path, *, model: str, note: str = ""):
     """Save a two-panel PNG (memory, time per micro-batch; one bar per device) and return the figure.
 
     Segments are layers coloured by their position in the forward pass, so a model of 50 layers
@@ -25,7 +25,7 @@ def plot_placement(placement: pb.Placement, path: str | Path, *, model: str, not
     from matplotlib.patches import Patch
 
     devices = list(placement.devices)
-    by_device: dict[str, list[pb.LayerPlacement]] = {d.device_id: [] for d in devices}
+    by_device: dict[str, list[plan_pb.LayerPlacement]] = {d.device_id: [] for d in devices}
     for layer in sorted(placement.layers, key=lambda lp: lp.order):
         by_device.setdefault(layer.device_id, []).append(layer)
     last = max((lp.order for lp in placement.layers), default=0)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from accelmesh.cli.tables import table
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 
 MIB = 1024**2
 GIB = 1024**3
 
 
 def strategy_name(value: int) -> str:
-    return pb.PlacementStrategy.Name(value).removeprefix("PLACEMENT_STRATEGY_").lower()
+    return plan_pb.PlacementStrategy.Name(value).removeprefix("PLACEMENT_STRATEGY_").lower()
 
 
 def format_bytes(n: int) -> str:
@@ -39,7 +39,7 @@ def _orders(orders: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def format_layer_table(placement: pb.Placement) -> str:
+def format_layer_table(placement: plan_pb.Placement) -> str:
     rows = [("#", "LAYER", "DEVICE", "TARGET TYPE", "PARAMS", "MEMORY", "COMPUTE ms", "STAGE")]
     for layer in placement.layers:
         rows.append((str(layer.order), layer.layer, layer.device_id, layer.target_type, f"{layer.parameter_count:,}",
@@ -47,7 +47,7 @@ def format_layer_table(placement: pb.Placement) -> str:
     return table(rows)
 
 
-def format_device_table(placement: pb.Placement) -> str:
+def format_device_table(placement: plan_pb.Placement) -> str:
     order_of = {layer.layer: layer.order for layer in placement.layers}
     totals = [d.compute_seconds + d.transfer_seconds for d in placement.devices]
     busiest = totals.index(max(totals)) if totals else -1
@@ -64,7 +64,7 @@ def format_device_table(placement: pb.Placement) -> str:
     return table(rows)
 
 
-def format_candidates(placement: pb.Placement) -> str:
+def format_candidates(placement: plan_pb.Placement) -> str:
     bound = placement.lower_bound_step_seconds
     rows = [("STRATEGY", "FEASIBLE", "STEP ms", "x LOWER BOUND", "TRANSFERS", "DEVICES", "")]
     for c in placement.candidates:
@@ -77,7 +77,7 @@ def format_candidates(placement: pb.Placement) -> str:
     return table(rows)
 
 
-def format_summary(placement: pb.Placement) -> str:
+def format_summary(placement: plan_pb.Placement) -> str:
     step, bound = placement.predicted_step_seconds, placement.lower_bound_step_seconds
     ratio = f"{step / bound:.2f}" if bound > 0 else "n/a"
     lines = [(f"predicted step {_ms(step)} ms per micro-batch of {placement.micro_batch_rows} rows "
@@ -93,7 +93,7 @@ def format_summary(placement: pb.Placement) -> str:
     return "\n".join(lines)
 
 
-def render_placement(placement: pb.Placement, model: str, *, explain: bool = False, note: str = "") -> str:
+def render_placement(placement: plan_pb.Placement, model: str, *, explain: bool = False, note: str = "") -> str:
     """Everything `accelmesh plan` prints on stdout for one placement; `note` joins the heading."""
     parts = [(f"{model}: {strategy_name(placement.strategy)} placement over {placement.device_count} device(s)"
               f"{' (' + note + ')' if note else ''}\n"),

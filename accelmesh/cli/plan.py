@@ -28,15 +28,17 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.tensors import numpy_dtype
 
 STRATEGIES = {
-    "ranked": pb.PLACEMENT_STRATEGY_RANKED,
-    "balanced": pb.PLACEMENT_STRATEGY_BALANCED,
-    "auto": pb.PLACEMENT_STRATEGY_AUTO,
+    "ranked": plan_pb.PLACEMENT_STRATEGY_RANKED,
+    "balanced": plan_pb.PLACEMENT_STRATEGY_BALANCED,
+    "auto": plan_pb.PLACEMENT_STRATEGY_AUTO,
 }
 DEFAULT_DEVICES = "2xa100-80gb,2xv100-32gb"
 # PlacementOptions: micro_batch_rows 0 means 8; the job's rows default to this many micro-batches.
@@ -94,7 +96,7 @@ def _count(minimum: int):
     return parse
 
 
-def load_layer_table(path: str) -> list[pb.LayerCost]:
+def load_layer_table(path: str) -> list[plan_pb.LayerCost]:
     """A JSON list of LayerCost objects (proto field names or their camelCase JSON names)."""
     try:
         rows = json.loads(Path(path).read_text())
@@ -105,7 +107,7 @@ def load_layer_table(path: str) -> list[pb.LayerCost]:
     layers = []
     for i, row in enumerate(rows):
         try:
-            layers.append(json_format.ParseDict(row, pb.LayerCost()))
+            layers.append(json_format.ParseDict(row, plan_pb.LayerCost()))
         except json_format.ParseError as exc:
             raise errors.InvalidArgument(f"--layers {path}: layer [{i}]: {exc}") from None
     return layers
@@ -127,23 +129,23 @@ def declared_inputs(program: compile_pb.Program, rows: int) -> list[common_pb2.T
     return headers
 
 
-def plan_request(args, inputs: list[common_pb2.TensorHeader], layers: list[pb.LayerCost]) -> pb.PlanJobRequest:
-    placement = pb.PlacementOptions(strategy=STRATEGIES[args.strategy], device_count=args.device_count,
-                                    micro_batch_rows=args.micro_batch_rows, layers=layers)
+def plan_request(args, inputs: list[common_pb2.TensorHeader], layers: list[plan_pb.LayerCost]) -> pb.PlanJobRequest:
+    placement = plan_pb.PlacementOptions(strategy=STRATEGIES[args.strategy], device_count=args.device_count,
+                                         micro_batch_rows=args.micro_batch_rows, layers=layers)
     if args.headroom is not None:
         placement.memory_headroom = args.headroom
-    spec = pb.JobSpec(program=args.model, inputs=inputs, placement=placement,
-                      constraints=pb.JobConstraints(filter=args.filter))
+    spec = job_pb.JobSpec(program=args.model, inputs=inputs, placement=placement,
+                          constraints=job_pb.JobConstraints(filter=args.filter))
     if args.kind == "training":
         # JobSpec requires training options for a training job; a plan reads only the kind and rows.
-        spec.kind = pb.JOB_KIND_TRAINING
-        spec.training.CopyFrom(pb.TrainingOptions(epochs=1, batch_size=job_rows(args), learning_rate=0.1))
+        spec.kind = job_pb.JOB_KIND_TRAINING
+        spec.training.CopyFrom(job_pb.TrainingOptions(epochs=1, batch_size=job_rows(args), learning_rate=0.1))
     else:
-        spec.kind = pb.JOB_KIND_INFERENCE
+        spec.kind = job_pb.JOB_KIND_INFERENCE
     return pb.PlanJobRequest(spec=spec)
 
 
-def request_placement(args, layers: list[pb.LayerCost], dispatch: str, compile_address: str) -> pb.Placement:
+def request_placement(args, layers: list[plan_pb.LayerCost], dispatch: str, compile_address: str) -> plan_pb.Placement:
     inputs = []
     if not layers:
         progress(f"describing {args.model} ...")

@@ -359,6 +359,7 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
     from accelmesh.cli.tables import table
     from accelmesh.client import MeshClient
     from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+    from accelmesh.dispatch.v1 import job_pb2 as job_pb
     from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
     from accelmesh.inventory.v1 import inventory_service_pb2_grpc
     from accelmesh.runtime.channels import open_channel
@@ -375,9 +376,9 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
         for response in client.stub.WatchJob(pb.WatchJobRequest(job_id=job_id), timeout=900):
             event = response.event
             now = time.monotonic()
-            if event.type == pb.JOB_EVENT_TYPE_PLANNED:
+            if event.type == job_pb.JOB_EVENT_TYPE_PLANNED:
                 log(f"  planned: {event.message}")
-            if (cut is not None and "cut" not in marks and event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED
+            if (cut is not None and "cut" not in marks and event.type == job_pb.JOB_EVENT_TYPE_SHARD_STARTED
                     and node_ip(event.shard.device_id) == cut.ip):
                 mesh.hosts.cut(cut)
                 marks["cut"] = now
@@ -385,12 +386,14 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
                     f"while shard {event.shard.index} runs there")
                 log("           (a dispatcher without gRPC keepalive notices a silent host only at the shard "
                     "deadline, dispatch_svc/mesh_client.py SHARD_TIMEOUT_S; Ctrl-C stops and cleans up)")
-            if event.type == pb.JOB_EVENT_TYPE_SHARD_RETRIED:
+            if event.type == job_pb.JOB_EVENT_TYPE_SHARD_RETRIED:
                 marks.setdefault("retry", now)
                 log(f"  {now - started:6.2f} s  {event.message}")
-            if event.type in (pb.JOB_EVENT_TYPE_SUCCEEDED, pb.JOB_EVENT_TYPE_FAILED, pb.JOB_EVENT_TYPE_CANCELLED):
+            if event.type in (job_pb.JOB_EVENT_TYPE_SUCCEEDED, job_pb.JOB_EVENT_TYPE_FAILED,
+                              job_pb.JOB_EVENT_TYPE_CANCELLED):
                 final = event
-                log(f"  {now - started:6.2f} s  job {pb.JobEventType.Name(event.type)[15:].lower()}: {event.message}")
+                outcome = job_pb.JobEventType.Name(event.type)[15:].lower()
+                log(f"  {now - started:6.2f} s  job {outcome}: {event.message}")
                 break
         total = time.monotonic() - started
         job = client.get(job_id)
@@ -409,7 +412,7 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
         if len(retried) > 8:
             log(f"... {len(retried)} shards were retried in all")
         status = 1
-        if final is not None and final.type == pb.JOB_EVENT_TYPE_SUCCEEDED:
+        if final is not None and final.type == job_pb.JOB_EVENT_TYPE_SUCCEEDED:
             program = default_registry().get("mlp_classifier")
             (expected,) = [np.asarray(o) for o in program.fn(*program.init_params(0), x)]
             logits = client.fetch_result(job_id)["logits"]

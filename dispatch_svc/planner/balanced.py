@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dispatch_svc.planner.layer_model import (
-    BALANCED, Device, Model, NoRoom, Placement, by_score, capacity, evaluate, initial_scores, link_gbps,
-    required_devices, summary,
+    Model, by_score, capacity, evaluate, initial_scores, link_gbps, required_devices, summary,
 )
+from dispatch_svc.planner.placement_types import BALANCED, Device, NoRoom, Placement
 
 # Count vectors the search may visit before it merges device classes (see _classes).
 MAX_SEARCH_STATES = 200_000

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dispatch_svc.planner.layer_model import Device, Model, Placement, capacity, evaluate, summary
+from dispatch_svc.planner.layer_model import Model, capacity, evaluate, summary
+from dispatch_svc.planner.placement_types import Device, Placement
 
 
 def sequential_fill(model: Model, devices: Sequence[Device]) -> Placement:

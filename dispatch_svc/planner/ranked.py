@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from dispatch_svc.planner.layer_model import (
-    RANKED, Device, Model, NoRoom, Placement, by_score, capacity, evaluate, initial_scores, lower_bound_seconds,
-    rates, required_devices, status_scores, summary,
+    Model, by_score, capacity, evaluate, initial_scores, lower_bound_seconds, rates, required_devices,
+    status_scores, summary,
 )
+from dispatch_svc.planner.placement_types import RANKED, Device, NoRoom, Placement
 
 
 def place_ranked(model: Model, devices: Sequence[Device]) -> Placement:

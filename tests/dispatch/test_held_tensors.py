@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from accelmesh.client import MeshClient
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as dispatch_pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_compile, start_inventory, start_worker
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_from_proto
@@ -318,9 +319,9 @@ def test_a_pipeline_stage_gets_its_parameters_once_not_per_micro_batch(dispatche
     before = counts(mesh)
     with MeshClient(address) as client:
         result = client.run("transformer_encoder", {"tokens": x}, timeout=CALL_TIMEOUT_S,
-                            placement=dispatch_pb.PlacementOptions(
-                                strategy=dispatch_pb.PLACEMENT_STRATEGY_RANKED, device_count=3, micro_batch_rows=8))
-    assert result.job.state == dispatch_pb.JOB_STATE_SUCCEEDED, result.job.error
+                            placement=plan_pb.PlacementOptions(
+                                strategy=plan_pb.PLACEMENT_STRATEGY_RANKED, device_count=3, micro_batch_rows=8))
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
     micro_batches = result.job.plan.placement.micro_batches
     assert micro_batches == 7 and len(result.job.plan.placement.stages) >= 2
     sent = sent_since(mesh, before)

@@ -16,7 +16,8 @@ from accelmesh.cli.placement_view import render_placement
 from accelmesh.cli.plan import declared_inputs, load_layer_table, parse_devices, plan_request
 from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 
 GIB = 1024**3
@@ -24,12 +25,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 A100, V100, T4 = "cuda@cpu:a100-80gb[bf16]", "cuda@cpu:v100-32gb[]", "cuda@cpu:t4[]"
 
 
-def hand_built_placement(stages: list[tuple[str, str, int, float]], *, capacity_gib: float = 72.0) -> pb.Placement:
+def hand_built_placement(stages: list[tuple[str, str, int, float]], *, capacity_gib: float = 72.0) -> plan_pb.Placement:
     """Consecutive stages of (device, target type, layers, ms per layer); one stage per device."""
-    placement = pb.Placement(strategy=pb.PLACEMENT_STRATEGY_BALANCED, micro_batch_rows=8, micro_batches=4,
-                             device_count=len(stages), cross_device_transfers=len(stages) - 1,
-                             weights=inv_pb.TaskWeights(compute=0.5, memory=0.25, bandwidth=0.25),
-                             weights_rule="given", explain=["balanced: searched 12 step times"])
+    placement = plan_pb.Placement(strategy=plan_pb.PLACEMENT_STRATEGY_BALANCED, micro_batch_rows=8, micro_batches=4,
+                                  device_count=len(stages), cross_device_transfers=len(stages) - 1,
+                                  weights=inv_pb.TaskWeights(compute=0.5, memory=0.25, bandwidth=0.25),
+                                  weights_rule="given", explain=["balanced: searched 12 step times"])
     order = 0
     for index, (device, target, count, ms) in enumerate(stages):
         names = []
@@ -49,9 +50,9 @@ def hand_built_placement(stages: list[tuple[str, str, int, float]], *, capacity_
     placement.predicted_step_seconds = max(d.compute_seconds + d.transfer_seconds for d in placement.devices)
     placement.lower_bound_step_seconds = placement.predicted_step_seconds / 2
     placement.predicted_seconds = placement.predicted_step_seconds * 5
-    placement.candidates.add(strategy=pb.PLACEMENT_STRATEGY_RANKED, feasible=False,
+    placement.candidates.add(strategy=plan_pb.PLACEMENT_STRATEGY_RANKED, feasible=False,
                              error="block_3 needs 4.0 GiB; no device has room")
-    placement.candidates.add(strategy=pb.PLACEMENT_STRATEGY_BALANCED, feasible=True,
+    placement.candidates.add(strategy=plan_pb.PLACEMENT_STRATEGY_BALANCED, feasible=True,
                              predicted_step_seconds=placement.predicted_step_seconds,
                              cross_device_transfers=len(stages) - 1, device_count=len(stages))
     return placement
@@ -115,9 +116,9 @@ def test_the_request_declares_four_micro_batches_of_the_programs_inputs():
     assert list(tokens.shape) == [32, 32] and tokens.total_bytes == 32 * 32 * 4
 
     spec = plan_request(args, [tokens], []).spec
-    assert spec.placement.strategy == pb.PLACEMENT_STRATEGY_BALANCED and spec.placement.device_count == 3
+    assert spec.placement.strategy == plan_pb.PLACEMENT_STRATEGY_BALANCED and spec.placement.device_count == 3
     assert not spec.placement.HasField("memory_headroom")  # unset: the service's default applies
-    assert spec.kind == pb.JOB_KIND_TRAINING and spec.training.batch_size == 32
+    assert spec.kind == job_pb.JOB_KIND_TRAINING and spec.training.batch_size == 32
     args.headroom = 0.0
     assert plan_request(args, [tokens], []).spec.placement.HasField("memory_headroom")
 

@@ -13,6 +13,7 @@ import pytest
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.datasets import load_digits, train_test_split
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.tensors import to_proto
@@ -48,7 +49,7 @@ def reference(program_name, *inputs, seed=0):
 def test_inference_across_mixed_devices_matches_one_device(client, mesh):
     tokens = np.random.default_rng(1).integers(0, 512, size=(300, 32), dtype=np.int32)
     result = client.run("transformer_encoder", {"tokens": tokens})
-    assert result.job.state == pb.JOB_STATE_SUCCEEDED
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED
     (expected,) = reference("transformer_encoder", tokens)
     logits = result.outputs["logits"]
     assert logits.shape == (300, 16)
@@ -63,8 +64,8 @@ def test_inference_across_mixed_devices_matches_one_device(client, mesh):
     assert {s.device_id for s in shards if "a100" in s.target_type} == set(a100[0].device_ids)
     assert {t.rule for t in plan.targets} >= {"cuda-bf16", "cuda-fp32"}
     types = [e.type for e in result.events]
-    assert types[0] == pb.JOB_EVENT_TYPE_PLANNED and types[-1] == pb.JOB_EVENT_TYPE_SUCCEEDED
-    assert types.count(pb.JOB_EVENT_TYPE_SHARD_FINISHED) == len(shards)
+    assert types[0] == job_pb.JOB_EVENT_TYPE_PLANNED and types[-1] == job_pb.JOB_EVENT_TYPE_SUCCEEDED
+    assert types.count(job_pb.JOB_EVENT_TYPE_SHARD_FINISHED) == len(shards)
     assert reservations(mesh) == []
 
 
@@ -83,9 +84,9 @@ def test_submit_watch_and_fetch_after_reconnecting(mesh):
         job_id = first.submit("mlp_classifier", {"x": x}, name="reconnect")
     with MeshClient(mesh.dispatch.address) as second:
         events = list(second.watch(job_id))
-        assert events[-1].type == pb.JOB_EVENT_TYPE_SUCCEEDED
+        assert events[-1].type == job_pb.JOB_EVENT_TYPE_SUCCEEDED
         job = second.get(job_id)
-        assert job.state == pb.JOB_STATE_SUCCEEDED and job.spec.name == "reconnect"
+        assert job.state == job_pb.JOB_STATE_SUCCEEDED and job.spec.name == "reconnect"
         (expected,) = reference("mlp_classifier", x)
         np.testing.assert_allclose(second.fetch_result(job_id)["logits"], expected, rtol=5e-2, atol=5e-2)
         listed = second.stub.ListJobs(pb.ListJobsRequest()).jobs
@@ -104,7 +105,7 @@ def test_plan_job_predicts_without_running(client, mesh):
 def test_training_across_devices_learns_the_digits(client):
     x, y = load_digits()
     split = train_test_split(x, y, test_fraction=0.2, seed=0)
-    options = pb.TrainingOptions(epochs=8, batch_size=128, learning_rate=0.1, momentum=0.9)
+    options = job_pb.TrainingOptions(epochs=8, batch_size=128, learning_rate=0.1, momentum=0.9)
     trained = client.run("mlp_train_step", {"x": split.x_train, "y": split.y_train}, training=options)
     losses = list(trained.job.losses)
     assert len(losses) == 8 * 12 and np.mean(losses[-12:]) < 0.25 * np.mean(losses[:12])
@@ -119,7 +120,7 @@ def test_one_training_step_equals_the_single_device_update(client):
 
     x, y = load_digits()
     x, y = x[:301], y[:301]
-    options = pb.TrainingOptions(epochs=1, batch_size=301, learning_rate=0.5, momentum=0.0)
+    options = job_pb.TrainingOptions(epochs=1, batch_size=301, learning_rate=0.5, momentum=0.0)
     trained = client.run("mlp_train_step", {"x": x, "y": y}, training=options, filter=FP32_ONLY)
     rows = [s.rows for s in trained.job.shards]
     assert len(rows) == 2 and rows[0] != rows[1]
@@ -219,11 +220,11 @@ def test_cancel_stops_a_running_job_and_releases_its_devices(client, mesh):
     tokens = np.random.default_rng(5).integers(0, 512, size=(6000, 32), dtype=np.int32)
     job_id = client.submit("transformer_encoder", {"tokens": tokens})
     for event in client.watch(job_id):
-        if event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED:
+        if event.type == job_pb.JOB_EVENT_TYPE_SHARD_STARTED:
             break
     job = client.cancel(job_id)
-    assert job.state == pb.JOB_STATE_CANCELLED
-    assert list(client.watch(job_id))[-1].type == pb.JOB_EVENT_TYPE_CANCELLED
+    assert job.state == job_pb.JOB_STATE_CANCELLED
+    assert list(client.watch(job_id))[-1].type == job_pb.JOB_EVENT_TYPE_CANCELLED
     assert reservations(mesh) == []
     error = rpc_error(client.fetch_result, job_id)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "cancelled" in error.details()

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from accelmesh.client import MeshClient
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import ServiceProcess, start_service
@@ -86,11 +87,11 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
 
 @dataclass
 class TracedJob:
-    job: pb.Job
+    job: job_pb.Job
     trace_id: str
     spans: list[CollectedSpan]  # everything every process exported, the job's trace and the rest
     exit_codes: dict[str, int]
-    placed: pb.Job  # the same model placed on the devices, run as a pipeline (its own trace)
+    placed: job_pb.Job  # the same model placed on the devices, run as a pipeline (its own trace)
 
     @property
     def in_trace(self) -> list[CollectedSpan]:
@@ -164,8 +165,9 @@ def traced_job(tmp_path_factory) -> TracedJob:
             dispatch = processes[-1]
             with MeshClient(dispatch.address, tracer_provider=client_provider) as client:
                 result = client.run("mlp_classifier", {"x": x}, timeout=JOB_TIMEOUT_S)
-                placed = client.run("mlp_classifier", {"x": x}, timeout=JOB_TIMEOUT_S, placement=pb.PlacementOptions(
-                    strategy=pb.PLACEMENT_STRATEGY_RANKED, device_count=2, micro_batch_rows=16))
+                placed = client.run("mlp_classifier", {"x": x}, timeout=JOB_TIMEOUT_S,
+                                    placement=plan_pb.PlacementOptions(strategy=plan_pb.PLACEMENT_STRATEGY_RANKED,
+                                                                       device_count=2, micro_batch_rows=16))
             for process in processes:
                 health_check(process.address, client_provider)
         finally:
@@ -186,7 +188,7 @@ def traced_job(tmp_path_factory) -> TracedJob:
 
 
 def test_the_job_ran_and_every_service_stopped_gracefully(traced_job):
-    assert traced_job.job.state == pb.JOB_STATE_SUCCEEDED
+    assert traced_job.job.state == job_pb.JOB_STATE_SUCCEEDED
     assert {s.device_id for s in traced_job.job.shards} and sum(s.rows for s in traced_job.job.shards) == ROWS
     assert traced_job.exit_codes == {"dispatch": 0, "worker": 0, "compile": 0, "inventory": 0}
 
@@ -251,7 +253,7 @@ def test_the_workers_artifact_fetch_is_part_of_the_jobs_trace(traced_job):
 
 def test_a_pipelines_shard_spans_name_their_stage_and_micro_batch(traced_job):
     placed = traced_job.placed
-    assert placed.state == pb.JOB_STATE_SUCCEEDED
+    assert placed.state == job_pb.JOB_STATE_SUCCEEDED
     trace_id = job_trace_id(traced_job.spans, placed.job_id)
     (job_span,) = [s for s in traced_job.spans if s.trace_id == trace_id and s.name == "dispatch.job"]
     assert job_span.attributes[attr.PLACEMENT_STRATEGY] == "ranked"

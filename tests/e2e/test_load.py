@@ -12,6 +12,7 @@ import pytest
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import (
     EmbeddedMesh,
     start_compile,
@@ -139,7 +140,7 @@ def test_twenty_concurrent_jobs_from_five_processes_are_correct_in_bounded_memor
             np.testing.assert_allclose(got, np.asarray(forward(*params, x)[0]), rtol=1e-5, atol=1e-6)
     with MeshClient(mesh.dispatch.address) as client:
         jobs = [j for j in client.stub.ListJobs(pb.ListJobsRequest(page_size=100)).jobs if j.spec.name.startswith("load-")]
-    assert len(jobs) == JOBS and all(j.state == pb.JOB_STATE_SUCCEEDED for j in jobs)
+    assert len(jobs) == JOBS and all(j.state == job_pb.JOB_STATE_SUCCEEDED for j in jobs)
     overlap = most_at_once(jobs)
     assert overlap >= MIN_AT_ONCE, f"at most {overlap} jobs ran at once"
     assert growth < GROWTH_BOUND_BYTES, f"the dispatcher grew by {growth / MIB:.0f} MiB"

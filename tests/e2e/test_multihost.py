@@ -18,6 +18,7 @@ import pytest
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
@@ -121,7 +122,7 @@ def test_a_job_spans_both_hosts_and_matches_one_device(lab):
     x = np.random.default_rng(11).standard_normal((40_000, 64)).astype(np.float32)
     with MeshClient(mesh.dispatch.address) as client:
         result = client.run("mlp_classifier", {"x": x}, timeout=120)
-    assert result.job.state == pb.JOB_STATE_SUCCEEDED
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED
     shards = result.job.shards
     assert len(shards) >= 30 and sum(s.rows for s in shards) == 40_000
     assert {node_ip(s.device_id) for s in shards} == {h.ip for h in hosts.hosts}
@@ -162,7 +163,7 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
             stream = client.stub.WatchJob(pb.WatchJobRequest(job_id=job_id), timeout=60)
             for response in stream:  # until a shard starts on the host to cut
                 events.append(response.event)
-                if (response.event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED
+                if (response.event.type == job_pb.JOB_EVENT_TYPE_SHARD_STARTED
                         and node_ip(response.event.shard.device_id) == cut.ip):
                     break
             hosts.cut(cut)
@@ -177,10 +178,10 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
                 for response in client.stub.WatchJob(pb.WatchJobRequest(job_id=job_id, from_index=len(events)),
                                                       timeout=remaining):
                     events.append(response.event)
-                    if response.event.type == pb.JOB_EVENT_TYPE_SHARD_RETRIED:
+                    if response.event.type == job_pb.JOB_EVENT_TYPE_SHARD_RETRIED:
                         marks.setdefault("retried", time.monotonic())
-                    if response.event.type in (pb.JOB_EVENT_TYPE_SUCCEEDED, pb.JOB_EVENT_TYPE_FAILED,
-                                               pb.JOB_EVENT_TYPE_CANCELLED):
+                    if response.event.type in (job_pb.JOB_EVENT_TYPE_SUCCEEDED, job_pb.JOB_EVENT_TYPE_FAILED,
+                                               job_pb.JOB_EVENT_TYPE_CANCELLED):
                         final = response.event
                         marks["end"] = time.monotonic()
                         break
@@ -197,7 +198,7 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
                 stuck = [s.index for s in job.shards if not s.done and node_ip(s.device_id) == cut.ip]
                 raise NotRecovered(f"the job had not ended {RECOVERY_BOUND_S:.0f} s after host {cut.index}'s link was "
                                    f"cut; shards {stuck} still wait on {cut.ip}")
-            assert final.type == pb.JOB_EVENT_TYPE_SUCCEEDED, final.message
+            assert final.type == job_pb.JOB_EVENT_TYPE_SUCCEEDED, final.message
             job = client.get(job_id)
             logits = client.fetch_result(job_id)["logits"]
         np.testing.assert_allclose(logits, reference(x), rtol=1e-5, atol=1e-6)

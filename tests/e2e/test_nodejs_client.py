@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from accelmesh.client import MeshClient
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh
 from fakes import host
 from compile_svc.programs import default_registry
@@ -86,7 +86,7 @@ def test_node_client_runs_a_job_and_matches_the_single_device_reference(node_cli
     # The job the Node client reports is the dispatcher's job, as Python sees it.
     with MeshClient(mesh.dispatch.address) as client:
         job = client.get(out["job_id"])
-    assert job.state == pb.JOB_STATE_SUCCEEDED and job.spec.program == "mlp_classifier"
+    assert job.state == job_pb.JOB_STATE_SUCCEEDED and job.spec.program == "mlp_classifier"
     assert [s.device_id for s in job.shards] == out["device_ids"]
 
     program = default_registry().get("mlp_classifier")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from accelmesh.client import MeshClient
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs import default_registry
@@ -18,7 +19,8 @@ from conftest import reservations, rpc_error
 pytestmark = pytest.mark.slow
 
 EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb")  # 3 devices of 2 types
-RANKED, BALANCED, AUTO = pb.PLACEMENT_STRATEGY_RANKED, pb.PLACEMENT_STRATEGY_BALANCED, pb.PLACEMENT_STRATEGY_AUTO
+RANKED, BALANCED, AUTO = (plan_pb.PLACEMENT_STRATEGY_RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED,
+                          plan_pb.PLACEMENT_STRATEGY_AUTO)
 GB = 10**9
 
 
@@ -43,9 +45,9 @@ def single_device(x: np.ndarray) -> np.ndarray:
     return np.asarray(program.fn(*program.init_params(0), x)[0])
 
 
-def explicit(*rows: tuple) -> list[pb.LayerCost]:
-    return [pb.LayerCost(name=name, order=order, parameter_count=count, parameter_bytes=4 * count,
-                         flops_per_sample=2.0 * count, activation_bytes_per_sample=4096)
+def explicit(*rows: tuple) -> list[plan_pb.LayerCost]:
+    return [plan_pb.LayerCost(name=name, order=order, parameter_count=count, parameter_bytes=4 * count,
+                              flops_per_sample=2.0 * count, activation_bytes_per_sample=4096)
             for name, order, count in rows]
 
 
@@ -53,8 +55,8 @@ def explicit(*rows: tuple) -> list[pb.LayerCost]:
 def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client, mesh, strategy):
     x = tokens(50)
     result = client.run("transformer_encoder", {"tokens": x},
-                        placement=pb.PlacementOptions(strategy=strategy, device_count=3, micro_batch_rows=8))
-    assert result.job.state == pb.JOB_STATE_SUCCEEDED, result.job.error
+                        placement=plan_pb.PlacementOptions(strategy=strategy, device_count=3, micro_batch_rows=8))
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
     placement = result.job.plan.placement
     assert placement.strategy == strategy
     assert len({layer.device_id for layer in placement.layers}) == 3
@@ -78,7 +80,7 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
 
 def test_plan_reports_both_strategies_and_takes_the_faster(client):
     plan = client.plan("transformer_encoder", {"tokens": tokens(64)},
-                       placement=pb.PlacementOptions(strategy=AUTO, device_count=3))
+                       placement=plan_pb.PlacementOptions(strategy=AUTO, device_count=3))
     placement = plan.placement
     by_strategy = {c.strategy: c for c in placement.candidates}
     assert set(by_strategy) == {RANKED, BALANCED}
@@ -101,8 +103,8 @@ def test_plan_reports_both_strategies_and_takes_the_faster(client):
 
 
 def test_client_weights_override_the_derived_ones(client):
-    options = pb.PlacementOptions(strategy=RANKED, device_count=1,
-                                  weights=inv_pb.TaskWeights(compute=0.0, memory=1.0, bandwidth=0.0))
+    options = plan_pb.PlacementOptions(strategy=RANKED, device_count=1,
+                                       weights=inv_pb.TaskWeights(compute=0.0, memory=1.0, bandwidth=0.0))
     placement = client.plan("transformer_encoder", {"tokens": tokens(8)}, placement=options).placement
     assert (placement.weights.compute, placement.weights.memory) == (0.0, 1.0)
     # All memory: an A100 (80 GB) beats the V100 (32 GB).
@@ -111,28 +113,28 @@ def test_client_weights_override_the_derived_ones(client):
 
 def test_an_explicit_layer_table_is_planned_without_a_program(client):
     rows = [("embed", 0, 50_000_000), *((f"block_{i}", i + 1, 200_000_000) for i in range(6)), ("head", 7, 50_000_000)]
-    plan = client.plan("my-model", {}, placement=pb.PlacementOptions(strategy=BALANCED, layers=explicit(*rows)))
+    plan = client.plan("my-model", {}, placement=plan_pb.PlacementOptions(strategy=BALANCED, layers=explicit(*rows)))
     placement = plan.placement
     assert [layer.layer for layer in placement.layers] == [name for name, _, _ in rows]
     assert placement.device_count >= 1 and not any(s.artifact_key for s in placement.stages)
 
 
 @pytest.mark.parametrize("options, code, message", [
-    (pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("a", 1, 10))),
+    (plan_pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("a", 1, 10))),
      grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.layers[1].name 'a' is also spec.placement.layers[0].name"),
-    (pb.PlacementOptions(strategy=RANKED, layers=[pb.LayerCost(name="a", order=0, parameter_count=-3)]),
+    (plan_pb.PlacementOptions(strategy=RANKED, layers=[plan_pb.LayerCost(name="a", order=0, parameter_count=-3)]),
      grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.layers[0].parameter_count of layer 'a' must be"),
-    (pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("b", 5, 10))),
+    (plan_pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10), ("b", 5, 10))),
      grpc.StatusCode.INVALID_ARGUMENT, "must number the 2 layers 0..1"),
-    (pb.PlacementOptions(strategy=RANKED, memory_headroom=1.5, layers=explicit(("a", 0, 10))),
+    (plan_pb.PlacementOptions(strategy=RANKED, memory_headroom=1.5, layers=explicit(("a", 0, 10))),
      grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.memory_headroom must be in [0, 1)"),
-    (pb.PlacementOptions(strategy=RANKED, device_count=9, layers=explicit(("a", 0, 10))),
+    (plan_pb.PlacementOptions(strategy=RANKED, device_count=9, layers=explicit(("a", 0, 10))),
      grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.device_count is 9 but only 3 devices"),
-    (pb.PlacementOptions(layers=explicit(("a", 0, 10))),
+    (plan_pb.PlacementOptions(layers=explicit(("a", 0, 10))),
      grpc.StatusCode.INVALID_ARGUMENT, "spec.placement.strategy must be"),
-    (pb.PlacementOptions(strategy=AUTO, layers=explicit(("huge", 0, 20 * GB), ("tail", 1, 1000))),
+    (plan_pb.PlacementOptions(strategy=AUTO, layers=explicit(("huge", 0, 20 * GB), ("tail", 1, 1000))),
      grpc.StatusCode.RESOURCE_EXHAUSTED, "'huge'"),
-    (pb.PlacementOptions(strategy=BALANCED, layers=explicit(*((f"l{i}", i, 20 * GB) for i in range(3)))),
+    (plan_pb.PlacementOptions(strategy=BALANCED, layers=explicit(*((f"l{i}", i, 20 * GB) for i in range(3)))),
      grpc.StatusCode.RESOURCE_EXHAUSTED, "short by"),
 ])
 def test_bad_tables_and_options_are_refused_naming_the_field(client, mesh, options, code, message):
@@ -144,34 +146,35 @@ def test_bad_tables_and_options_are_refused_naming_the_field(client, mesh, optio
 
 def test_a_model_that_fits_on_no_device_set_reports_the_shortfall_in_bytes(client):
     rows = [(f"l{i}", i, 20 * GB) for i in range(3)]  # 240 GB of float32 parameters; 172.8 GB usable
-    err = rpc_error(client.plan, "my-model", {}, placement=pb.PlacementOptions(strategy=RANKED, layers=explicit(*rows)))
+    err = rpc_error(client.plan, "my-model", {},
+                    placement=plan_pb.PlacementOptions(strategy=RANKED, layers=explicit(*rows)))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "short by" in err.details() and "bytes" in err.details()
 
 
 def test_unknown_models_and_non_models_are_refused(client, mesh):
-    options = pb.PlacementOptions(strategy=RANKED)
+    options = plan_pb.PlacementOptions(strategy=RANKED)
     err = rpc_error(client.plan, "no_such_model", {"tokens": tokens(4)}, placement=options)
     assert err.code() == grpc.StatusCode.NOT_FOUND and "no_such_model" in err.details()
     x = np.zeros((4, 8), np.float32)
     err = rpc_error(client.run, "identity", {"x": x}, placement=options)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "name a model program" in err.details()
     err = rpc_error(client.run, "my-model", {"tokens": tokens(4)},
-                    placement=pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10))))
+                    placement=plan_pb.PlacementOptions(strategy=RANKED, layers=explicit(("a", 0, 10))))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "PlanJob" in err.details()
     assert reservations(mesh) == []
 
 
 def test_cancelling_a_pipeline_stops_it_and_releases_every_device(client, mesh):
-    options = pb.PlacementOptions(strategy=BALANCED, device_count=3, micro_batch_rows=4)
+    options = plan_pb.PlacementOptions(strategy=BALANCED, device_count=3, micro_batch_rows=4)
     job_id = client.submit("transformer_encoder", {"tokens": tokens(4000, seed=3)}, placement=options)
     for event in client.watch(job_id):
-        if event.type == pb.JOB_EVENT_TYPE_SHARD_STARTED:
+        if event.type == job_pb.JOB_EVENT_TYPE_SHARD_STARTED:
             break
     held = {r.device_id: r.memory_bytes for r in reservations(mesh)}
     planned = {d.device_id: d.memory_bytes for d in client.get(job_id).plan.placement.devices}
     assert held == planned, "a running pipeline holds what its plan needs on each device"
     job = client.cancel(job_id)
-    assert job.state == pb.JOB_STATE_CANCELLED
-    assert list(client.watch(job_id))[-1].type == pb.JOB_EVENT_TYPE_CANCELLED
+    assert job.state == job_pb.JOB_STATE_CANCELLED
+    assert list(client.watch(job_id))[-1].type == job_pb.JOB_EVENT_TYPE_CANCELLED
     assert reservations(mesh) == []

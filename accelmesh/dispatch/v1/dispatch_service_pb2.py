@@ -23,91 +23,51 @@ _sym_db = _symbol_database.Default()
 
 
 from accelmesh.common.v1 import common_pb2 as accelmesh_dot_common_dot_v1_dot_common__pb2
-from accelmesh.inventory.v1 import inventory_service_pb2 as accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2
-from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from accelmesh.dispatch.v1 import job_pb2 as accelmesh_dot_dispatch_dot_v1_dot_job__pb2
+from accelmesh.dispatch.v1 import plan_pb2 as accelmesh_dot_dispatch_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a.accelmesh/inventory/v1/inventory_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x01\n\x0eJobConstraints\x12\x30\n\tplatforms\x18\x01 \x03(\x0e\x32\x1d.accelmesh.common.v1.Platform\x12\x1d\n\x15required_capabilities\x18\x02 \x03(\t\x12\x13\n\x0bmax_devices\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x04 \x01(\t\"t\n\x0fTrainingOptions\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\x05\x12\x12\n\nbatch_size\x18\x02 \x01(\x05\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x10\n\x08momentum\x18\x04 \x01(\x01\x12\x14\n\x0cshuffle_seed\x18\x05 \x01(\x03\"\xff\x02\n\x07JobSpec\x12\x0f\n\x07program\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12,\n\x04kind\x18\x03 \x01(\x0e\x32\x1e.accelmesh.dispatch.v1.JobKind\x12:\n\x0b\x63onstraints\x18\x04 \x01(\x0b\x32%.accelmesh.dispatch.v1.JobConstraints\x12\x31\n\x06inputs\x18\x05 \x03(\x0b\x32!.accelmesh.common.v1.TensorHeader\x12\x19\n\x11\x63lient_parameters\x18\x06 \x01(\x08\x12\x16\n\x0eparameter_seed\x18\x07 \x01(\x03\x12\x38\n\x08training\x18\x08 \x01(\x0b\x32&.accelmesh.dispatch.v1.TrainingOptions\x12\x0c\n\x04name\x18\t \x01(\t\x12:\n\tplacement\x18\n \x01(\x0b\x32\'.accelmesh.dispatch.v1.PlacementOptions\"\xf1\x01\n\tLayerCost\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05order\x18\x02 \x01(\x05\x12\x17\n\x0fparameter_count\x18\x03 \x01(\x03\x12\x17\n\x0fparameter_bytes\x18\x04 \x01(\x03\x12\x18\n\x10\x66lops_per_sample\x18\x05 \x01(\x01\x12!\n\x19\x62ytes_accessed_per_sample\x18\x06 \x01(\x01\x12#\n\x1b\x61\x63tivation_bytes_per_sample\x18\x07 \x01(\x03\x12\x13\n\x0bshared_from\x18\x08 \x01(\t\x12\x1e\n\x16shared_parameter_bytes\x18\t \x01(\x03\"\x98\x02\n\x10PlacementOptions\x12:\n\x08strategy\x18\x01 \x01(\x0e\x32(.accelmesh.dispatch.v1.PlacementStrategy\x12\x14\n\x0c\x64\x65vice_count\x18\x02 \x01(\x05\x12\x1c\n\x0fmemory_headroom\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x34\n\x07weights\x18\x04 \x01(\x0b\x32#.accelmesh.inventory.v1.TaskWeights\x12\x18\n\x10micro_batch_rows\x18\x05 \x01(\x03\x12\x30\n\x06layers\x18\x06 \x03(\x0b\x32 .accelmesh.dispatch.v1.LayerCostB\x12\n\x10_memory_headroom\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf0\x01\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"\xdd\x01\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x42\x06\n\x04part\"\x93\x02\n\x08JobEvent\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x31\n\x04type\x18\x02 \x01(\x0e\x32#.accelmesh.dispatch.v1.JobEventType\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x0f\n\x07message\x18\x05 \x01(\t\x12)\n\x04plan\x18\x06 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\x12\x31\n\x05shard\x18\x07 \x01(\x0b\x32\".accelmesh.dispatch.v1.ShardRecord\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x0c\n\x04loss\x18\t \x01(\x01\"\x9e\x01\n\nTargetPlan\x12\x13\n\x0btarget_type\x18\x01 \x01(\t\x12\x0c\n\x04rule\x18\x02 \x01(\t\x12\x15\n\rcompute_dtype\x18\x03 \x01(\t\x12\x14\n\x0c\x61rtifact_key\x18\x04 \x01(\t\x12\x12\n\ndevice_ids\x18\x05 \x03(\t\x12\x17\n\x0frows_per_second\x18\x06 \x01(\x01\x12\x13\n\x0brate_source\x18\x07 \x01(\t\"~\n\tShardPlan\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x13\n\x0btarget_type\x18\x03 \x01(\t\x12\x11\n\tfirst_row\x18\x04 \x01(\x03\x12\x0c\n\x04rows\x18\x05 \x01(\x03\x12\x19\n\x11predicted_seconds\x18\x06 \x01(\x01\"\xe3\x01\n\x04Plan\x12\x32\n\x07targets\x18\x01 \x03(\x0b\x32!.accelmesh.dispatch.v1.TargetPlan\x12\x30\n\x06shards\x18\x02 \x03(\x0b\x32 .accelmesh.dispatch.v1.ShardPlan\x12\x19\n\x11predicted_seconds\x18\x03 \x01(\x01\x12%\n\x1d\x65qual_split_predicted_seconds\x18\x04 \x01(\x01\x12\x33\n\tplacement\x18\x05 \x01(\x0b\x32 .accelmesh.dispatch.v1.Placement\"\xad\x01\n\x0eLayerPlacement\x12\r\n\x05layer\x18\x01 \x01(\t\x12\r\n\x05order\x18\x02 \x01(\x05\x12\x11\n\tdevice_id\x18\x03 \x01(\t\x12\x13\n\x0btarget_type\x18\x04 \x01(\t\x12\x17\n\x0fparameter_count\x18\x05 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x17\n\x0f\x63ompute_seconds\x18\x07 \x01(\x01\x12\r\n\x05stage\x18\x08 \x01(\x05\"\xc3\x01\n\tStagePlan\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x13\n\x0btarget_type\x18\x03 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x04 \x01(\x05\x12\x13\n\x0blayer_count\x18\x05 \x01(\x05\x12\x17\n\x0f\x63ompute_seconds\x18\x06 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x07 \x01(\x01\x12\x14\n\x0c\x61rtifact_key\x18\x08 \x01(\t\x12\x0c\n\x04rule\x18\t \x01(\t\"\xbb\x01\n\nDeviceLoad\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x13\n\x0btarget_type\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x1d\n\x15memory_capacity_bytes\x18\x04 \x01(\x03\x12\x17\n\x0f\x63ompute_seconds\x18\x05 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x06 \x01(\x01\x12\x0e\n\x06layers\x18\x07 \x03(\t\x12\r\n\x05score\x18\x08 \x01(\x01\"\xf9\x01\n\x10PlacementSummary\x12:\n\x08strategy\x18\x01 \x01(\x0e\x32(.accelmesh.dispatch.v1.PlacementStrategy\x12\x10\n\x08\x66\x65\x61sible\x18\x02 \x01(\x08\x12\x1e\n\x16predicted_step_seconds\x18\x03 \x01(\x01\x12\x1e\n\x16\x63ross_device_transfers\x18\x04 \x01(\x05\x12\x14\n\x0c\x64\x65vice_count\x18\x05 \x01(\x05\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x32\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32!.accelmesh.dispatch.v1.DeviceLoad\"\xc2\x04\n\tPlacement\x12:\n\x08strategy\x18\x01 \x01(\x0e\x32(.accelmesh.dispatch.v1.PlacementStrategy\x12\x35\n\x06layers\x18\x02 \x03(\x0b\x32%.accelmesh.dispatch.v1.LayerPlacement\x12\x30\n\x06stages\x18\x03 \x03(\x0b\x32 .accelmesh.dispatch.v1.StagePlan\x12\x32\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32!.accelmesh.dispatch.v1.DeviceLoad\x12\x1e\n\x16predicted_step_seconds\x18\x05 \x01(\x01\x12\x1e\n\x16\x63ross_device_transfers\x18\x06 \x01(\x05\x12\x14\n\x0c\x64\x65vice_count\x18\x07 \x01(\x05\x12\x18\n\x10micro_batch_rows\x18\x08 \x01(\x03\x12\x15\n\rmicro_batches\x18\t \x01(\x03\x12\x19\n\x11predicted_seconds\x18\n \x01(\x01\x12 \n\x18lower_bound_step_seconds\x18\x0b \x01(\x01\x12\x34\n\x07weights\x18\x0c \x01(\x0b\x32#.accelmesh.inventory.v1.TaskWeights\x12\x14\n\x0cweights_rule\x18\r \x01(\t\x12;\n\ncandidates\x18\x0e \x03(\x0b\x32\'.accelmesh.dispatch.v1.PlacementSummary\x12\x0f\n\x07\x65xplain\x18\x0f \x03(\t\"\x82\x02\n\x0bShardRecord\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x13\n\x0btarget_type\x18\x03 \x01(\t\x12\x0c\n\x04rule\x18\x04 \x01(\t\x12\x11\n\tfirst_row\x18\x05 \x01(\x03\x12\x0c\n\x04rows\x18\x06 \x01(\x03\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x10\n\x08\x66\x61ilures\x18\x08 \x03(\t\x12\x15\n\rqueue_seconds\x18\t \x01(\x01\x12\x14\n\x0cload_seconds\x18\n \x01(\x01\x12\x17\n\x0f\x65xecute_seconds\x18\x0b \x01(\x01\x12\x15\n\rtotal_seconds\x18\x0c \x01(\x01\x12\x0c\n\x04\x64one\x18\r \x01(\x08\"\x93\x03\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x04spec\x18\x02 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\x12.\n\x05state\x18\x03 \x01(\x0e\x32\x1f.accelmesh.dispatch.v1.JobState\x12)\n\x04plan\x18\x04 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\x12\x32\n\x06shards\x18\x05 \x03(\x0b\x32\".accelmesh.dispatch.v1.ShardRecord\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x10\n\x08progress\x18\x07 \x01(\x01\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06losses\x18\n \x03(\x01\x12/\n\x0b\x65xpire_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"5\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"<\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part*R\n\x07JobKind\x12\x18\n\x14JOB_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_KIND_INFERENCE\x10\x01\x12\x15\n\x11JOB_KIND_TRAINING\x10\x02*\x94\x01\n\x11PlacementStrategy\x12\"\n\x1ePLACEMENT_STRATEGY_UNSPECIFIED\x10\x00\x12\x1d\n\x19PLACEMENT_STRATEGY_RANKED\x10\x01\x12\x1f\n\x1bPLACEMENT_STRATEGY_BALANCED\x10\x02\x12\x1b\n\x17PLACEMENT_STRATEGY_AUTO\x10\x03*\xb5\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATE_PLANNING\x10\x01\x12\x17\n\x13JOB_STATE_COMPILING\x10\x02\x12\x15\n\x11JOB_STATE_RUNNING\x10\x03\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06*\xc7\x02\n\x0cJobEventType\x12\x1e\n\x1aJOB_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16JOB_EVENT_TYPE_PLANNED\x10\x01\x12\x1b\n\x17JOB_EVENT_TYPE_COMPILED\x10\x02\x12 \n\x1cJOB_EVENT_TYPE_SHARD_STARTED\x10\x03\x12!\n\x1dJOB_EVENT_TYPE_SHARD_FINISHED\x10\x04\x12 \n\x1cJOB_EVENT_TYPE_SHARD_RETRIED\x10\x05\x12 \n\x1cJOB_EVENT_TYPE_TRAINING_STEP\x10\x06\x12\x1c\n\x18JOB_EVENT_TYPE_SUCCEEDED\x10\x07\x12\x19\n\x15JOB_EVENT_TYPE_FAILED\x10\x08\x12\x1c\n\x18JOB_EVENT_TYPE_CANCELLED\x10\t2\x83\x06\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a\x1f\x61\x63\x63\x65lmesh/dispatch/v1/job.proto\x1a accelmesh/dispatch/v1/plan.proto\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf0\x01\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"\xdd\x01\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x42\x06\n\x04part\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"5\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"<\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part2\x83\x06\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'accelmesh.dispatch.v1.dispatch_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBKIND']._serialized_start=5757
-  _globals['_JOBKIND']._serialized_end=5839
-  _globals['_PLACEMENTSTRATEGY']._serialized_start=5842
-  _globals['_PLACEMENTSTRATEGY']._serialized_end=5990
-  _globals['_JOBSTATE']._serialized_start=5993
-  _globals['_JOBSTATE']._serialized_end=6174
-  _globals['_JOBEVENTTYPE']._serialized_start=6177
-  _globals['_JOBEVENTTYPE']._serialized_end=6504
-  _globals['_JOBCONSTRAINTS']._serialized_start=187
-  _globals['_JOBCONSTRAINTS']._serialized_end=321
-  _globals['_TRAININGOPTIONS']._serialized_start=323
-  _globals['_TRAININGOPTIONS']._serialized_end=439
-  _globals['_JOBSPEC']._serialized_start=442
-  _globals['_JOBSPEC']._serialized_end=825
-  _globals['_LAYERCOST']._serialized_start=828
-  _globals['_LAYERCOST']._serialized_end=1069
-  _globals['_PLACEMENTOPTIONS']._serialized_start=1072
-  _globals['_PLACEMENTOPTIONS']._serialized_end=1352
-  _globals['_INPUTBLOCK']._serialized_start=1354
-  _globals['_INPUTBLOCK']._serialized_end=1431
-  _globals['_SUBMITJOBREQUEST']._serialized_start=1434
-  _globals['_SUBMITJOBREQUEST']._serialized_end=1677
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=1679
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=1714
-  _globals['_RUNJOBREQUEST']._serialized_start=1717
-  _globals['_RUNJOBREQUEST']._serialized_end=1957
-  _globals['_RUNJOBRESPONSE']._serialized_start=1960
-  _globals['_RUNJOBRESPONSE']._serialized_end=2181
-  _globals['_JOBEVENT']._serialized_start=2184
-  _globals['_JOBEVENT']._serialized_end=2459
-  _globals['_TARGETPLAN']._serialized_start=2462
-  _globals['_TARGETPLAN']._serialized_end=2620
-  _globals['_SHARDPLAN']._serialized_start=2622
-  _globals['_SHARDPLAN']._serialized_end=2748
-  _globals['_PLAN']._serialized_start=2751
-  _globals['_PLAN']._serialized_end=2978
-  _globals['_LAYERPLACEMENT']._serialized_start=2981
-  _globals['_LAYERPLACEMENT']._serialized_end=3154
-  _globals['_STAGEPLAN']._serialized_start=3157
-  _globals['_STAGEPLAN']._serialized_end=3352
-  _globals['_DEVICELOAD']._serialized_start=3355
-  _globals['_DEVICELOAD']._serialized_end=3542
-  _globals['_PLACEMENTSUMMARY']._serialized_start=3545
-  _globals['_PLACEMENTSUMMARY']._serialized_end=3794
-  _globals['_PLACEMENT']._serialized_start=3797
-  _globals['_PLACEMENT']._serialized_end=4375
-  _globals['_SHARDRECORD']._serialized_start=4378
-  _globals['_SHARDRECORD']._serialized_end=4636
-  _globals['_JOB']._serialized_start=4639
-  _globals['_JOB']._serialized_end=5042
-  _globals['_PLANJOBREQUEST']._serialized_start=5044
-  _globals['_PLANJOBREQUEST']._serialized_end=5106
-  _globals['_PLANJOBRESPONSE']._serialized_start=5108
-  _globals['_PLANJOBRESPONSE']._serialized_end=5168
-  _globals['_WATCHJOBREQUEST']._serialized_start=5170
-  _globals['_WATCHJOBREQUEST']._serialized_end=5223
-  _globals['_WATCHJOBRESPONSE']._serialized_start=5225
-  _globals['_WATCHJOBRESPONSE']._serialized_end=5291
-  _globals['_GETJOBREQUEST']._serialized_start=5293
-  _globals['_GETJOBREQUEST']._serialized_end=5324
-  _globals['_GETJOBRESPONSE']._serialized_start=5326
-  _globals['_GETJOBRESPONSE']._serialized_end=5383
-  _globals['_LISTJOBSREQUEST']._serialized_start=5385
-  _globals['_LISTJOBSREQUEST']._serialized_end=5421
-  _globals['_LISTJOBSRESPONSE']._serialized_start=5423
-  _globals['_LISTJOBSRESPONSE']._serialized_end=5483
-  _globals['_CANCELJOBREQUEST']._serialized_start=5485
-  _globals['_CANCELJOBREQUEST']._serialized_end=5519
-  _globals['_CANCELJOBRESPONSE']._serialized_start=5521
-  _globals['_CANCELJOBRESPONSE']._serialized_end=5581
-  _globals['_FETCHRESULTREQUEST']._serialized_start=5583
-  _globals['_FETCHRESULTREQUEST']._serialized_end=5619
-  _globals['_FETCHRESULTRESPONSE']._serialized_start=5622
-  _globals['_FETCHRESULTRESPONSE']._serialized_end=5755
-  _globals['_DISPATCHSERVICE']._serialized_start=6507
-  _globals['_DISPATCHSERVICE']._serialized_end=7278
+  _globals['_INPUTBLOCK']._serialized_start=172
+  _globals['_INPUTBLOCK']._serialized_end=249
+  _globals['_SUBMITJOBREQUEST']._serialized_start=252
+  _globals['_SUBMITJOBREQUEST']._serialized_end=495
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=497
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=532
+  _globals['_RUNJOBREQUEST']._serialized_start=535
+  _globals['_RUNJOBREQUEST']._serialized_end=775
+  _globals['_RUNJOBRESPONSE']._serialized_start=778
+  _globals['_RUNJOBRESPONSE']._serialized_end=999
+  _globals['_PLANJOBREQUEST']._serialized_start=1001
+  _globals['_PLANJOBREQUEST']._serialized_end=1063
+  _globals['_PLANJOBRESPONSE']._serialized_start=1065
+  _globals['_PLANJOBRESPONSE']._serialized_end=1125
+  _globals['_WATCHJOBREQUEST']._serialized_start=1127
+  _globals['_WATCHJOBREQUEST']._serialized_end=1180
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1182
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1248
+  _globals['_GETJOBREQUEST']._serialized_start=1250
+  _globals['_GETJOBREQUEST']._serialized_end=1281
+  _globals['_GETJOBRESPONSE']._serialized_start=1283
+  _globals['_GETJOBRESPONSE']._serialized_end=1340
+  _globals['_LISTJOBSREQUEST']._serialized_start=1342
+  _globals['_LISTJOBSREQUEST']._serialized_end=1378
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1380
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1440
+  _globals['_CANCELJOBREQUEST']._serialized_start=1442
+  _globals['_CANCELJOBREQUEST']._serialized_end=1476
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1478
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1538
+  _globals['_FETCHRESULTREQUEST']._serialized_start=1540
+  _globals['_FETCHRESULTREQUEST']._serialized_end=1576
+  _globals['_FETCHRESULTRESPONSE']._serialized_start=1579
+  _globals['_FETCHRESULTRESPONSE']._serialized_end=1712
+  _globals['_DISPATCHSERVICE']._serialized_start=1715
+  _globals['_DISPATCHSERVICE']._serialized_end=2486
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,94 @@
+"""The dispatcher's side of a worker's stream, against in-process fake workers: a result cut
+short fails the attempt and is never used, and a worker back on its address takes the next
+shard at once. No mesh: these need only GrpcMesh and a fake WorkerService."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.runtime.server import Service, create_server
+from accelmesh.runtime.tensors import split
+from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
+from accelmesh.worker.v1 import worker_service_pb2_grpc
+from dispatch_svc.device_queues import CancelScope, ShardFailed
+from dispatch_svc.mesh_client import GrpcMesh
+from dispatch_svc.interface import ArtifactRef, Build, JobDevice
+
+pytestmark = pytest.mark.slow
+
+
+CLEAN_END = "clean end"
+
+
+class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
+    """Answers every shard with a two-chunk output. `cut` ends the call after the first chunk: with
+    that status, or with CLEAN_END as a normal end (timings sent, half the tensor never)."""
+
+    def __init__(self, cut: grpc.StatusCode | str | None = None):
+        self.cut = cut
+
+    def Execute(self, request_iterator, context):
+        for _ in request_iterator:
+            pass
+        header, chunks = split("output_0", np.arange(2048, dtype=np.float32), 4096)
+        yield worker_pb.ExecuteResponse(tensor=header)
+        for chunk in chunks:
+            yield worker_pb.ExecuteResponse(chunk=chunk)
+            if isinstance(self.cut, grpc.StatusCode):
+                context.abort(self.cut, "worker went away")
+            if self.cut == CLEAN_END:
+                break
+        yield worker_pb.ExecuteResponse(timings=worker_pb.ShardTimings(execute_seconds=0.001))
+
+
+def serve_fake(worker: FakeWorker, port: int = 0):
+    return create_server([Service("accelmesh.worker.v1.WorkerService",
+                                  worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, worker)],
+                         address=f"127.0.0.1:{port}").start()
+
+
+def send_shard(mesh: GrpcMesh, port: int):
+    device = JobDevice(type("Spec", (), {"id": "127.0.0.1/cuda:0"})(), f"127.0.0.1:{port}", "t")
+    artifact = ArtifactRef("k", "d", "stablehlo", 2048)
+    build = Build("t", "rule", "float32", compile_pb.Rule(), (device.id,), artifact, {})
+    return mesh.execute("job", 0, 1, device, build, artifact, [("x", np.zeros(2048, np.float32))], 2048, CancelScope())
+
+
+@pytest.fixture
+def grpc_mesh():
+    mesh = GrpcMesh("127.0.0.1:1", "127.0.0.1:1", max_message_bytes=1 << 22, chunk_bytes=4096)
+    yield mesh
+    mesh.close()
+
+
+CUTS = [(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE: "), (grpc.StatusCode.CANCELLED, "CANCELLED: "),
+        (grpc.StatusCode.INTERNAL, "INTERNAL: "), (CLEAN_END, "worker sent a malformed result: ")]
+
+
+@pytest.mark.parametrize("cut, cause", CUTS, ids=["unavailable", "cancelled", "internal", "clean-end"])
+def test_a_result_cut_short_fails_the_attempt_and_is_never_used(grpc_mesh, cut, cause):
+    server = serve_fake(FakeWorker(cut))  # the error interceptor keeps the status it aborted with
+    try:
+        with pytest.raises(ShardFailed) as info:  # the pool retries a ShardFailed on another device
+            send_shard(grpc_mesh, server.port)
+        assert info.value.cause.startswith(cause), info.value.cause
+    finally:
+        server.stop(0)
+
+
+def test_a_worker_back_on_its_address_takes_the_next_shard_at_once(grpc_mesh):
+    server = serve_fake(FakeWorker())
+    port = server.port
+    np.testing.assert_array_equal(send_shard(grpc_mesh, port).outputs[0], np.arange(2048, dtype=np.float32))
+    server.stop(0)
+    for _ in range(3):  # the dispatcher keeps trying while the worker is down: its channel backs off
+        with pytest.raises(ShardFailed):
+            send_shard(grpc_mesh, port)
+    server = serve_fake(FakeWorker(), port)
+    try:
+        np.testing.assert_array_equal(send_shard(grpc_mesh, port).outputs[0], np.arange(2048, dtype=np.float32))
+    finally:
+        server.stop(0)

@@ -40,7 +40,8 @@ def layer_costs(program: Program) -> tuple[pl.LayerCost, ...]:
 def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) -> PlacedJob:
     """Place the model of `spec` on the healthy devices matching its constraints; raises
     InvalidArgument for a bad table or options, ResourceExhausted (with the shortfall) when no
-    device set holds it."""
+    device set holds it. One function because it is a pipeline of plain steps (the layer table,
+    the devices, their scores, the placement, its summary), each a few lines reading the last."""
     options = spec.placement
     if options.layers:
         layers = options.layers

@@ -44,6 +44,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             raise errors.ResourceExhausted(
                 f"header.total_bytes {header.total_bytes} is over the upload limit of {self.uploads.max_bytes} bytes"
             )
+        self.uploads.check(header.name, header.version)  # refuse before the artifact streams in
         combine = []
         for i, code in enumerate(header.output_combine):
             if code not in programs_pb.COMBINE_FROM_PROTO:
@@ -62,6 +63,9 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             header.name, header.version, bytes(data), combine, list(header.input_names), header.description
         )
         return pb.UploadProgramResponse(program=programs_pb.program_to_proto(program))
+
+    def DeleteProgram(self, request, context):
+        return pb.DeleteProgramResponse(ref=self.uploads.delete(request.name, request.version).ref)
 
     def ListRules(self, request, context):
         table = self.compiler.rules

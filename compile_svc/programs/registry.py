@@ -1,5 +1,10 @@
 """Programs by (name, version): built-ins, plugins found through entry points, and uploads.
 
+Every name belongs to one origin: built-in, plugin or uploaded. Built-in names are reserved
+from plugins and uploads, plugin names from uploads, so an unpinned reference (empty version,
+meaning the name's highest version) to a built-in or plugin program cannot be taken over by an
+upload. Versions match exactly; uploaded versions are immutable until deleted.
+
 Published-size models are registered deferred (see DeferredEntry): start-up only records their
 names, listing builds their signatures, and get/describe builds their layer tables.
 """
@@ -14,12 +19,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from accelmesh.errors import FailedPrecondition, NotFound
+from accelmesh.errors import AlreadyExists, FailedPrecondition, NotFound, PermissionDenied
 from accelmesh.programs import Program
 from compile_svc.programs.builtin import builtin_deferred, builtin_entries
 from compile_svc.programs.layers import DeferredEntry, LayerFn, ProgramEntry
 
 ENTRY_POINT_GROUP = "accelmesh.programs"
+BUILTIN, PLUGIN, UPLOADED = "built-in", "plugin", "uploaded"  # a name's origin
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +36,29 @@ def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
     return tuple((1, int(tok), "") if tok.isdigit() else (0, 0, tok) for tok in re.findall(r"\d+|[^\d.\-_+]+", version))
 
 
+def _order(version: str) -> tuple[object, ...]:
+    # Versions that version_key ties ('1.0', '1.00') fall back to their text, so "the highest"
+    # is the same in every process whatever order the versions were registered in.
+    return version_key(version), version
+
+
 class ProgramRegistry:
     """Thread-safe: the servicer registers uploads while other requests read. Deferred entries
     are built outside the registry lock, so one slow first build blocks no other program."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], ProgramEntry | DeferredEntry] = {}
+        self._origins: dict[str, str] = {}  # name -> BUILTIN, PLUGIN or UPLOADED
         self._lock = threading.Lock()
 
-    def register(self, program: Program, layer_fns: Iterable[LayerFn] = ()) -> Program:
-        """Add a program; registering identical content again is a no-op, so retries are safe."""
+    def register(self, program: Program, layer_fns: Iterable[LayerFn] = (), *, origin: str = BUILTIN) -> Program:
+        """Add a built-in or plugin program; registering identical content again is a no-op, so
+        retries are safe. Uploads go through add_upload, whose versions are immutable."""
+        if origin not in (BUILTIN, PLUGIN):
+            raise ValueError(f"origin must be {BUILTIN!r} or {PLUGIN!r}, got {origin!r}; uploads use add_upload")
         key = (program.name, program.version)
         with self._lock:
+            self._claim(program.name, origin)
             existing = self._entries.get(key)
             if existing is None:
                 self._entries[key] = ProgramEntry(program, tuple(layer_fns))
@@ -58,14 +75,44 @@ class ProgramRegistry:
         """Add a program that is built when first asked for; its name and version must be free."""
         key = (deferred.name, deferred.version)
         with self._lock:
+            self._claim(deferred.name, BUILTIN)
             existing = self._entries.get(key)
             if existing is not None and existing is not deferred:
                 raise FailedPrecondition(f"program {deferred.name}@{deferred.version} is already registered; "
                                          "register it under a new version")
             self._entries[key] = deferred
 
+    def check_upload(self, name: str, version: str) -> None:
+        """Raise what add_upload would for this name and version, before the artifact is read."""
+        with self._lock:
+            self._check_upload(name, version)
+
+    def add_upload(self, program: Program) -> Program:
+        """Add an uploaded program under a name no built-in or plugin has and a version it lacks."""
+        with self._lock:
+            self._check_upload(program.name, program.version)
+            self._origins[program.name] = UPLOADED
+            self._entries[(program.name, program.version)] = ProgramEntry(program)
+        return program
+
+    def remove_upload(self, name: str, version: str) -> Program:
+        """Remove one exact uploaded version and return it; built-in and plugin programs stay."""
+        with self._lock:
+            origin = self._origins.get(name)
+            if origin in (BUILTIN, PLUGIN):
+                raise PermissionDenied(f"name {name!r} is a {origin} program's; only uploaded programs can be "
+                                       "deleted (built-in and plugin programs come with the service)")
+            entry = self._entries.pop((name, version), None) if origin == UPLOADED else None
+            if entry is None:
+                raise NotFound(f"name and version: no uploaded program {name}@{version}; ListPrograms shows "
+                               "the uploaded programs and their exact versions")
+            if not any(n == name for n, _ in self._entries):
+                del self._origins[name]  # its last version is gone: the name is free again
+        return _program(entry)
+
     def get(self, name: str, version: str = "") -> Program:
-        """The named program; an empty version means the highest registered version."""
+        """The named program at exactly `version`; empty means the name's highest version. A
+        name has versions of one origin only, so for a built-in name that is the built-in."""
         return self._entry(name, version).program
 
     def layer_functions(self, name: str, version: str = "") -> tuple[LayerFn, ...]:
@@ -77,7 +124,7 @@ class ProgramRegistry:
         with self._lock:
             entries = list(self._entries.values())
         programs = [_program(e) for e in entries]
-        programs.sort(key=lambda p: (p.name, version_key(p.version)))
+        programs.sort(key=lambda p: (p.name, _order(p.version)))
         return programs
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP, *,
@@ -87,7 +134,8 @@ class ProgramRegistry:
 
         Each entry point names a zero-arg callable returning a Program, a ProgramEntry (a
         program with its stages) or an iterable of these. One broken plugin is logged and
-        skipped so it cannot take the compile service down with it.
+        skipped so it cannot take the compile service down with it, and so is a program whose
+        name is a built-in's: a plugin cannot shadow a built-in.
         """
         added: builtins.list[Program] = []
         for ep in entry_points(group=group):
@@ -101,7 +149,7 @@ class ProgramRegistry:
                 continue
             for entry in entries:
                 try:
-                    added.append(self.register(entry.program, entry.layer_fns))
+                    added.append(self.register(entry.program, entry.layer_fns, origin=PLUGIN))
                 except FailedPrecondition as exc:
                     log.warning("skipping %s from plugin %r: %s", entry.program.ref, ep.name, exc)
         return added
@@ -114,12 +162,28 @@ class ProgramRegistry:
             raise NotFound(f"program {name!r} is not registered; available programs: "
                            f"{', '.join(names) or 'none'}")
         if not version:
-            version = max(versions, key=version_key)
+            version = max(versions, key=_order)
         if version not in versions:
-            available = ", ".join(sorted(versions, key=version_key))
+            available = ", ".join(sorted(versions, key=_order))
             raise NotFound(f"program {name!r} has no version {version!r}; available versions: {available}")
         found = versions[version]
         return found.entry() if isinstance(found, DeferredEntry) else found
+
+    def _claim(self, name: str, origin: str) -> None:
+        """Give an unowned name to `origin`; refuse a name another origin owns. Call under the lock."""
+        owner = self._origins.setdefault(name, origin)
+        if owner != origin:
+            raise FailedPrecondition(f"program name {name!r} belongs to {owner} programs; a {origin} program "
+                                     "cannot add versions to it, register it under another name")
+
+    def _check_upload(self, name: str, version: str) -> None:
+        owner = self._origins.get(name, UPLOADED)
+        if owner != UPLOADED:
+            raise PermissionDenied(f"name {name!r} is a {owner} program's name, and built-in and plugin names "
+                                   "are reserved; upload under another name")
+        if (name, version) in self._entries:
+            raise AlreadyExists(f"version {version!r} of {name!r} is already uploaded and versions are immutable; "
+                                "upload under a new version, or DeleteProgram this one first")
 
 
 def _program(entry: ProgramEntry | DeferredEntry) -> Program:

@@ -21,10 +21,10 @@ from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.launcher import start_service
 from accelmesh import artifacts, errors
 from accelmesh.reference import reference_outputs
-from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
 from conftest import rpc_error
+from _service_helpers import compile_config_at, exported_affine, serving, upload
 
 
 def device(type_name, index=0, emulated_on="cpu:0", ip="127.0.0.1"):
@@ -33,16 +33,13 @@ def device(type_name, index=0, emulated_on="cpu:0", ip="127.0.0.1"):
 
 @pytest.fixture
 def compile_config(tmp_path):
-    return CompileConfig(listen="127.0.0.1:0", cache_dir=str(tmp_path / "artifacts"), programs_dir=str(tmp_path / "programs"))
+    return compile_config_at(tmp_path)
 
 
 @pytest.fixture
 def service(compile_config):
-    server, compiler = build_compile_service(compile_config)
-    server.start()
-    with open_channel(f"127.0.0.1:{server.port}") as channel:
-        yield compile_service_pb2_grpc.CompileServiceStub(channel), compiler
-    server.stop(0)
+    with serving(compile_config) as running:
+        yield running
 
 
 def fetch(stub, key):
@@ -162,23 +159,6 @@ def test_a_second_process_reuses_the_on_disk_cache(service, compile_config):
     (before,), (after,) = first.builds, again.builds
     assert after.portable.key == before.portable.key and after.portable.cache_hit and after.portable.build_seconds == 0
     assert [e.cache_hit for e in after.executables] == [True]
-
-
-def exported_affine() -> bytes:
-    def affine(x, w):
-        return (x @ w + 1.0,)
-
-    b = jax.export.symbolic_shape("b")
-    args = (jax.ShapeDtypeStruct((b[0], 3), jnp.float32), jax.ShapeDtypeStruct((3, 2), jnp.float32))
-    return jax.export.export(jax.jit(affine), platforms=["cpu"])(*args).serialize()
-
-
-def upload(stub, data, name="affine", total=None, chunk=1000, combine=(pb.COMBINE_RULE_CONCAT,)):
-    header = pb.UploadHeader(name=name, version="1", input_names=["x", "w"], output_combine=list(combine),
-                             total_bytes=len(data) if total is None else total)
-    parts = [pb.UploadProgramRequest(header=header)]
-    parts += [pb.UploadProgramRequest(chunk=bytes(data[i:i + chunk])) for i in range(0, len(data), chunk)]
-    return stub.UploadProgram(iter(parts))
 
 
 def test_an_uploaded_export_round_trips_compiles_and_executes(service, compile_config):

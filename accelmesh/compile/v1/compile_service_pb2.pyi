@@ -163,6 +163,20 @@ class UploadProgramResponse(_message.Message):
     program: Program
     def __init__(self, program: _Optional[_Union[Program, _Mapping]] = ...) -> None: ...
 
+class DeleteProgramRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class DeleteProgramResponse(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: str
+    def __init__(self, ref: _Optional[str] = ...) -> None: ...
+
 class RuleMatch(_message.Message):
     __slots__ = ("platform", "requires", "forbids", "min_memory_bytes", "max_memory_bytes", "kind_pattern")
     PLATFORM_FIELD_NUMBER: _ClassVar[int]

@@ -51,6 +51,11 @@ class CompileServiceStub:
                 request_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramResponse.FromString,
                 _registered_method=True)
+        self.DeleteProgram = channel.unary_unary(
+                '/accelmesh.compile.v1.CompileService/DeleteProgram',
+                request_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramResponse.FromString,
+                _registered_method=True)
         self.ListRules = channel.unary_unary(
                 '/accelmesh.compile.v1.CompileService/ListRules',
                 request_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.ListRulesRequest.SerializeToString,
@@ -100,6 +105,16 @@ class CompileServiceServicer:
     def UploadProgram(self, request_iterator, context):
         """Registers a client's serialized jax.export artifact (StableHLO) as a program.
         The stream carries one header message first, then the artifact's bytes in chunks.
+        An operator's act. Built-in and plugin names are reserved (PERMISSION_DENIED) and a
+        name@version that exists is refused (ALREADY_EXISTS): versions are immutable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteProgram(self, request, context):
+        """Deletes one exact version of an uploaded program, its stored files included, so it stays
+        gone after a restart. An operator's act; built-in and plugin programs cannot be deleted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -158,6 +173,11 @@ def add_CompileServiceServicer_to_server(servicer, server):
                     servicer.UploadProgram,
                     request_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramRequest.FromString,
                     response_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramResponse.SerializeToString,
+            ),
+            'DeleteProgram': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProgram,
+                    request_deserializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramRequest.FromString,
+                    response_serializer=accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramResponse.SerializeToString,
             ),
             'ListRules': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRules,
@@ -268,6 +288,33 @@ class CompileService:
             '/accelmesh.compile.v1.CompileService/UploadProgram',
             accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramRequest.SerializeToString,
             accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.UploadProgramResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProgram(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.compile.v1.CompileService/DeleteProgram',
+            accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramRequest.SerializeToString,
+            accelmesh_dot_compile_dot_v1_dot_compile__service__pb2.DeleteProgramResponse.FromString,
             options,
             channel_credentials,
             insecure,

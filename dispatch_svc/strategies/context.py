@@ -3,8 +3,9 @@
 A strategy receives a `JobContext` (the mesh, the job book, the throughput model, the job, what
 only the running dispatcher knows of it, its input feed) and calls these steps instead of
 writing them again: fetch or take the parameters, reserve, open the job's device pool (retries
-recorded on the job), run one shard attempt (events, trace span, shard record, throughput), and
-route the input feed into shards within one in-flight budget.
+recorded on the job), run one shard attempt (events, trace span, the worker's outputs checked
+against the program, shard record, throughput), and route the input feed into shards within
+one in-flight budget.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dispatch_svc.device_queues import Attempt, DevicePool
 from dispatch_svc.interface import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh, ShardOutput, ShardWork
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.validation import check_parameters
+from dispatch_svc.validation import check_parameters, check_shard_outputs
 
 BUDGET_POLL_S = 0.5  # how often a reader waiting for the budget checks for a cancel
 
@@ -109,7 +110,9 @@ class JobContext:
     def execute(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
                 attempt: Attempt, held: str | None = None, span_attributes: dict | None = None) -> ShardOutput:
         """Run one shard attempt on its device. `params` None: the shard's own (`ShardWork.params`);
-        `held` prefixes the keys its parameters are held under on workers (None: sent in full)."""
+        `held` prefixes the keys its parameters are held under on workers (None: sent in full).
+        The outputs are checked against `program` (the stage's, for a pipeline stage): a mismatch
+        raises ShardFailed, so the shard is retried on another device."""
         shard: ShardWork = attempt.shard
         device: JobDevice = attempt.device
         build = next(b for b in builds if b.target_type == device.target_type)
@@ -128,6 +131,8 @@ class JobContext:
         with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
             out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
                                     shard.rows, self.live.scope, held_keys=held_keys)
+            # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
+            check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
         record = self.record(shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
         record.execute_seconds, record.total_seconds = out.execute_seconds, time.perf_counter() - started

@@ -1,155 +1,22 @@
-"""The job lifecycle and its strategies in this process, against a fake `Mesh`: combining,
-retries, a shard that fails everywhere, cancellation, the in-flight budget, inputs that end
-early, a bug in a shard, training steps, and a pipeline's micro-batches through its stages. No processes and no sockets: the fake
-runs each shard with numpy and can be told to fail or to hold a shard until the test lets go."""
+"""The job lifecycle and its strategies in this process, against a fake `Mesh` (_fake_mesh):
+combining, retries, a shard that fails everywhere, cancellation, the in-flight budget, inputs
+that end early, a bug in a shard, training steps, and a pipeline's micro-batches through its
+stages. No processes and no sockets: the fake runs each shard with numpy and can be told to fail
+or to hold a shard until the test lets go."""
 
 from __future__ import annotations
 
 import re
-import threading
 
 import numpy as np
 import pytest
 
 from accelmesh import errors
-from accelmesh.hardware.catalog import resolve_type
-from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
 from dispatch_svc import delivery
 from dispatch_svc import records as m
-from dispatch_svc.device_queues import ShardFailed
-from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
-from dispatch_svc.jobs import JobBook
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.runner import JobRunner
-from dispatch_svc.training import TrainingOptions, minibatches
-
-WAIT_S = 30.0
-AFFINE = Program(
-    name="affine", version="1", kind="function", description="y = 2x + b, s = the sum of x's rows",
-    parameters=(TensorSpec("b", "float32", (4,)),), inputs=(TensorSpec("x", "float32", (None, 4)),),
-    outputs=(OutputSpec("y", "float32", (None, 4), "concat"), OutputSpec("s", "float32", (4,), "sum")), digest="a1")
-LINREG = Program(
-    name="linreg_step", version="1", kind="training_step", description="squared error of x @ w against y",
-    parameters=(TensorSpec("w", "float32", (4,)),),
-    inputs=(TensorSpec("x", "float32", (None, 4)), TensorSpec("y", "float32", (None,))),
-    outputs=(OutputSpec("grad/w", "float32", (4,), "mean"), OutputSpec("loss", "float32", (), "mean")), digest="l1")
-BIAS = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
-
-
-class FakeMesh:
-    """The Mesh port over in-process devices of two catalog types, one build per type.
-
-    `fail[device_id] = n` fails that device's next n attempts; `crash` makes every attempt raise
-    a bug; with `hold` set, each attempt waits (cancellable) until the test sets `let_go`."""
-
-    def __init__(self, program: Program, types=("v100-32gb", "v100-32gb", "a100-80gb")):
-        self.program = program
-        self.devices = [JobDevice(resolve_type(t).device_spec("10.0.0.1", i), "10.0.0.1:50070")
-                        for i, t in enumerate(types)]
-        self.fail: dict[str, int] = {}
-        self.crash = False
-        self.hold = False
-        self.started, self.let_go = threading.Event(), threading.Event()
-        self.reserved: dict[str, list] = {}
-        self.released: list[str] = []
-        self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
-        self._lock = threading.Lock()
-        self._running_bytes = 0
-        self.peak_running_bytes = 0
-
-    def candidate_devices(self, constraints):
-        return [d for d in self.devices if not constraints.filter or constraints.filter in d.spec.type]
-
-    def refresh(self, devices):
-        return list(devices)
-
-    def describe_program(self, name, version):
-        if name != self.program.name:
-            raise errors.NotFound(f"program {name!r} is not registered")
-        return self.program
-
-    def compile(self, program, devices, batch_sizes):
-        builds = {}
-        for d in devices:
-            key = f"cuda:{d.spec.type}[]"
-            ids = builds[key].device_ids + (d.id,) if key in builds else (d.id,)
-            builds[key] = Build(key, "cuda-fp32", "fp32", None, ids, ArtifactRef(f"p-{key}", "d", "stablehlo", 0),
-                                {b: ArtifactRef(f"e{b}-{key}", "d", "executable", b) for b in batch_sizes})
-        return list(builds.values())
-
-    def fetch_parameters(self, program, seed):
-        return [BIAS] if program is AFFINE else [np.zeros(4, np.float32)]
-
-    def reserve(self, job_id, claims, ttl_s):
-        self.reserved[job_id] = list(claims)
-
-    def release(self, job_id):
-        self.released.append(job_id)
-
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
-        nbytes = sum(a.nbytes for name, a in arrays if name in {i.name for i in self.program.inputs})
-        with self._lock:
-            self.attempts.append((device.id, shard_index, attempt))
-            remaining = self.fail.get(device.id, 0)
-            self.fail[device.id] = max(0, remaining - 1)
-            self._running_bytes += nbytes
-            self.peak_running_bytes = max(self.peak_running_bytes, self._running_bytes)
-        try:
-            if self.hold:
-                self.started.set()
-                while not self.let_go.wait(0.01):
-                    if scope.cancelled.is_set():
-                        raise ShardFailed("CANCELLED: the job was cancelled")
-            if self.crash:
-                raise RuntimeError("a bug in the shard path")
-            if remaining:
-                raise ShardFailed("UNAVAILABLE: the worker went away")
-            return ShardOutput(self.run(dict(arrays)), 0.0, 0.0, 0.001, "executable")
-        finally:
-            with self._lock:
-                self._running_bytes -= nbytes
-
-    def run(self, a: dict[str, np.ndarray]) -> list[np.ndarray]:
-        if self.program is AFFINE:
-            return [2 * a["x"] + a["b"], a["x"].sum(axis=0)]
-        err = a["x"] @ a["w"] - a["y"]
-        return [(2 * a["x"].T @ err / len(err)).astype(np.float32), np.float32(np.mean(err ** 2))]
-
-
-class Feed:
-    def __init__(self, arrays: list[np.ndarray], block_rows: int = 16, end_early: int | None = None):
-        self.arrays, self.block_rows, self.end_early = arrays, block_rows, end_early
-
-    def parameters(self):
-        return []
-
-    def blocks(self):
-        rows = self.arrays[0].shape[0] if self.end_early is None else self.end_early
-        for first in range(0, rows, self.block_rows):
-            yield first, [a[first: min(first + self.block_rows, rows)] for a in self.arrays]
-
-
-def spec_for(program: Program, arrays, **fields) -> m.JobSpec:
-    inputs = tuple(m.InputDecl(i.name, i.dtype, a.shape) for i, a in zip(program.inputs, arrays))
-    return m.JobSpec(program=program.name, inputs=inputs, **fields)
-
-
-def runner_for(mesh: FakeMesh, tmp_path, *, max_shard_bytes=1024, inflight_bytes=1 << 20) -> JobRunner:
-    return JobRunner(mesh, JobBook(tmp_path, retention_s=3600), ThroughputModel(),
-                     max_shard_bytes=max_shard_bytes, inflight_bytes=inflight_bytes)
-
-
-def run(runner: JobRunner, spec: m.JobSpec, feed: Feed) -> m.JobRecord:
-    job, live = runner.start(spec)
-    runner.run(job, live, feed, background=False)
-    return runner.book.get(job.job_id)
-
-
-def result(runner: JobRunner, job: m.JobRecord, name: str) -> np.ndarray:
-    return next(e for e in runner.book.results.entries(job.job_id) if e.name == name).read()
-
-
-X = np.random.default_rng(0).normal(size=(200, 4)).astype(np.float32)
+from dispatch_svc.training import TrainingOptions
+from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakePipelineMesh, Feed, linreg_data,
+                        linreg_sgd, result, run, runner_for, spec_for)
 
 
 def test_inference_concatenates_in_row_order_and_sums_across_devices(tmp_path):
@@ -248,9 +115,7 @@ def test_no_matching_device_fails_before_anything_is_reserved(tmp_path):
 
 
 def test_training_steps_equal_sgd_on_each_full_mini_batch(tmp_path):
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(96, 4)).astype(np.float32)
-    y = (x @ np.array([0.5, -1.0, 2.0, 0.0], np.float32)).astype(np.float32)
+    x, y = linreg_data()
     options = TrainingOptions(epochs=3, batch_size=40, learning_rate=0.05, momentum=0.5, shuffle_seed=2)
     mesh = FakeMesh(LINREG)
     mesh.fail[mesh.devices[2].id] = 1  # one step's shard is retried: the step must not change
@@ -258,64 +123,13 @@ def test_training_steps_equal_sgd_on_each_full_mini_batch(tmp_path):
     job = run(runner, spec_for(LINREG, [x, y], kind=m.TRAINING, training=options), Feed([x, y]))
     assert job.state == m.SUCCEEDED
 
-    w, optimizer, losses = np.zeros(4, np.float32), options.optimizer(), []
-    for batch in minibatches(96, 40, 3, 2):
-        bx, by = x[batch.indices], y[batch.indices]
-        err = bx @ w - by
-        losses.append(float(np.mean(err ** 2)))
-        (w,) = optimizer.step([w], [(2 * bx.T @ err / len(err)).astype(np.float32)])
+    w, losses = linreg_sgd(x, y, options)
     np.testing.assert_allclose(result(runner, job, "w"), w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result(runner, job, "losses"), losses, rtol=1e-5)
     assert len(losses) == 9 and losses[-1] < losses[0]
 
 
 # -- the pipeline strategy ---------------------------------------------------------------------
-
-LAYERS = 4
-CHAIN = Program(
-    name="chain", version="1", kind="model", description="four layers, each adds its own vector",
-    parameters=tuple(TensorSpec(f"layer_{i}/k", "float32", (4,)) for i in range(LAYERS)),
-    inputs=(TensorSpec("x", "float32", (None, 4)),), outputs=(OutputSpec("y", "float32", (None, 4), "concat"),),
-    digest="c1",
-    layers=tuple(LayerInfo(f"layer_{i}", "dense", i, {"k": (4,)}, 4, 16, 8.0, 32.0, 16) for i in range(LAYERS)))
-KS = [np.full(4, 10.0 ** i, np.float32) for i in range(LAYERS)]
-
-
-class FakePipelineMesh(FakeMesh):
-    """Adds what placement asks (rules, scores) and stage builds; a stage adds its layers' vectors.
-    `order` lists (micro-batch, stage) as each stage's run ends."""
-
-    def __init__(self):
-        super().__init__(CHAIN, types=("v100-32gb", "a100-80gb"))
-        self.order: list[tuple[int, int]] = []
-        self.stages: dict[str, int] = {}  # stage program name -> stage position by first layer
-
-    def explain_rule(self, device):
-        return RuleChoice(f"cuda:{device.spec.type}[]", "cuda-fp32", "fp32")
-
-    def score_devices(self, kind, precision, intensity, weights, constraints, device_ids=()):
-        assert sorted(device_ids) == sorted(d.id for d in self.devices)  # the refreshed candidates
-        status = ScoredStatus(1.0, 10.0, 30 * 10**9, 0.0, 0.0)
-        return Scoring({d.id: status for d in self.devices}, (0.5, 0.25, 0.25), "test weights")
-
-    def compile_stage(self, program, devices, first, count, batch_sizes=()):
-        stage = Program(name=f"chain[{first}:{first + count}]", version="1", kind="function", description="",
-                        parameters=program.parameters[first: first + count], inputs=program.inputs,
-                        outputs=program.outputs, digest=f"s{first}")
-        return stage, self.compile(stage, devices, batch_sizes)
-
-    def fetch_parameters(self, program, seed):
-        return list(KS)
-
-    def run(self, a):
-        return [a["x"] + sum(v for name, v in a.items() if name.endswith("/k"))]
-
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
-        out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys)
-        with self._lock:
-            self.order.append(divmod(shard_index, self.stage_count))
-        return out
-
 
 def test_a_pipeline_runs_every_micro_batch_through_the_stages_in_order_and_retries_a_stage(tmp_path):
     mesh = FakePipelineMesh()

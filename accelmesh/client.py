@@ -21,6 +21,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.config import Security
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
@@ -83,9 +84,12 @@ def request_parts(spec: job_pb.JobSpec, inputs: Mapping[str, np.ndarray],
 
 
 class MeshClient:
-    def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    def __init__(self, address: str, *, security: Security | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
-        self._channel = open_channel(address, tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
+        """``security`` defaults to this process's client credentials: ACCELMESH_CA_FILE, _CERT_FILE,
+        _KEY_FILE and _TOKEN_FILE, or the folder ``accelmesh up`` made (.accelmesh/credentials)."""
+        self._channel = open_channel(address, security=security, tracer_provider=tracer_provider,
+                                     max_message_bytes=max_message_bytes)
         self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self._channel)
         self.chunk_bytes = chunk_bytes
 

@@ -1,25 +1,49 @@
-"""The embedded default: every mesh process on this machine, on loopback, state under one folder."""
+"""The embedded default: every mesh process on this machine, on loopback, state under one folder.
+
+Security is on: the mesh's CA, the services' certificates and the local operator's token are made
+under ``<data dir>/credentials`` (or ``ACCELMESH_CREDENTIALS_DIR``) on first start and kept.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelmesh.runtime.launcher import ServiceProcess, start_service
+from accelmesh.security.config import INSECURE, Security
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
 
 DEFAULT_DATA_DIR = ".accelmesh"
 # Two bf16-capable accelerators and two without bf16: the smallest pool where rules must differ.
 DEFAULT_EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "v100-32gb")
 
 
+def mesh_credentials(data_dir: str | Path, env=os.environ) -> MeshCredentials:
+    """The credentials of the mesh kept under ``data_dir`` (made on first use)."""
+    return MeshCredentials(env.get("ACCELMESH_CREDENTIALS_DIR") or Path(data_dir) / "credentials")
+
+
+def service_env(credentials: MeshCredentials | None, role: Role) -> dict[str, str]:
+    """The environment of a service process: its credentials, or plaintext when ``credentials`` is None."""
+    return credentials.env(role) if credentials is not None else {"ACCELMESH_INSECURE": "1"}
+
+
 @dataclass
 class EmbeddedMesh:
     data_dir: Path
     inventory: ServiceProcess
+    credentials: MeshCredentials | None  # None: running --insecure
     compile: ServiceProcess | None = None
     dispatch: ServiceProcess | None = None
     workers: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def client(self) -> Security:
+        """What a program calling this mesh connects with: the client certificate and operator token."""
+        return self.credentials.client() if self.credentials is not None else INSECURE
 
     def stop(self) -> None:
         for process in [self.dispatch, *self.workers, self.compile, self.inventory]:
@@ -34,39 +58,45 @@ class EmbeddedMesh:
 
 
 def start_worker(
-    inventory_address: str, *, devices: int, emulate: Sequence[str] = (), listen: str = "127.0.0.1:0",
-    echo: bool = False, name: str = "worker", artifact_dir: Path | None = None, nvml: bool = True,
+    inventory_address: str, compile_address: str, credentials: MeshCredentials | None, *, devices: int,
+    emulate: Sequence[str] = (), listen: str = "127.0.0.1:0", echo: bool = False, name: str = "worker",
+    artifact_dir: Path | None = None, nvml: bool = True, env: dict[str, str] | None = None,
 ) -> ServiceProcess:
-    """`nvml=False`: the worker offers no GPU of this machine, only its CPU and emulated devices."""
-    args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address]
+    """`nvml=False`: the worker offers no GPU of this machine, only its CPU and emulated devices.
+    `env` is added to the worker's (a worker on another address needs a certificate naming it)."""
+    args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address,
+            "--compile", compile_address]
     if not nvml:
         args.append("--no-nvml")
     if artifact_dir is not None:
         args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
         args += ["--emulate", ",".join(emulate)]
-    return start_service(name, "worker_svc", args, echo=echo)
+    return start_service(name, "worker_svc", args, echo=echo,
+                         env={**service_env(credentials, Role.WORKER), **(env or {})})
 
 
 def start_inventory(
-    data_dir: Path, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0, lost_after_polls: int = 3,
+    data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0, lost_after_polls: int = 3,
     echo: bool = False,
 ) -> ServiceProcess:
     args = ["--listen", listen, "--db", str(data_dir / "inventory.db"),
             "--poll-interval", str(poll_interval_s), "--lost-after", str(lost_after_polls)]
-    return start_service("inventory", "inventory_svc", args, echo=echo)
+    return start_service("inventory", "inventory_svc", args, echo=echo, env=service_env(credentials, Role.INVENTORY))
 
 
-def start_compile(data_dir: Path, *, listen: str = "127.0.0.1:0", echo: bool = False) -> ServiceProcess:
+def start_compile(data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0",
+                  echo: bool = False) -> ServiceProcess:
     args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"), "--programs-dir", str(data_dir / "programs")]
-    return start_service("compile", "compile_svc", args, echo=echo)
+    return start_service("compile", "compile_svc", args, echo=echo, env=service_env(credentials, Role.COMPILE))
 
 
-def start_dispatch(data_dir: Path, inventory: str, compile_address: str, *, listen: str = "127.0.0.1:0",
-                   echo: bool = False, env: dict[str, str] | None = None) -> ServiceProcess:
+def start_dispatch(data_dir: Path, inventory: str, compile_address: str, credentials: MeshCredentials | None, *,
+                   listen: str = "127.0.0.1:0", echo: bool = False, env: dict[str, str] | None = None) -> ServiceProcess:
     args = ["--listen", listen, "--inventory", inventory, "--compile", compile_address,
             "--data-dir", str(data_dir / "dispatch")]
-    return start_service("dispatch", "dispatch_svc", args, echo=echo, env=env)
+    return start_service("dispatch", "dispatch_svc", args, echo=echo,
+                         env={**service_env(credentials, Role.DISPATCH), **(env or {})})
 
 
 def start_embedded_mesh(
@@ -81,18 +111,22 @@ def start_embedded_mesh(
     lost_after_polls: int = 3,
     echo: bool = False,
     nvml: bool = True,
+    insecure: bool = False,
 ) -> EmbeddedMesh:
+    """``insecure``: plaintext without authentication (every address here is loopback)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    inventory = start_inventory(data_dir, listen=inventory_listen, poll_interval_s=poll_interval_s,
+    credentials = None if insecure else mesh_credentials(data_dir)
+    inventory = start_inventory(data_dir, credentials, listen=inventory_listen, poll_interval_s=poll_interval_s,
                                 lost_after_polls=lost_after_polls, echo=echo)
-    mesh = EmbeddedMesh(data_dir, inventory)
+    mesh = EmbeddedMesh(data_dir, inventory, credentials)
     try:
-        mesh.compile = start_compile(data_dir, listen=compile_listen, echo=echo)
-        mesh.workers.append(start_worker(inventory.address, devices=devices, emulate=emulate, echo=echo,
-                                         artifact_dir=data_dir / "worker-artifacts", nvml=nvml))
-        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, listen=dispatch_listen,
-                                       echo=echo)
+        mesh.compile = start_compile(data_dir, credentials, listen=compile_listen, echo=echo)
+        mesh.workers.append(start_worker(inventory.address, mesh.compile.address, credentials, devices=devices,
+                                         emulate=emulate, echo=echo, artifact_dir=data_dir / "worker-artifacts",
+                                         nvml=nvml))
+        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, credentials,
+                                       listen=dispatch_listen, echo=echo)
     except BaseException:
         mesh.stop()
         raise

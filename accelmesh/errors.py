@@ -39,3 +39,15 @@ class ResourceExhausted(AccelmeshError):
 
 class Unavailable(AccelmeshError):
     """A downstream service or node did not answer: maps to UNAVAILABLE."""
+
+
+class AlreadyExists(AccelmeshError):
+    """What the request would create exists already (and may not be replaced): maps to ALREADY_EXISTS."""
+
+
+class Unauthenticated(AccelmeshError):
+    """The caller did not prove who it is (no token, or one that does not verify): maps to UNAUTHENTICATED."""
+
+
+class PermissionDenied(AccelmeshError):
+    """The caller is known but its role may not do this: maps to PERMISSION_DENIED."""

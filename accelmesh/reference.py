@@ -21,6 +21,7 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.model import DeviceSpec
 from accelmesh.programs import BuildOptions
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.config import Security
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.tensors import TensorCollector
 
@@ -31,10 +32,10 @@ PLAIN_CPU = DeviceSpec(id="127.0.0.1/cpu:0", node_ip="127.0.0.1", local_index=0,
 
 
 def reference_outputs(compile_address: str, program: str, inputs: Sequence[np.ndarray], *,
-                      parameter_seed: int = 0) -> list[np.ndarray]:
+                      parameter_seed: int = 0, security: Security | None = None) -> list[np.ndarray]:
     """`program`'s outputs for `inputs` (data inputs in the program's order), with the initial
     parameters of `parameter_seed`, computed in fp32 on this machine."""
-    with open_channel(compile_address) as channel:
+    with open_channel(compile_address, security=security) as channel:
         stub = compile_service_pb2_grpc.CompileServiceStub(channel)
         response = stub.Compile(pb.CompileRequest(program=program, targets=[device_to_proto(PLAIN_CPU)]),
                                 timeout=CALL_TIMEOUT_S)

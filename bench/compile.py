@@ -49,6 +49,8 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
 from accelmesh import artifacts
 from compile_svc import lowering
 from compile_svc.compiler import Compiler
@@ -148,16 +150,19 @@ class Timings:
 
 @contextmanager
 def compile_server(workdir: Path, extra: tuple[Program, ...] = ()) -> Iterator[tuple[Any, Compiler, Timings]]:
-    """A real compile server on loopback port 0 with an empty cache; connected before it yields."""
+    """A real compile server on loopback port 0 with an empty cache; connected before it yields.
+    Mutual TLS as in production, from the run's throwaway CA; the stub calls as the local operator."""
     root = Path(tempfile.mkdtemp(prefix="svc-", dir=workdir))
-    config = CompileConfig(listen="127.0.0.1:0", cache_dir=str(root / "artifacts"), programs_dir=str(root / "programs"))
+    credentials = MeshCredentials(workdir / "credentials")  # made on first use, kept for the run
+    config = CompileConfig(listen="127.0.0.1:0", cache_dir=str(root / "artifacts"), programs_dir=str(root / "programs"),
+                           security=credentials.service(Role.COMPILE))
     server, compiler = build_compile_service(config)
     for program in extra:
         compiler.registry.register(program)
     timings = Timings()
     instrument(compiler, timings)
     server.start()
-    channel = open_channel(f"127.0.0.1:{server.port}")
+    channel = open_channel(f"127.0.0.1:{server.port}", security=credentials.client())
     try:
         stub = compile_service_pb2_grpc.CompileServiceStub(channel)
         stub.ListRules(pb.ListRulesRequest(), timeout=RPC_TIMEOUT_S)  # connect outside any timing

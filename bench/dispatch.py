@@ -295,6 +295,12 @@ class Mesh:
     small_shards: object  # dispatch with ACCELMESH_MAX_SHARD_BYTES=SMALL_SHARD_BYTES
     default: object  # dispatch with its defaults
     bounded: object  # dispatch with BOUNDED_ENV: a small in-flight budget
+    credentials: object  # the mesh's MeshCredentials: mutual TLS on every hop, as in production
+
+    @property
+    def client(self):
+        """The bench process calls as the local operator, with the client certificate."""
+        return self.credentials.client()
 
 
 def report_if_ended(process, failing: bool) -> None:
@@ -307,8 +313,11 @@ def report_if_ended(process, failing: bool) -> None:
 
 def start_mesh(stack: ExitStack, workdir: Path) -> Mesh:
     """The embedded mesh's processes, with three dispatchers configured through their environment."""
-    from accelmesh.embedded import start_compile, start_inventory, start_worker
+    from accelmesh.embedded import mesh_credentials, service_env, start_compile, start_inventory, start_worker
     from accelmesh.runtime.launcher import start_service
+    from accelmesh.security.identity import Role
+
+    credentials = mesh_credentials(workdir)
 
     def started(process):
         stack.callback(process.terminate)
@@ -318,16 +327,17 @@ def start_mesh(stack: ExitStack, workdir: Path) -> Mesh:
     def dispatch(name: str, env: dict[str, str]):
         args = ["--listen", "127.0.0.1:0", "--inventory", inventory.address, "--compile", compile_.address,
                 "--data-dir", str(workdir / name)]
-        return started(start_service(name, "dispatch_svc", args, env=env))
+        return started(start_service(name, "dispatch_svc", args, env={**service_env(credentials, Role.DISPATCH),
+                                                                       **env}))
 
-    inventory = started(start_inventory(workdir))
-    compile_ = started(start_compile(workdir))
-    worker = started(start_worker(inventory.address, devices=WORKER_DEVICES, emulate=EMULATE,
-                                  artifact_dir=workdir / "worker-artifacts"))
+    inventory = started(start_inventory(workdir, credentials))
+    compile_ = started(start_compile(workdir, credentials))
+    worker = started(start_worker(inventory.address, compile_.address, credentials, devices=WORKER_DEVICES,
+                                  emulate=EMULATE, artifact_dir=workdir / "worker-artifacts"))
     small = dispatch("dispatch-small-shards", {"ACCELMESH_MAX_SHARD_BYTES": str(SMALL_SHARD_BYTES)})
     default = dispatch("dispatch-default", {})
     bounded = dispatch("dispatch-bounded", {k: str(v) for k, v in BOUNDED_ENV.items()})
-    return Mesh(inventory, compile_, worker, small, default, bounded)
+    return Mesh(inventory, compile_, worker, small, default, bounded, credentials)
 
 
 # -- (a) per-shard overhead ------------------------------------------------------------------------
@@ -376,6 +386,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     from dispatch_svc import records as m
     from dispatch_svc.device_queues import CancelScope
     from dispatch_svc.mesh_client import GrpcMesh
+    from accelmesh.security.identity import Role
     from dispatch_svc.interface import JobDevice
     from worker_svc.artifacts import ArtifactStore
 
@@ -385,7 +396,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     x = rng.standard_normal((plan.shards * rows_per_shard, width)).astype(np.float32)
     one = x[:rows_per_shard]
     params = [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
-    with MeshClient(mesh.small_shards.address) as client:
+    with MeshClient(mesh.small_shards.address, security=mesh.client) as client:
         progress(f"overhead {name}: warm-up job of {plan.shards} shards")
         client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
         one_walls = []
@@ -406,9 +417,10 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     target_types = sorted({r.target_type for r in records})
     rules = sorted({r.rule for r in records})
 
-    # The dispatcher's Execute call on its own: GrpcMesh.execute from here, same device and artifact.
-    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, max_message_bytes=MAX_MESSAGE_BYTES,
-                         chunk_bytes=CHUNK_BYTES)
+    # The dispatcher's Execute call on its own: GrpcMesh.execute from here, same device and artifact,
+    # with the dispatcher's certificate (the worker's Execute is the dispatcher's to call).
+    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, mesh.credentials.service(Role.DISPATCH),
+                         max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
         candidates = grpc_mesh.candidate_devices(m.Constraints(max_devices=1))
         described = grpc_mesh.describe_program(name, "")
@@ -426,9 +438,10 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
                                  plan.direct_calls)
     finally:
         grpc_mesh.close()
-    store = ArtifactStore(workdir / "bench-artifacts", max_message_bytes=MAX_MESSAGE_BYTES)
+    store = ArtifactStore(workdir / "bench-artifacts", mesh.compile.address, mesh.credentials.service(Role.WORKER),
+                          max_message_bytes=MAX_MESSAGE_BYTES)
     try:
-        artifact_bytes = store.get(artifact.key, artifact.digest, mesh.compile.address)
+        artifact_bytes = store.get(artifact.key, artifact.digest)
     finally:
         store.close()
     # The floor of any bidirectional stream call here: as many messages of the same sizes as the
@@ -591,7 +604,8 @@ def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
 
     shard_rows = BOUNDED_ENV["ACCELMESH_MAX_SHARD_BYTES"] // data[0].nbytes
     out = {"dispatcher_env": BOUNDED_ENV, "timeout_s": BOUNDED_TIMEOUT_S, "jobs": []}
-    with MeshClient(mesh.bounded.address, chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES) as client:
+    with MeshClient(mesh.bounded.address, security=mesh.client, chunk_bytes=CHUNK_BYTES,
+                    max_message_bytes=MAX_MESSAGE_BYTES) as client:
         client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # one shard: warm
         for size in BOUNDED_INPUT_BYTES:
             job = data[: size // data[0].nbytes]
@@ -623,10 +637,11 @@ def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
 
 def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
     from accelmesh.client import MeshClient
+    from accelmesh.security.identity import Role
     from compile_svc.programs.builtin import IDENTITY_WIDTH
     from dispatch_svc.config import DispatchConfig
 
-    defaults = DispatchConfig()
+    defaults = DispatchConfig(security=mesh.credentials.service(Role.DISPATCH))  # the default dispatcher's settings
     row_bytes = IDENTITY_WIDTH * 4
     shard_rows = defaults.max_shard_bytes // row_bytes
     rows = plan.stream_bytes // row_bytes
@@ -634,7 +649,8 @@ def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Pla
     probe = data[: MEMORY_PROBE_BYTES // row_bytes]
     pipe = pipe_stub(relay.address)
     mesh_runs, bare_runs = [], []
-    with MeshClient(mesh.default.address, chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES) as client:
+    with MeshClient(mesh.default.address, security=mesh.client, chunk_bytes=CHUNK_BYTES,
+                    max_message_bytes=MAX_MESSAGE_BYTES) as client:
         progress(f"streaming: warm-up, one {shard_rows}-row shard through the mesh, "
                  f"{data.nbytes // MIB} MiB through the bare pipeline")
         client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact

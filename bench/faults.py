@@ -36,6 +36,7 @@ from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import (
     EmbeddedMesh,
+    mesh_credentials,
     start_compile,
     start_dispatch,
     start_inventory,
@@ -44,6 +45,7 @@ from accelmesh.embedded import (
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.identity import Role
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3")
 EMULATE = ("v100-32gb", "v100-32gb")  # fp32: a retried shard's result is the same on any device
@@ -86,17 +88,24 @@ def summary(values: list[float], unit: str = "s", digits: int = 3) -> dict:
 
 
 def start_node(mesh: EmbeddedMesh, ip: str, port: int | str = 0):
-    return start_worker(mesh.inventory.address, devices=len(EMULATE), emulate=EMULATE, listen=f"{ip}:{port}",
-                        artifact_dir=mesh.data_dir / "worker-artifacts", name=f"worker-{ip}")
+    """A worker on `ip` with a certificate naming it: the inventory registers only a node its
+    worker's certificate names."""
+    tls = mesh.credentials.issue(Role.WORKER, f"node-{ip}", [ip]).tls
+    return start_worker(mesh.inventory.address, mesh.compile.address, mesh.credentials, devices=len(EMULATE),
+                        emulate=EMULATE, listen=f"{ip}:{port}", artifact_dir=mesh.data_dir / "worker-artifacts",
+                        name=f"worker-{ip}",
+                        env={"ACCELMESH_CERT_FILE": str(tls.cert_file), "ACCELMESH_KEY_FILE": str(tls.key_file)})
 
 
 def start_mesh(data_dir: Path) -> EmbeddedMesh:
-    inventory = start_inventory(data_dir, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
-    mesh = EmbeddedMesh(data_dir, inventory)
+    """The mesh with mutual TLS as in production, from a throwaway CA under `data_dir`."""
+    credentials = mesh_credentials(data_dir)
+    inventory = start_inventory(data_dir, credentials, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
+    mesh = EmbeddedMesh(data_dir, inventory, credentials)
     try:
-        mesh.compile = start_compile(data_dir)
+        mesh.compile = start_compile(data_dir, credentials)
         mesh.workers = [start_node(mesh, ip) for ip in NODE_IPS]
-        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address,
+        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, credentials,
                                        env={"ACCELMESH_MAX_SHARD_BYTES": str(SHARD_BYTES)})
     except BaseException:
         mesh.stop()
@@ -115,7 +124,7 @@ class LossWatch:
     before the kill (so a loss that comes before anyone asks is not missed)."""
 
     def __init__(self, mesh: EmbeddedMesh, ip: str):
-        self._channel = open_channel(mesh.inventory.address)
+        self._channel = open_channel(mesh.inventory.address, security=mesh.client)
         stub = inventory_service_pb2_grpc.InventoryServiceStub(self._channel)
         self._stream = stub.WatchDevices(inv_pb.WatchDevicesRequest(include_existing=True), timeout=WATCH_TIMEOUT_S)
         self._ip = ip
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline, faulted = [], []
     with tempfile.TemporaryDirectory(prefix="accelmesh-bench-") as tmp:
         progress("starting the mesh: inventory, compile, dispatch, workers on " + ", ".join(NODE_IPS))
-        with start_mesh(Path(tmp)) as mesh, MeshClient(mesh.dispatch.address) as client:
+        with start_mesh(Path(tmp)) as mesh, MeshClient(mesh.dispatch.address, security=mesh.client) as client:
             run_job(client, tokens)  # warm: artifacts built, executables loaded, rates measured
             reference = client.run(PROGRAM, {"tokens": tokens}).outputs["logits"]
             for rep in range(plan.repetitions):

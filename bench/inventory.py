@@ -39,6 +39,9 @@ from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, 
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.config import Security
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
 from worker_svc.agent import NodeAgent
 from worker_svc.config import WorkerConfig
 from worker_svc.server import build_worker
@@ -190,13 +193,21 @@ def load_nodes(inventory: Inventory, nodes: list[NodeDescription], now: float) -
 # -- servers -----------------------------------------------------------------------------------
 
 
+def credentials(workdir: Path) -> MeshCredentials:
+    """The run's throwaway mesh CA (made on first use): every server here speaks mutual TLS, as in production."""
+    return MeshCredentials(workdir / "credentials")
+
+
 @contextlib.contextmanager
-def inventory_server(workdir: Path, name: str) -> Iterator[tuple[Inventory, inventory_service_pb2_grpc.InventoryServiceStub]]:
-    """A real inventory server on loopback port 0 with its own database; stopped on exit."""
-    config = InventoryConfig(listen="127.0.0.1:0", db=str(workdir / f"{name}.db"))
+def inventory_server(workdir: Path, name: str, caller: Security | None = None,
+                     ) -> Iterator[tuple[Inventory, inventory_service_pb2_grpc.InventoryServiceStub]]:
+    """A real inventory server on loopback port 0 with its own database; stopped on exit. The stub
+    calls as `caller` (default: the local operator)."""
+    config = InventoryConfig(listen="127.0.0.1:0", db=str(workdir / f"{name}.db"),
+                             security=credentials(workdir).service(Role.INVENTORY))
     server, inventory = build_inventory(config, start_poller=False)
     server.start()
-    channel = open_channel(f"127.0.0.1:{server.port}")
+    channel = open_channel(f"127.0.0.1:{server.port}", security=caller or credentials(workdir).client())
     try:
         yield inventory, inventory_service_pb2_grpc.InventoryServiceStub(channel)
     finally:
@@ -325,8 +336,10 @@ def bench_pai(workdir: Path, plan: Plan) -> dict | None:
 
 
 def bench_poll(workdir: Path, plan: Plan) -> dict:
+    mesh = credentials(workdir)
     with contextlib.ExitStack() as stack:
-        inventory, stub = stack.enter_context(inventory_server(workdir, "poll"))
+        # RegisterNode is a worker's, for a node its certificate names (every worker here is on loopback).
+        inventory, stub = stack.enter_context(inventory_server(workdir, "poll", mesh.service(Role.WORKER)))
         start = time.perf_counter()
         addresses, agents = [], []
         for i in range(POLL_NODES):
@@ -335,7 +348,7 @@ def bench_poll(workdir: Path, plan: Plan) -> dict:
                 synthetic_node_ip(i), emulate=POLL_PROFILES, hostname=f"bench-worker-{i:03d}",
                 jax_devices=[FakeJaxDevice(id=d) for d in range(len(POLL_PROFILES))],
             )
-            server = build_worker(WorkerConfig(listen="127.0.0.1:0"), agent=agent)
+            server = build_worker(WorkerConfig(listen="127.0.0.1:0", security=mesh.service(Role.WORKER)), agent=agent)
             server.start()
             stack.callback(server.stop, STOP_GRACE_S)
             addresses.append(f"127.0.0.1:{server.port}")
@@ -350,7 +363,7 @@ def bench_poll(workdir: Path, plan: Plan) -> dict:
         devices = len(inventory.all_devices(DeviceFilter(include_lost=True)))
         progress(f"poll: registered {POLL_NODES} workers holding {devices} devices")
 
-        client = NodeClient()
+        client = NodeClient(mesh.service(Role.INVENTORY))  # DescribeNode is the inventory's
         stack.callback(client.close)
         describe_ms = time_calls(lambda: client.describe(addresses[0]), plan.describe_calls, plan.warmup)
         agent_ms = time_calls(agents[0].describe, plan.describe_calls, plan.warmup)

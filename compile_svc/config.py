@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_int, env_str
+from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
+from accelmesh.security.identity import Role
 
 
 @dataclass(frozen=True)
@@ -20,17 +22,24 @@ class CompileConfig:
     max_batch_sizes: int = 16  # ACCELMESH_MAX_BATCH_SIZES: executables one Compile call may ask for
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     max_parameter_bytes: int = 2 * 1024**3  # ACCELMESH_MAX_PARAMETER_BYTES: largest model FetchParameters initialises
+    # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
+    # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
+    security: Security = field(default_factory=service_security(Role.COMPILE))
+    health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
-    d = CompileConfig()
+    d = CompileConfig  # the class: its defaults, without resolving credentials before --insecure is read
     parser = argparse.ArgumentParser(prog="accelmesh-compile", description="accelmesh compile service")
     parser.add_argument("--listen", default=env_str("ACCELMESH_COMPILE_LISTEN", d.listen, env))
     parser.add_argument("--cache-dir", default=env_str("ACCELMESH_ARTIFACT_DIR", d.cache_dir, env))
     parser.add_argument("--rules", default=env_str("ACCELMESH_COMPILE_RULES", d.rules, env))
     parser.add_argument("--programs-dir", default=env_str("ACCELMESH_PROGRAMS_DIR", d.programs_dir, env))
+    add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     return CompileConfig(
+        security=security_from_env(Role.COMPILE, env, insecure=args.insecure),
+        health_listen=args.health_listen,
         listen=args.listen,
         cache_dir=args.cache_dir,
         cache_max_bytes=env_int("ACCELMESH_ARTIFACT_MAX_BYTES", d.cache_max_bytes, env, minimum=1024**2),

@@ -7,6 +7,8 @@ from pathlib import Path
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.security.access import PEOPLE, Access, roles
+from accelmesh.security.identity import Role
 from compile_svc.cache import ArtifactCache
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
@@ -16,6 +18,18 @@ from compile_svc.servicer import CompileServicer
 from compile_svc.uploads import UploadStore
 
 SERVICE_NAME = "accelmesh.compile.v1.CompileService"
+_READERS = PEOPLE | roles(Role.DISPATCH)
+ACCESS: Access = {
+    "ListPrograms": _READERS,
+    "DescribeProgram": _READERS,
+    "ListRules": _READERS,
+    "ExplainRule": _READERS,
+    "UploadProgram": roles(Role.OPERATOR),
+    "DeleteProgram": roles(Role.OPERATOR),
+    "Compile": roles(Role.DISPATCH, Role.OPERATOR),
+    "FetchArtifact": roles(Role.WORKER, Role.DISPATCH, Role.OPERATOR),
+    "FetchParameters": _READERS,
+}
 
 
 def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tuple[MeshServer, Compiler]:
@@ -33,7 +47,10 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
     servicer = CompileServicer(compiler, uploads, config.max_message_bytes, config.max_parameter_bytes)
     server = create_server(
         [Service(SERVICE_NAME, compile_service_pb2_grpc.add_CompileServiceServicer_to_server, servicer)],
+        security=config.security,
+        access=ACCESS,
         address=config.listen,
+        health_listen=config.health_listen,
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
     )

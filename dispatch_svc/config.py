@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
+from accelmesh.security.identity import Role
 
 MIB = 1024 * 1024
 
@@ -24,18 +26,25 @@ class DispatchConfig:
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
     max_client_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+    # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
+    # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
+    security: Security = field(default_factory=service_security(Role.DISPATCH))
+    health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
-    d = DispatchConfig()
+    d = DispatchConfig  # the class: its defaults, without resolving credentials before --insecure is read
     parser = argparse.ArgumentParser(prog="accelmesh-dispatch", description="accelmesh dispatch service")
     parser.add_argument("--listen", default=env_str("ACCELMESH_DISPATCH_LISTEN", d.listen, env))
     parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", d.inventory, env))
     parser.add_argument("--compile", default=env_str("ACCELMESH_COMPILE", d.compile, env))
     parser.add_argument("--data-dir", default=env_str("ACCELMESH_DISPATCH_DIR", d.data_dir, env))
+    add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     config = DispatchConfig(
         listen=args.listen,
+        security=security_from_env(Role.DISPATCH, env, insecure=args.insecure),
+        health_listen=args.health_listen,
         inventory=args.inventory,
         compile=args.compile,
         data_dir=args.data_dir,

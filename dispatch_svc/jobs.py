@@ -29,7 +29,8 @@ from dispatch_svc.planner.placement import LayerCost
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL, expires REAL
+    job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL, expires REAL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL, idx INTEGER NOT NULL, event TEXT NOT NULL, PRIMARY KEY (job_id, idx)
@@ -101,6 +102,10 @@ def record_from(d: dict) -> m.JobRecord:
 
 def event_from(d: dict) -> m.Event:
     return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None})
+
+
+def job_not_found(job_id: str) -> errors.NotFound:
+    return errors.NotFound(f"job {job_id!r} does not exist (or its results expired); ListJobs shows the jobs kept")
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,7 @@ class JobBook:
         # last few, and it no longer costs an fsync per event (two events per shard).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        self._add_expires_column()
+        self._add_columns()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
@@ -207,8 +212,8 @@ class JobBook:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def create(self, spec: m.JobSpec) -> m.JobRecord:
-        job = m.JobRecord(job_id=uuid.uuid4().hex[:16], spec=spec, created=self._clock())
+    def create(self, spec: m.JobSpec, owner: str = "") -> m.JobRecord:
+        job = m.JobRecord(job_id=uuid.uuid4().hex[:16], spec=spec, created=self._clock(), owner=owner)
         with self._lock:
             self._live[job.job_id] = job
             self._save(job)
@@ -246,20 +251,24 @@ class JobBook:
 
     def _save(self, job: m.JobRecord) -> None:
         self._db.execute(
-            "INSERT INTO jobs (job_id, created, state, record, expires) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO jobs (job_id, created, state, record, expires, owner) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, record = excluded.record, "
             "expires = excluded.expires",
-            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job)), job.expires),
+            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job)), job.expires, job.owner),
         )
 
-    def _add_expires_column(self) -> None:
-        """Books written before the column existed: add it and fill it from the records, once."""
+    def _add_columns(self) -> None:
+        """Books written before a column existed: add it and fill it from the records, once. Jobs
+        from before owners existed get none: only operators see them."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        if "expires" in columns:
-            return
-        self._db.execute("ALTER TABLE jobs ADD COLUMN expires REAL")
-        for job_id, text in self._db.execute("SELECT job_id, record FROM jobs").fetchall():
-            self._db.execute("UPDATE jobs SET expires = ? WHERE job_id = ?", (json.loads(text).get("expires"), job_id))
+        for column, kind in (("expires", "REAL"), ("owner", "TEXT NOT NULL DEFAULT ''")):
+            if column in columns:
+                continue
+            self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+            default = None if column == "expires" else ""
+            for job_id, text in self._db.execute("SELECT job_id, record FROM jobs").fetchall():
+                value = json.loads(text).get(column, default)
+                self._db.execute(f"UPDATE jobs SET {column} = ? WHERE job_id = ?", (value, job_id))
 
     def _fail_interrupted_jobs(self) -> list[str]:
         rows = self._db.execute(
@@ -294,12 +303,17 @@ class JobBook:
                 return self._live[job_id]
             row = self._db.execute("SELECT record FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         if row is None:
-            raise errors.NotFound(f"job {job_id!r} does not exist (or its results expired); ListJobs shows the jobs kept")
+            raise job_not_found(job_id)
         return record_from(json.loads(row[0]))
 
-    def list(self, limit: int) -> list[m.JobRecord]:
+    def list(self, limit: int, owner: str | None = None) -> list[m.JobRecord]:
+        """The newest ``limit`` jobs; with ``owner``, only that owner's."""
         with self._lock:
-            rows = self._db.execute("SELECT job_id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+            if owner is None:
+                rows = self._db.execute("SELECT job_id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+            else:
+                rows = self._db.execute("SELECT job_id FROM jobs WHERE owner = ? ORDER BY created DESC LIMIT ?",
+                                        (owner, limit)).fetchall()
         return [self.get(job_id) for (job_id,) in rows]
 
     def events(self, job_id: str, from_index: int = 0) -> Iterator[m.Event]:
@@ -322,8 +336,10 @@ class JobBook:
                 yield event
 
     def forget_live(self, job_id: str) -> None:
+        """A final job: read from the database from now on (its event count too, if ever needed)."""
         with self._lock:
             self._live.pop(job_id, None)
+            self._event_counts.pop(job_id, None)
 
     def wake_watchers(self) -> None:
         with self._lock:

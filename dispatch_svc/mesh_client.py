@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -14,7 +15,9 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.programs import Program
-from accelmesh.runtime.channels import ChannelPool, open_channel
+from accelmesh.runtime.channels import ChannelPool
+from accelmesh.security.config import Security
+from accelmesh.security.identity import Role
 from accelmesh.runtime.errors import error_from_rpc, error_reason
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
@@ -48,24 +51,29 @@ def _constraints_filter(c: m.Constraints) -> str:
 
 
 class GrpcMesh:
-    def __init__(self, inventory_address: str, compile_address: str, *, tracer_provider=None,
+    def __init__(self, inventory_address: str, compile_address: str, security: Security, *, tracer_provider=None,
                  max_message_bytes: int, chunk_bytes: int):
         self._chunk_bytes = chunk_bytes
-        self.compile_address = compile_address
-        self._inventory_channel = open_channel(inventory_address, tracer_provider=tracer_provider,
-                                               max_message_bytes=max_message_bytes)
-        self._compile_channel = open_channel(compile_address, tracer_provider=tracer_provider,
-                                             max_message_bytes=max_message_bytes)
-        self.inventory = inventory_service_pb2_grpc.InventoryServiceStub(self._inventory_channel)
-        self.compiler = compile_service_pb2_grpc.CompileServiceStub(self._compile_channel)
-        self._workers = ChannelPool(tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
+        self.inventory_address, self.compile_address = inventory_address, compile_address
+        # Pools even for one address each: a renewed certificate is picked up on the next call.
+        pool = functools.partial(ChannelPool, security, tracer_provider=tracer_provider,
+                                 max_message_bytes=max_message_bytes)
+        self._inventory_channels, self._compile_channels = pool(Role.INVENTORY), pool(Role.COMPILE)
+        self._workers = pool(Role.WORKER)
         self._rules: dict[str, compile_pb.Rule] = {}
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
 
+    @property
+    def inventory(self) -> inventory_service_pb2_grpc.InventoryServiceStub:
+        return inventory_service_pb2_grpc.InventoryServiceStub(self._inventory_channels.get(self.inventory_address))
+
+    @property
+    def compiler(self) -> compile_service_pb2_grpc.CompileServiceStub:
+        return compile_service_pb2_grpc.CompileServiceStub(self._compile_channels.get(self.compile_address))
+
     def close(self) -> None:
-        for channel in [self._inventory_channel, self._compile_channel]:
-            channel.close()
-        self._workers.close()
+        for pool in (self._inventory_channels, self._compile_channels, self._workers):
+            pool.close()
 
     def _call(self, what: str, method, request):
         try:
@@ -202,7 +210,7 @@ class GrpcMesh:
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
             artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
-            compile_address=self.compile_address, input_count=len(arrays), batch_size=rows)
+            input_count=len(arrays), batch_size=rows)
         address = device.node_address
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
         if not keys:

@@ -207,6 +207,7 @@ class JobRecord:
     ended: float | None = None
     losses: list[float] = field(default_factory=list)
     expires: float | None = None
+    owner: str = ""  # Principal.key of whoever submitted it; "" for jobs from before owners existed
 
     @property
     def final(self) -> bool:

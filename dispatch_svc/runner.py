@@ -58,9 +58,9 @@ class JobRunner:
             return program, placed.plan, [], list(placed.devices.values())
         return data_parallel.plan(self.mesh, self.throughput, self.limits, spec)
 
-    def start(self, spec: m.JobSpec) -> tuple[m.JobRecord, LiveJob]:
+    def start(self, spec: m.JobSpec, owner: str = "") -> tuple[m.JobRecord, LiveJob]:
         self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
-        job = self.book.create(spec)
+        job = self.book.create(spec, owner)
         live = LiveJob()
         with self._lock:
             self._live[job.job_id] = live
@@ -123,3 +123,8 @@ class JobRunner:
                 live.span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
             live.span.end()
         live.done.set()
+        # Final: the book has it all. Kept here, every job ever run (its error, traceback and
+        # inputs among them) would stay in memory until the dispatcher stops.
+        with self._lock:
+            self._live.pop(job.job_id, None)
+        self.book.forget_live(job.job_id)

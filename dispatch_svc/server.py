@@ -10,6 +10,7 @@ from accelmesh import errors
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
+from accelmesh.security.access import PEOPLE, Access, Authenticator
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.mesh_client import GrpcMesh
@@ -18,6 +19,9 @@ from dispatch_svc.runner import JobRunner
 from dispatch_svc.servicer import DispatchServicer
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
+# People only; what each may see of the jobs (their own, or an operator's everyone's) is the servicer's.
+ACCESS: Access = {method: PEOPLE for method in (
+    "PlanJob", "SubmitJob", "RunJob", "WatchJob", "GetJob", "ListJobs", "CancelJob", "FetchResult")}
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +29,7 @@ log = logging.getLogger(__name__)
 def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-dispatch")
-    mesh = GrpcMesh(config.inventory, config.compile, tracer_provider=tracer_provider,
+    mesh = GrpcMesh(config.inventory, config.compile, config.security.without_token(), tracer_provider=tracer_provider,
                     max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
     book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s)
     for job_id in book.interrupted:  # a crashed dispatcher left them holding devices
@@ -35,7 +39,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
-    servicer = DispatchServicer(runner, chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_client_parameter_bytes)
+    servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_client_parameter_bytes)
 
     def shutdown():
         mesh.close()
@@ -43,7 +47,10 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
 
     server = create_server(
         [Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server, servicer)],
+        security=config.security,
+        access=ACCESS,
         address=config.listen,
+        health_listen=config.health_listen,
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[shutdown],

@@ -1,4 +1,9 @@
-"""DispatchService adapter: request streams into the runner, what dispatch_svc.delivery hands back out."""
+"""DispatchService adapter: request streams into the runner, what dispatch_svc.delivery hands back out.
+
+Every job belongs to whoever submitted it: another caller asking for it gets NOT_FOUND, exactly
+as for a job that does not exist (so job ids reveal nothing), and ListJobs lists one's own;
+operators see every job.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,11 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import dtype_code, split
+from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc import delivery
 from dispatch_svc import records as m
 from dispatch_svc import translate as tr
+from dispatch_svc.jobs import job_not_found
 from dispatch_svc.runner import JobRunner
 
 DEFAULT_LIST = 50
@@ -26,8 +33,9 @@ def _first_spec(requests) -> job_pb.JobSpec:
 
 
 class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
-    def __init__(self, runner: JobRunner, *, chunk_bytes: int, max_parameter_bytes: int):
+    def __init__(self, runner: JobRunner, auth: Authenticator, *, chunk_bytes: int, max_parameter_bytes: int):
         self.runner = runner
+        self._auth = auth
         self.book = runner.book
         self._chunk_bytes = chunk_bytes
         self._max_parameter_bytes = max_parameter_bytes
@@ -38,18 +46,26 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         _, plan, _, _ = self.runner.plan(tr.spec_from_proto(request.spec))
         return pb.PlanJobResponse(plan=tr.plan_to_proto(plan))
 
-    def _start(self, requests):
+    def _job(self, job_id: str, context) -> m.JobRecord:
+        """The job, if the caller may see it; NOT_FOUND (the same as for no such job) otherwise."""
+        job = self.book.get(job_id)
+        principal = self._auth.principal(context)
+        if job.owner != principal.key and not sees_everything(principal):
+            raise job_not_found(job_id)
+        return job
+
+    def _start(self, requests, context):
         spec = tr.spec_from_proto(_first_spec(requests))
-        job, live = self.runner.start(spec)
+        job, live = self.runner.start(spec, self._auth.principal(context).key)
         return job, live, tr.StreamFeed(requests, spec, self._max_parameter_bytes)
 
     def SubmitJob(self, request_iterator, context):
-        job, live, feed = self._start(request_iterator)
+        job, live, feed = self._start(request_iterator, context)
         self.runner.run(job, live, feed)
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
-        job, live, feed = self._start(request_iterator)
+        job, live, feed = self._start(request_iterator, context)
         # The client's deadline or disconnect stops the job (its shards and reservations).
         context.add_callback(lambda: None if job.final else live.scope.cancel())
         for piece in delivery.run(self.runner, job, live, feed, self._chunk_bytes):
@@ -73,21 +89,24 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
     def WatchJob(self, request, context):
         if request.from_index < 0:
             raise errors.InvalidArgument(f"from_index is {request.from_index}; use 0 for the whole log")
+        self._job(request.job_id, context)
         for event in self.book.events(request.job_id, request.from_index):
             if not context.is_active():
                 return
             yield pb.WatchJobResponse(event=tr.event_to_proto(event))
 
     def GetJob(self, request, context):
-        return pb.GetJobResponse(job=tr.job_to_proto(self.book.get(request.job_id)))
+        return pb.GetJobResponse(job=tr.job_to_proto(self._job(request.job_id, context)))
 
     def ListJobs(self, request, context):
         if request.page_size < 0:
             raise errors.InvalidArgument(f"page_size is {request.page_size}; use 0 for {DEFAULT_LIST}")
-        jobs = self.book.list(request.page_size or DEFAULT_LIST)
+        principal = self._auth.principal(context)
+        jobs = self.book.list(request.page_size or DEFAULT_LIST, None if sees_everything(principal) else principal.key)
         return pb.ListJobsResponse(jobs=[tr.job_to_proto(j, with_shards=False) for j in jobs])
 
     def CancelJob(self, request, context):
+        self._job(request.job_id, context)
         self.runner.cancel(request.job_id)
         live = self.runner.live(request.job_id)
         if live is not None:
@@ -95,7 +114,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return pb.CancelJobResponse(job=tr.job_to_proto(self.book.get(request.job_id)))
 
     def FetchResult(self, request, context):
-        job = self.book.get(request.job_id)
+        job = self._job(request.job_id, context)
         if job.state != m.SUCCEEDED:
             raise errors.FailedPrecondition(
                 f"job {job.job_id} is {job.state}; results exist only for succeeded jobs"

@@ -192,7 +192,7 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
 
 def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> job_pb.Job:
     msg = job_pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
-                     progress=job.progress, create_time=timestamp(job.created), losses=job.losses,
+                     progress=job.progress, create_time=timestamp(job.created), losses=job.losses, owner=job.owner,
                      shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
     if job.plan is not None:
         msg.plan.CopyFrom(plan_to_proto(job.plan))

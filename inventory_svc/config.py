@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
+from accelmesh.security.identity import Role
 
 
 @dataclass(frozen=True)
@@ -20,10 +22,14 @@ class InventoryConfig:
     max_samples_per_device: int = 720  # ACCELMESH_MAX_SAMPLES: status history kept per device
     sample_retention_s: float = 3600.0  # ACCELMESH_SAMPLE_RETENTION_S: status history age limit
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+    # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
+    # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
+    security: Security = field(default_factory=service_security(Role.INVENTORY))
+    health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig:
-    d = InventoryConfig()
+    d = InventoryConfig  # the class: its defaults, without resolving credentials before --insecure is read
     parser = argparse.ArgumentParser(prog="accelmesh-inventory", description="accelmesh inventory service")
     parser.add_argument("--listen", default=env_str("ACCELMESH_INVENTORY_LISTEN", d.listen, env))
     parser.add_argument("--db", default=env_str("ACCELMESH_INVENTORY_DB", d.db, env))
@@ -37,6 +43,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     parser.add_argument(
         "--lost-after", type=int, default=env_int("ACCELMESH_LOST_AFTER_POLLS", d.lost_after_polls, env, minimum=1)
     )
+    add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     if args.db.startswith(("postgres://", "postgresql://")):
         raise errors.InvalidArgument(
@@ -45,6 +52,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1:
         raise errors.InvalidArgument("--poll-interval and --poll-timeout must be positive and --lost-after >= 1")
     return InventoryConfig(
+        security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
+        health_listen=args.health_listen,
         listen=args.listen,
         db=args.db,
         poll_interval_s=args.poll_interval,

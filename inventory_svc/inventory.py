@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 Describe = Callable[[str, Sequence[str]], NodeDescription]
 
 ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+
+
+def check_node_address(address: str) -> None:
+    if not ADDRESS.match(address or ""):
+        raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
+
+
 DEFAULT_RESERVATION_TTL_S = 300.0
 MAX_RESERVATION_TTL_S = 24 * 3600.0
 POLL_WORKERS = 32
@@ -80,8 +87,7 @@ class Inventory:
     # -- nodes and polling ---------------------------------------------------------------
 
     def register_node(self, address: str) -> tuple[NodeRecord, list[DeviceRecord]]:
-        if not ADDRESS.match(address or ""):
-            raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
+        check_node_address(address)
         description = self._describe(address, ())  # Unavailable propagates: nothing to register
         self._check_ids_are_free(address, description)
         now = self._clock()

@@ -14,15 +14,18 @@ from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.devices import device_from_proto
+from accelmesh.security.config import Security
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
 
 DESCRIBE_TIMEOUT_S = 2.0
 
 
 class NodeClient:
-    def __init__(self, *, timeout_s: float = DESCRIBE_TIMEOUT_S, tracer_provider=None):
+    def __init__(self, security: Security, *, timeout_s: float = DESCRIBE_TIMEOUT_S, tracer_provider=None):
         self._timeout_s = timeout_s
-        self._channels = ChannelPool(tracer_provider=tracer_provider)
+        # Only a server holding a worker certificate is answered as a node.
+        self._channels = ChannelPool(security, Role.WORKER, tracer_provider=tracer_provider)
 
     def _stub(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
         return worker_service_pb2_grpc.WorkerServiceStub(self._channels.get(address))

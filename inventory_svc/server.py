@@ -7,6 +7,8 @@ from pathlib import Path
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
+from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
+from accelmesh.security.identity import Role
 from inventory_svc.config import InventoryConfig
 from inventory_svc.inventory import Inventory
 from inventory_svc.node_client import NodeClient
@@ -15,6 +17,19 @@ from inventory_svc.servicer import InventoryServicer
 from inventory_svc.store import SqliteStore
 
 SERVICE_NAME = "accelmesh.inventory.v1.InventoryService"
+_READERS = PEOPLE | roles(Role.DISPATCH, Role.COMPILE)
+ACCESS: Access = {
+    "RegisterNode": roles(Role.WORKER),  # and only for the node its certificate names (servicer)
+    "ListNodes": roles(Role.DISPATCH, Role.OPERATOR),  # the dispatcher's refresh finds the nodes that answered
+    "ListDevices": _READERS,
+    "GetDevice": _READERS,
+    "WatchDevices": _READERS,
+    "ScoreDevices": _READERS,
+    "RefreshDevices": roles(Role.DISPATCH, Role.OPERATOR),
+    "ReserveDevices": roles(Role.DISPATCH),
+    "ReleaseDevices": roles(Role.DISPATCH),
+    "ListReservations": roles(Role.DISPATCH, Role.OPERATOR),
+}
 
 
 def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poller: bool = True) -> tuple[MeshServer, Inventory]:
@@ -22,12 +37,12 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
         tracer_provider = configure_telemetry("accelmesh-inventory")
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     store = SqliteStore(config.db, config.max_samples_per_device, config.sample_retention_s)
-    client = NodeClient(timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
+    client = NodeClient(config.security, timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
     inventory = Inventory(
         store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__)
     )
     poller = Poller(inventory.poll_all, config.poll_interval_s)
-    servicer = InventoryServicer(inventory)
+    servicer = InventoryServicer(inventory, Authenticator(config.security))
 
     def shutdown():
         poller.stop()
@@ -38,7 +53,10 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
 
     server = create_server(
         [Service(SERVICE_NAME, inventory_service_pb2_grpc.add_InventoryServiceServicer_to_server, servicer)],
+        security=config.security,
+        access=ACCESS,
         address=config.listen,
+        health_listen=config.health_listen,
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[shutdown],

@@ -9,9 +9,11 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.devices import device_to_proto, status_to_proto, timestamp
+from accelmesh.security.access import Authenticator
+from accelmesh.security.identity import Role
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
-from inventory_svc.inventory import Claim, Inventory
+from inventory_svc.inventory import Claim, Inventory, check_node_address
 from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
 from inventory_svc.scoring import TaskProfile, Weights
 
@@ -78,8 +80,9 @@ def task_profile(msg: pb.TaskProfile) -> TaskProfile:
 
 
 class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
-    def __init__(self, inventory: Inventory):
+    def __init__(self, inventory: Inventory, auth: Authenticator):
         self.inventory = inventory
+        self._auth = auth
         self._watches: set = set()
         self._lock = threading.Lock()
 
@@ -91,8 +94,25 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
             sub.close()
 
     def RegisterNode(self, request, context):
+        check_node_address(request.address)  # a malformed address is the caller's mistake, whoever they are
+        self._check_names_node(context, request.address)
         node, devices = self.inventory.register_node(request.address)
         return pb.RegisterNodeResponse(node=node_proto(node, len(devices)), devices=[device_proto(d) for d in devices])
+
+    def _check_names_node(self, context, address: str) -> None:
+        """A worker registers only the node its certificate names: nobody can make the inventory
+        dial, and send other clients' work to, an address of their choosing."""
+        if self._auth.insecure:
+            return
+        identity = self._auth.certificate(context)
+        host = address.rsplit(":", 1)[0]
+        if identity is None or identity.role is not Role.WORKER or not identity.names_host(host):
+            name = f"{identity.role.value}/{identity.name}" if identity else "a caller without a certificate"
+            raise errors.PermissionDenied(
+                f"address: {name} may not register {address!r}: a node is registered by its worker, whose "
+                f"certificate names the node's host ({host}) as a DNS or IP subject alternative name",
+                field="address",
+            )
 
     def ListNodes(self, request, context):
         counts: dict[str, int] = {}

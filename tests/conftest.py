@@ -1,7 +1,9 @@
 """Shared fixtures: real in-process servers on port 0, fake hardware where this machine has none.
 
 Before anything else, the environment becomes the tests' host (fakes/host.py): a fixture CPU
-chosen by ACCELMESH_TEST_CPU, no GPU, none of the real host's settings.
+chosen by ACCELMESH_TEST_CPU, no GPU, none of the real host's settings. Security is on as in
+production: one throwaway mesh CA for the session (ACCELMESH_CREDENTIALS_DIR), so every process a
+test starts presents its role's certificate and the tests call as the local operator.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ from fakes import host
 TEST_CPU = host.isolate()
 
 import itertools  # noqa: E402  (the environment must be fixed before jax or grpc is imported)
+
+import atexit
+import os
+import shutil
+import tempfile
 
 import grpc
 import pytest
@@ -23,6 +30,58 @@ from worker_svc.server import build_worker
 from fakes.nvml import FakeNvml
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
+
+CREDENTIALS = MeshCredentials(tempfile.mkdtemp(prefix="accelmesh-test-credentials-"))
+os.environ["ACCELMESH_CREDENTIALS_DIR"] = str(CREDENTIALS.folder)
+atexit.register(shutil.rmtree, CREDENTIALS.folder, ignore_errors=True)
+
+
+def as_role(role: Role):
+    """Open-channel keywords for calling as one of the mesh's own services (the worker's Execute is
+    the dispatcher's to call, RegisterNode a worker's)."""
+    return {"security": CREDENTIALS.service(role)}
+
+
+def _access_tables():
+    from compile_svc.server import ACCESS as compile_access
+    from dispatch_svc.server import ACCESS as dispatch_access
+    from inventory_svc.server import ACCESS as inventory_access
+    from worker_svc.server import ACCESS as worker_access
+
+    return {"InventoryServiceStub": inventory_access, "CompileServiceStub": compile_access,
+            "DispatchServiceStub": dispatch_access, "WorkerServiceStub": worker_access}
+
+
+_CALLER_CHANNELS: dict[tuple[str, Role], grpc.Channel] = {}
+
+
+def _caller_security(role: Role):
+    return CREDENTIALS.client() if role in (Role.OPERATOR, Role.USER) else CREDENTIALS.service(role)
+
+
+class EntitledStub:
+    """A stub that calls each method with a credential the server's own access table allows it:
+    the local operator's token where people may call, else the certificate of a service that may
+    (RegisterNode as a worker, DescribeNode as the inventory, Execute as the dispatcher). For tests of
+    what a service does; tests of who may call it pick their credentials themselves."""
+
+    def __init__(self, stub_class, address: str):
+        self._stub_class, self._address = stub_class, address
+        self._access = _access_tables()[stub_class.__name__]
+
+    def __getattr__(self, method: str):
+        allowed = self._access[method]
+        role = Role.OPERATOR if Role.OPERATOR in allowed else sorted(allowed, key=lambda r: r.value)[0]
+        key = (self._address, role)
+        if key not in _CALLER_CHANNELS:
+            _CALLER_CHANNELS[key] = open_channel(self._address, security=_caller_security(role))
+        return getattr(self._stub_class(_CALLER_CHANNELS[key]), method)
+
+
+def mesh_stub(stub_class, address: str) -> EntitledStub:
+    return EntitledStub(stub_class, address)
 
 
 def pytest_report_header(config):
@@ -96,8 +155,7 @@ def inventory(inventory_factory):
 @pytest.fixture
 def inventory_stub(inventory):
     server, _ = inventory
-    with open_channel(f"127.0.0.1:{server.port}") as channel:
-        yield inventory_service_pb2_grpc.InventoryServiceStub(channel)
+    return mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, f"127.0.0.1:{server.port}")
 
 
 def rpc_error(call, *args, **kwargs) -> grpc.RpcError:
@@ -110,9 +168,8 @@ def reservations(mesh) -> list:
     """Every live reservation in a running mesh's inventory."""
     from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 
-    with open_channel(mesh.inventory.address) as channel:
-        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
-        return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, mesh.inventory.address)
+    return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
 
 
 def peak_rss_bytes(pid: int) -> int:

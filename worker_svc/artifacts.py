@@ -1,5 +1,6 @@
-"""The worker's artifact cache: verified artifact bytes on local disk, fetched from the compile
-service once per key.
+"""The worker's artifact cache: verified artifact bytes on local disk, fetched once per key from
+the one compile service the worker is configured with (over mutual TLS, checking that the
+server holds a compile certificate), never from an address a request names.
 
 Layout: `<root>/<key>.bin`, written atomically (temporary file, then rename), so a reader sees a
 whole artifact or none. Every read is checked against the digest the shard names, so a corrupt
@@ -27,6 +28,8 @@ from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
+from accelmesh.security.config import Security
+from accelmesh.security.identity import Role
 from worker_svc.executor import FetchedArtifact
 
 log = logging.getLogger(__name__)
@@ -40,21 +43,24 @@ def sha256_hex(data: bytes) -> str:
 
 
 class ArtifactStore:
-    def __init__(self, root: str | Path, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
+    def __init__(self, root: str | Path, compile_address: str, security: Security, *,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
         self.root = Path(root)  # made on the first write, so a worker that never executes leaves no folder
+        self.compile_address = compile_address
         self.fetches = 0  # FetchArtifact streams completed
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)
-        self._channels = ChannelPool(tracer_provider=tracer_provider, max_message_bytes=max_message_bytes)
+        self._channels = ChannelPool(security, Role.COMPILE, tracer_provider=tracer_provider,
+                                     max_message_bytes=max_message_bytes)
         self._inflight: dict[str, Future[FetchedArtifact]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
         self._channels.close()
 
-    def get(self, key: str, digest: str, compile_address: str) -> bytes:
-        return self.fetch(key, digest, compile_address).data
+    def get(self, key: str, digest: str) -> bytes:
+        return self.fetch(key, digest).data
 
-    def fetch(self, key: str, digest: str, compile_address: str) -> FetchedArtifact:
+    def fetch(self, key: str, digest: str) -> FetchedArtifact:
         """The artifact's bytes, from disk if a verified copy is there, else from the compile service."""
         if not KEY_PATTERN.fullmatch(key):
             # Checked before the key becomes a file name. No artifact can have such a key.
@@ -73,7 +79,7 @@ class ArtifactStore:
                 pending = self._inflight[key] = Future()
         if owner:
             try:
-                pending.set_result(self._download(key, digest, compile_address))
+                pending.set_result(self._download(key, digest))
             except BaseException as exc:
                 pending.set_exception(exc)
             finally:
@@ -97,13 +103,14 @@ class ArtifactStore:
             return None
         return data
 
-    def _download(self, key: str, digest: str, compile_address: str) -> FetchedArtifact:
+    def _download(self, key: str, digest: str) -> FetchedArtifact:
         data = self._read(key, digest)  # a fetch that finished just before ours began
         if data is not None:
             return FetchedArtifact(data, cached=True)
-        if not compile_address:
-            raise errors.InvalidArgument(f"compile_address is required: artifact {key} is not cached on this worker")
-        stub = compile_service_pb2_grpc.CompileServiceStub(self._channels.get(compile_address))
+        if not self.compile_address:
+            raise errors.FailedPrecondition(f"artifact {key} is not cached on this worker and the worker has no compile "
+                                            "service to fetch it from: start it with --compile (ACCELMESH_COMPILE)")
+        stub = compile_service_pb2_grpc.CompileServiceStub(self._channels.get(self.compile_address))
         request = compile_pb.FetchArtifactRequest(key=key, chunk_bytes=self._chunk_bytes)
         pieces, announced = [], None
         try:
@@ -112,7 +119,7 @@ class ArtifactStore:
                     announced = part.digest
                 pieces.append(part.chunk)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"fetching artifact {key} from the compile service at {compile_address}") from None
+            raise error_from_rpc(exc, f"fetching artifact {key} from the compile service at {self.compile_address}") from None
         data = b"".join(pieces)
         actual = sha256_hex(data)
         _verify(key, actual, announced or "", "the compile service")

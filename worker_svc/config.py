@@ -6,10 +6,12 @@ import argparse
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_bool, env_float, env_int, env_str
+from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
+from accelmesh.security.identity import Role
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class WorkerConfig:
     cpu_devices: int = 1  # ACCELMESH_CPU_DEVICES: split the host CPU into this many XLA devices
     emulate: tuple[str, ...] = ()  # ACCELMESH_EMULATE: catalog profiles mapped onto the CPU devices
     inventory: str = ""  # ACCELMESH_INVENTORY: inventory address to register with at start
+    compile: str = "127.0.0.1:50061"  # ACCELMESH_COMPILE: the compile service artifacts are fetched from (the only source)
     # ACCELMESH_PROC_ROOT: where CPU and memory facts are read; a container that mounts the
     # host's /proc elsewhere (e.g. /host/proc) names that folder
     proc_root: str = "/proc"
@@ -32,6 +35,10 @@ class WorkerConfig:
     # parameters, sent once); least recently used dropped first; 0 keeps none.
     held_bytes: int = 1024**3
     held_idle_s: float = 600.0  # ACCELMESH_WORKER_HELD_IDLE_S: a job's held tensors dropped after this unused
+    # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
+    # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
+    security: Security = field(default_factory=service_security(Role.WORKER))
+    health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
 
     @property
     def node_ip(self) -> str:
@@ -62,6 +69,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         help="comma list of catalog types (e.g. a100-80gb,v100-32gb) emulated on the CPU devices",
     )
     parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", "", env))
+    parser.add_argument("--compile", default=env_str("ACCELMESH_COMPILE", WorkerConfig.compile, env),
+                        help="address of the compile service to fetch artifacts from")
     parser.add_argument("--proc-root", default=env_str("ACCELMESH_PROC_ROOT", WorkerConfig.proc_root, env),
                         help="where the host's /proc is mounted (CPU and memory facts)")
     parser.add_argument("--nvml", action=argparse.BooleanOptionalAction,
@@ -71,6 +80,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         "--artifact-dir", default=env_str("ACCELMESH_WORKER_ARTIFACT_DIR", WorkerConfig.artifact_dir, env),
         help="where fetched artifacts are kept between shards and restarts",
     )
+    add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     emulate = tuple(p.strip() for p in args.emulate.split(",") if p.strip())
     if args.devices < 1:
@@ -80,11 +90,14 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
             f"--emulate names {len(emulate)} profiles but --devices is {args.devices}; raise --devices to at least {len(emulate)}"
         )
     return WorkerConfig(
+        security=security_from_env(Role.WORKER, env, insecure=args.insecure),
+        health_listen=args.health_listen,
         listen=args.listen,
         advertise_ip=args.advertise_ip,
         cpu_devices=args.devices,
         emulate=emulate,
         inventory=args.inventory,
+        compile=args.compile,
         proc_root=args.proc_root,
         nvml=args.nvml,
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),

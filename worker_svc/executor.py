@@ -44,7 +44,6 @@ class Shard:
     artifact_digest: str  # sha256 hex; the bytes are verified against it before loading
     artifact_format: str  # one of FORMATS
     build: BuildOptions  # the rule's options; its XLA options finish a portable artifact
-    compile_address: str  # where to fetch the artifact when this node has no copy
     input_count: int  # parameters first, then data inputs
     batch_size: int
 
@@ -72,7 +71,7 @@ class FetchedArtifact:
 
 
 class ArtifactSource(Protocol):
-    def fetch(self, key: str, digest: str, compile_address: str) -> FetchedArtifact: ...
+    def fetch(self, key: str, digest: str) -> FetchedArtifact: ...
 
 
 class ShardCancelled(Exception):
@@ -208,7 +207,7 @@ class ShardExecutor:
             if runnable is not None:
                 self._loaded.move_to_end(key)
                 return runnable, True
-        fetched = self._artifacts.fetch(shard.artifact_key, shard.artifact_digest, shard.compile_address)
+        fetched = self._artifacts.fetch(shard.artifact_key, shard.artifact_digest)
         runnable = self._load(shard, fetched.data, inputs, name, jax_device)
         with self._lock:
             self._loaded[key] = runnable

@@ -42,9 +42,13 @@ def check_keep(head: pb.ShardHeader) -> dict[str, str]:
 
 
 def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, held: HeldTensors,
-                max_bytes: int) -> list[np.ndarray]:
-    """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks."""
+                max_bytes: int, holder: str) -> list[np.ndarray]:
+    """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks.
+
+    Tensors are held for the job under `holder` (the calling dispatcher's identity) as well as the
+    job id, so no other caller can use them, even one that names the job."""
     keep = check_keep(head)
+    scope = f"{holder}|{head.job_id}"
     count = head.input_count
     inputs: list[TensorAssembler | np.ndarray] = []
     total = 0
@@ -56,7 +60,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
             if len(inputs) == count:
                 raise errors.InvalidArgument(f"header.input_count is {count} but more tensors follow")
             if part == "held":
-                inputs.append(_held(held, head.job_id, message.held, len(inputs)))
+                inputs.append(_held(held, scope, message.held, len(inputs)))
                 continue
             total += message.tensor.total_bytes
             if total > max_bytes:
@@ -72,7 +76,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
         raise errors.InvalidArgument(f"the stream ended after {len(inputs)} of header.input_count={count} inputs")
     arrays = [i.result() if isinstance(i, TensorAssembler) else i for i in inputs]
     if keep:
-        _keep(keep, head.job_id, inputs, arrays, held)
+        _keep(keep, scope, inputs, arrays, held)
     return arrays
 
 

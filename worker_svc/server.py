@@ -8,6 +8,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2, inventory_service_pb2_
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.security.access import Access, Authenticator, roles
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from worker_svc.agent import NodeAgent
 from worker_svc.artifacts import ArtifactStore
@@ -19,6 +21,7 @@ from worker_svc.servicer import WorkerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
+ACCESS: Access = {"DescribeNode": roles(Role.INVENTORY), "Execute": roles(Role.DISPATCH)}
 REGISTER_TIMEOUT_S = 10.0
 # Each Execute call holds a server thread while its shard waits for, loads and runs on a device;
 # these threads stay free beyond that, so DescribeNode polls are answered while devices are busy.
@@ -34,16 +37,20 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
         tracer_provider = configure_telemetry("accelmesh-worker")
     store = None
     if artifacts is None:
-        artifacts = store = ArtifactStore(config.artifact_dir, max_message_bytes=config.max_message_bytes,
+        artifacts = store = ArtifactStore(config.artifact_dir, config.compile, config.security,
+                                          max_message_bytes=config.max_message_bytes,
                                           tracer_provider=tracer_provider)
     devices = {d.id: d for d in agent.describe().devices}
     executor = ShardExecutor(devices, agent.jax_devices, artifacts)
     held = HeldTensors(config.held_bytes, config.held_idle_s)
-    servicer = WorkerServicer(agent, executor, held, max_input_bytes=config.max_input_bytes,
+    servicer = WorkerServicer(agent, executor, held, Authenticator(config.security), max_input_bytes=config.max_input_bytes,
                               max_message_bytes=config.max_message_bytes)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
+        security=config.security,
+        access=ACCESS,
         address=config.listen,
+        health_listen=config.health_listen,
         max_workers=SPARE_THREADS + CALLS_PER_DEVICE * len(devices),
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
@@ -57,7 +64,8 @@ def advertised_address(config: WorkerConfig, port: int) -> str:
 
 def register_with_inventory(config: WorkerConfig, port: int, tracer_provider=None) -> None:
     """Tell the inventory where this node is; it polls the node from then on."""
-    with open_channel(config.inventory, tracer_provider=tracer_provider) as channel:
+    with open_channel(config.inventory, security=config.security, role=Role.INVENTORY,
+                      tracer_provider=tracer_provider) as channel:
         stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
         response = stub.RegisterNode(
             inventory_service_pb2.RegisterNodeRequest(address=advertised_address(config, port)),

@@ -16,6 +16,7 @@ from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
+from accelmesh.security.access import Authenticator
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from worker_svc import executor as ex
@@ -34,7 +35,7 @@ STAGES = {ex.QUEUED: pb.SHARD_STAGE_QUEUED, ex.LOADING: pb.SHARD_STAGE_LOADING,
 
 def shard_from_proto(h: pb.ShardHeader) -> ex.Shard:
     return ex.Shard(h.job_id, h.shard_index, h.attempt, h.device_id, h.target_type, h.artifact_key, h.artifact_digest,
-                    FORMAT_FROM_PROTO.get(h.artifact_format, ""), build_options_from_proto(h.rule.build), h.compile_address,
+                    FORMAT_FROM_PROTO.get(h.artifact_format, ""), build_options_from_proto(h.rule.build),
                     h.input_count, h.batch_size)
 
 
@@ -45,9 +46,10 @@ def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
 
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, *,
+    def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, auth: Authenticator, *,
                  max_input_bytes: int, max_message_bytes: int):
         self.agent = agent
+        self._auth = auth
         self.executor = executor
         self.held = held
         self._max_input_bytes = max_input_bytes
@@ -74,7 +76,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             span.set_attribute(attr.JOB_ID, shard.job_id)
             span.set_attribute(attr.DEVICE_ID, shard.device_id)
             self.executor.admit(shard)  # refuse before megabytes of inputs arrive
-            inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes)
+            inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
+                                 self._auth.principal(context).key)
         except grpc.RpcError:  # the request stream broke: the caller cancelled or timed out
             if context.is_active():
                 raise

@@ -22,6 +22,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.reference import reference_outputs
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.config import Security
 
 BAR_WIDTH = 30
 
@@ -68,7 +69,7 @@ def print_shards(job: job_pb.Job, limit: int = 12) -> None:
         print(f"... and {len(job.shards) - limit} more shards")
 
 
-def inference_demo(client: MeshClient, compile_address: str, samples: int) -> float:
+def inference_demo(client: MeshClient, compile_address: str, samples: int, security: Security) -> float:
     tokens = np.random.default_rng(0).integers(0, 512, size=(samples, 32), dtype=np.int32)
     calibration = tokens[: max(8, samples // 16)]
     print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job planned from catalog "
@@ -90,7 +91,8 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int) -> fl
     bar.close()
     wall = time.perf_counter() - started
     print_shards(result.job)
-    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0)
+    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0,
+                                     security=security)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
     tolerance = max(0.05, 1e-5)  # the loosest rule in the plan (bf16) allows 5e-2
     verdict = "within" if error <= tolerance else "OUTSIDE"
@@ -125,7 +127,7 @@ def training_demo(client: MeshClient, epochs: int) -> float:
     return accuracy
 
 
-def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> float:
+def pipeline_demo(client: MeshClient, compile_address: str, samples: int, security: Security) -> float:
     from accelmesh.cli.placement_view import format_candidates, format_device_table, format_layer_table
 
     tokens = np.random.default_rng(1).integers(0, 512, size=(samples, 32), dtype=np.int32)
@@ -146,7 +148,8 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> flo
     print(format_layer_table(placement))
     print(format_device_table(placement))
     print(format_candidates(placement))
-    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0)
+    (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0,
+                                     security=security)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
     rules = ", ".join(f"stage {s.index}: {s.rule}" for s in placement.stages)
     print(f"pipeline of {len(placement.stages)} stages ({rules}) in {time.perf_counter() - started:.2f} s; max "
@@ -161,14 +164,14 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int) -> flo
 
 
 def run_demo(mesh, *, samples: int, epochs: int) -> int:
-    with open_channel(mesh.inventory.address) as channel:
+    with open_channel(mesh.inventory.address, security=mesh.client) as channel:
         devices = list_all_devices(inventory_stub(channel))
     print(f"\n{len(devices)} devices in the inventory:\n")
     print(format_devices(devices))
-    with MeshClient(mesh.dispatch.address) as client:
-        error = inference_demo(client, mesh.compile.address, samples)
+    with MeshClient(mesh.dispatch.address, security=mesh.client) as client:
+        error = inference_demo(client, mesh.compile.address, samples, mesh.client)
         accuracy = training_demo(client, epochs)
-        pipeline_error = pipeline_demo(client, mesh.compile.address, max(64, samples // 8))
+        pipeline_error = pipeline_demo(client, mesh.compile.address, max(64, samples // 8), mesh.client)
     ok = error <= 0.05 and accuracy >= 0.9 and pipeline_error <= 0.05
     print(f"\ndemo {'passed' if ok else 'FAILED'}: inference error {error:.2e}, test accuracy {accuracy:.1%}, "
           f"pipeline error {pipeline_error:.2e}")

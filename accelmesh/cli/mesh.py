@@ -23,6 +23,7 @@ def _start(args) -> EmbeddedMesh:
     return start_embedded_mesh(
         args.data_dir, devices=args.devices, emulate=emulate, inventory_listen=args.inventory_listen,
         compile_listen=args.compile_listen, dispatch_listen=args.dispatch_listen, echo=args.verbose,
+        insecure=args.insecure,
     )
 
 
@@ -30,7 +31,12 @@ def cmd_up(args) -> int:
     with _start(args) as mesh:
         print(f"inventory  {mesh.inventory.address}\ncompile    {mesh.compile.address}\n"
               f"dispatch   {mesh.dispatch.address}\nworker     {mesh.workers[0].address}")
-        with open_channel(mesh.inventory.address) as channel:
+        if mesh.credentials is not None:
+            print(f"credentials {mesh.credentials.folder}: ca.crt, client.crt, client.key and token (an operator's); "
+                  f"the other commands find them there (or set ACCELMESH_CA_FILE, _CERT_FILE, _KEY_FILE, _TOKEN_FILE)")
+        else:
+            print("INSECURE: plaintext, no authentication; run the other commands with ACCELMESH_INSECURE=1")
+        with open_channel(mesh.inventory.address, security=mesh.client) as channel:
             print(format_devices(list_all_devices(inventory_stub(channel))))
         print("mesh is up; Ctrl-C stops it", flush=True)
         stop = threading.Event()
@@ -62,6 +68,8 @@ def add_commands(sub) -> None:
         p.add_argument("--compile-listen", default="127.0.0.1:0")
         p.add_argument("--dispatch-listen", default="127.0.0.1:0")
         p.add_argument("--verbose", action="store_true", help="echo the services' logs")
+        p.add_argument("--insecure", action="store_true",
+                       help="plaintext without certificates or tokens (development only; every port is loopback)")
 
     up = sub.add_parser("up", help="run inventory, compile and a worker on this machine until Ctrl-C")
     mesh_flags(up)

@@ -1,4 +1,4 @@
-"""Client channels between mesh services: size limits and tracing applied in one place."""
+"""Client channels between mesh services: TLS, tokens, size limits and tracing applied in one place."""
 
 from __future__ import annotations
 
@@ -9,40 +9,65 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.telemetry import instrument_channel
+from accelmesh.security.config import Security, security_from_env
+from accelmesh.security.identity import Role, role_host
+from accelmesh.security.tls import channel_credentials
 
 
 def open_channel(
     address: str,
     *,
+    security: Security | None = None,
+    role: Role | None = None,
     tracer_provider: TracerProvider | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.Channel:
-    channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    """A channel to ``address``. ``security`` defaults to this process's as a client (the
+    environment, or the credentials folder of ``accelmesh up``). With ``role``, the server must
+    present a certificate of that role (a service calling a service), whatever host it is on;
+    without, the server's certificate must name the host of ``address``."""
+    security = security if security is not None else security_from_env(Role.CLIENT)
+    options = channel_options(max_message_bytes)
+    if security.insecure:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        if role is not None:
+            options = [*options, ("grpc.ssl_target_name_override", role_host(role))]
+        credentials = channel_credentials(security.tls, security.token_file)
+        channel = grpc.secure_channel(address, credentials, options=options)
     return instrument_channel(channel, tracer_provider)
 
 
 class ChannelPool:
-    """One channel per address, opened on first use and shared by every caller.
+    """One channel per address to servers of one ``role``, opened on first use and shared by every caller.
 
     A channel whose peer went away sits in gRPC's reconnect backoff (seconds, growing to
     minutes) and fails every call at once, even after the peer is back: `forget` drops it so the
     next call dials afresh. It is not closed there, since another thread's call may still be on
     it; gRPC closes it when the last user lets go. `close` closes every channel still held.
+    When this process's certificate files change, channels are opened afresh with the new ones.
     """
 
-    def __init__(self, *, tracer_provider: TracerProvider | None = None,
+    def __init__(self, security: Security, role: Role, *, tracer_provider: TracerProvider | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self._security, self._role = security, role
         self._tracer_provider = tracer_provider
         self._max_message_bytes = max_message_bytes
         self._channels: dict[str, grpc.Channel] = {}
+        self._stamp = None if security.insecure else security.tls.stamp()
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
         with self._lock:
+            if not self._security.insecure:
+                stamp = self._security.tls.stamp()
+                if stamp != self._stamp:  # renewed certificate: new connections present it
+                    self._channels, self._stamp = {}, stamp
             channel = self._channels.get(address)
             if channel is None:
                 channel = self._channels[address] = open_channel(
-                    address, tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
+                    address, security=self._security, role=self._role, tracer_provider=self._tracer_provider,
+                    max_message_bytes=self._max_message_bytes)
             return channel
 
     def forget(self, address: str) -> None:

@@ -29,10 +29,16 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
-_DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items() if error_type is not errors.Unavailable}
+# A downstream service refusing this service's own credentials is a fault of the mesh, not of the
+# caller: it stays UNAVAILABLE with the reason, rather than telling the caller it was denied.
+_NOT_PASSED_ON = (errors.Unavailable, errors.Unauthenticated, errors.PermissionDenied)
+_DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items() if error_type not in _NOT_PASSED_ON}
 
 
 def error_from_rpc(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:
@@ -85,11 +91,27 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); the service log has the details"
 
 
+# Messages quote the request's values; a quoted megabyte would make the trailers bigger than
+# any client accepts (gRPC's default metadata limit is 8 KiB, hard 16 KiB), and the caller would
+# get RESOURCE_EXHAUSTED "Stream removed" instead of this status. The message travels twice
+# (grpc-message, percent-encoded, and the google.rpc.Status), so it is cut to 1 KiB of UTF-8.
+MAX_MESSAGE_BYTES = 1024
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return message
+    kept = encoded[: limit - 40].decode("utf-8", "ignore")
+    return f"{kept}... ({len(encoded) - len(kept.encode())} more bytes)"
+
+
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
     if context.code() is not None:
         # The handler already chose a status with context.abort(); keep it.
         raise exc
     code, message = status_for(exc)
+    message = bounded(message)
     # abort_with_status alone bypasses the tracing interceptor's record of the status; these
     # two calls let the server span carry the code and message the caller gets.
     context.set_code(code)

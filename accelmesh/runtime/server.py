@@ -1,6 +1,6 @@
 """Build a mesh server apart from running it: health, reflection, error mapping, tracing, limits.
 
-    server = create_server([Service(name, add_fn, servicer)], address="127.0.0.1:0")
+    server = create_server([Service(name, add_fn, servicer)], security=..., access=ACCESS, address="127.0.0.1:0")
     server.start(); ... server.stop()
 
 Tests bind port 0 and read `server.port`; `run_service` is the body of every service process.
@@ -29,6 +29,9 @@ from accelmesh.runtime.errors import ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
 from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
+from accelmesh.security.access import Access, AccessInterceptor, Authenticator
+from accelmesh.security.config import Security, check_listen
+from accelmesh.security.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class MeshServer:
         services: Sequence[Service],
         tracer_provider: TracerProvider | None,
         on_stop: Sequence[Callable[[], None]],
+        probe: tuple[grpc.Server, int] | None = None,
     ):
         self.server = server
         self.port = port
@@ -60,11 +64,14 @@ class MeshServer:
         self.services = tuple(services)
         self.tracer_provider = tracer_provider
         self._on_stop = list(on_stop)
+        self._probe, self.health_port = probe if probe else (None, 0)
         self._stopped = threading.Event()
         self._finished = threading.Event()  # set once stop() has run every hook and flushed
 
     def start(self) -> MeshServer:
         self.server.start()
+        if self._probe is not None:
+            self._probe.start()
         self.set_serving(True)
         return self
 
@@ -81,6 +88,8 @@ class MeshServer:
         self._stopped.set()
         self.set_serving(False)
         self.server.stop(grace_s).wait()
+        if self._probe is not None:
+            self._probe.stop(0).wait()
         for hook in self._on_stop:
             hook()
         if self.tracer_provider is not None:
@@ -96,14 +105,23 @@ class MeshServer:
 def create_server(
     services: Sequence[Service],
     *,
+    security: Security,
+    access: Access,
     address: str = "127.0.0.1:0",
+    health_listen: str = "",
     max_workers: int = 16,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     tracer_provider: TracerProvider | None = None,
     on_stop: Sequence[Callable[[], None]] = (),
 ) -> MeshServer:
-    # Tracing is outermost so its span records the status the error interceptor chose.
-    interceptors = [*server_interceptors(tracer_provider), ErrorInterceptor()]
+    """A server for ``services`` on ``address``: mutual TLS and ``access`` (method -> roles) unless
+    ``security`` is insecure (loopback only). ``health_listen``, when set, also serves the health
+    service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe)."""
+    check_listen(security, address)
+    # Tracing is outermost so its span records the status the error interceptor chose; access
+    # is innermost, so its refusals become statuses like every other error.
+    interceptors = [*server_interceptors(tracer_provider), ErrorInterceptor(),
+                    AccessInterceptor([s.name for s in services], access, Authenticator(security))]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=interceptors,
@@ -116,10 +134,24 @@ def create_server(
     for service in services:
         health_servicer.set(service.name, NOT_SERVING)
     enable_server_reflection([s.name for s in services] + [health.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    if security.insecure:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, server_credentials(security.tls))
     if port == 0:
         raise OSError(f"could not bind {address}; is the port in use?")
-    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop)
+    probe = _health_only(health_servicer, health_listen) if health_listen else None
+    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe)
+
+
+def _health_only(health_servicer: health.HealthServicer, address: str) -> tuple[grpc.Server, int]:
+    """The health service and nothing else, plaintext: what a kubelet's gRPC probe can reach."""
+    probe = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe"))
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe)
+    port = probe.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind the health port {address}; is the port in use?")
+    return probe, port
 
 
 def stop_on_signals(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> None:

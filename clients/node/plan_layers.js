@@ -26,7 +26,8 @@
 //
 // Prints one JSON line on stdout (the placement summary). --explain also prints the planner's
 // explanation on stderr, one step per line. On a gRPC error prints "<STATUS NAME>: <details>" on
-// stderr and exits 1; exits 2 for bad arguments.
+// stderr and exits 1; exits 2 for bad arguments or missing credentials. Connects with TLS and the
+// caller's token as credentials.js finds them (ACCELMESH_* variables).
 
 "use strict";
 
@@ -34,6 +35,7 @@ const fs = require("fs");
 const path = require("path");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
+const { CredentialsError, channelCredentials } = require("./credentials");
 
 const PROTO_ROOT = path.resolve(__dirname, "..", "..", "protos");
 const DISPATCH_PROTO = "accelmesh/dispatch/v1/dispatch_service.proto";
@@ -215,7 +217,7 @@ async function main() {
   const layers = options.layersFile ? readLayers(options.layersFile) : decoderLayers();
   const label = options.layersFile ? path.basename(options.layersFile, ".json") : `decoder-${N_BLOCKS}l-${D_MODEL}d`;
   const DispatchService = loadDispatchService();
-  const client = new DispatchService(options.address, grpc.credentials.createInsecure());
+  const client = new DispatchService(options.address, channelCredentials());
   try {
     const response = await planJob(client, {
       spec: {
@@ -245,5 +247,5 @@ main().catch((err) => {
     ? `${grpc.status[err.code]}: ${err.details}`
     : (err && err.message) || String(err);
   process.stderr.write(`plan_layers.js: ${text}\n`);
-  process.exit(1);
+  process.exit(err instanceof CredentialsError ? 2 : 1);
 });

@@ -15,13 +15,16 @@
 //
 // The inputs are deterministic: x[i][j] = ((i*64 + j) % 17) / 17 as float32, so a test can
 // compute the same batch and compare the logits with a single-device reference.
-// Prints one JSON line on stdout; exits 1 on any failure (with the reason on stderr).
+// Connects with TLS and the caller's token as credentials.js finds them (ACCELMESH_* variables).
+// Prints one JSON line on stdout; exits 1 on any failure (with the reason on stderr), 2 for bad
+// arguments or missing credentials.
 
 "use strict";
 
 const path = require("path");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
+const { CredentialsError, channelCredentials } = require("./credentials");
 
 const PROTO_ROOT = path.resolve(__dirname, "..", "..", "protos");
 const DISPATCH_PROTO = "accelmesh/dispatch/v1/dispatch_service.proto";
@@ -211,7 +214,7 @@ function runJob(client, options) {
 async function main() {
   const options = parseArgs(process.argv.slice(2));
   const DispatchService = loadDispatchService();
-  const client = new DispatchService(options.address, grpc.credentials.createInsecure(), {
+  const client = new DispatchService(options.address, channelCredentials(), {
     "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
     "grpc.max_send_message_length": MAX_MESSAGE_BYTES,
   });
@@ -254,5 +257,5 @@ async function main() {
 main().catch((err) => {
   // gRPC errors' messages already start with the status ("14 UNAVAILABLE: ...").
   process.stderr.write(`run_job.js: ${err && err.message ? err.message : err}\n`);
-  process.exit(1);
+  process.exit(err instanceof CredentialsError ? 2 : 1);
 });

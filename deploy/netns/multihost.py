@@ -47,6 +47,9 @@ from pathlib import Path
 
 from accelmesh.embedded import start_compile, start_dispatch, start_inventory
 from accelmesh.runtime.launcher import ServiceProcess, start_service
+from accelmesh.security.config import Security
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
 
 SUBNET_PREFIX = "10.231"  # private; only ever configured on the links made here
 GUARD_METRIC = 65000  # the `unreachable` route's priority: the bridge's own route (metric 0) wins while it exists
@@ -277,6 +280,7 @@ def start_in_netns(netns: str, name: str, module: str, args: Sequence[str], *, e
 class MultiHostMesh:
     hosts: NetnsHosts
     data_dir: Path
+    credentials: MeshCredentials
     inventory: ServiceProcess | None = None
     compile: ServiceProcess | None = None
     dispatch: ServiceProcess | None = None
@@ -291,11 +295,24 @@ class MultiHostMesh:
         for process in processes:
             process.terminate()
 
+    @property
+    def client(self) -> Security:
+        """What a program on this machine calls the mesh with: the client certificate, the operator's token."""
+        return self.credentials.client()
+
     def __enter__(self) -> MultiHostMesh:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def worker_certificate(credentials: MeshCredentials, host: Host) -> dict[str, str]:
+    """The environment giving host `host`'s worker a certificate that names the host's IP: the
+    inventory registers only a node whose worker's certificate names it."""
+    tls = credentials.issue(Role.WORKER, f"h{host.index}", [host.ip]).tls
+    return {**credentials.env(Role.WORKER), "ACCELMESH_CERT_FILE": str(tls.cert_file),
+            "ACCELMESH_KEY_FILE": str(tls.key_file)}
 
 
 def start_multihost_mesh(
@@ -304,22 +321,28 @@ def start_multihost_mesh(
     worker_env: dict[str, str] | None = None, echo: bool = False,
 ) -> MultiHostMesh:
     """Inventory and compile service on the bridge address (the hosts reach them there), the
-    dispatcher on loopback (only clients on this machine call it), one worker in every host."""
+    dispatcher on loopback (only clients on this machine call it), one worker in every host.
+
+    Mutual TLS as in production, from a throwaway CA of this mesh's own under `data_dir`: the
+    inventory's and compile service's certificates also name the bridge address, which clients
+    on this machine dial, and each worker's names its host's IP."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    mesh = MultiHostMesh(hosts, data_dir)
+    credentials = MeshCredentials(data_dir / "credentials", hosts=[hosts.gateway])
+    mesh = MultiHostMesh(hosts, data_dir, credentials)
     try:
-        mesh.inventory = start_inventory(data_dir, listen=f"{hosts.gateway}:0", poll_interval_s=poll_interval_s,
-                                         lost_after_polls=lost_after_polls, echo=echo)
-        mesh.compile = start_compile(data_dir, listen=f"{hosts.gateway}:0", echo=echo)
+        mesh.inventory = start_inventory(data_dir, credentials, listen=f"{hosts.gateway}:0",
+                                         poll_interval_s=poll_interval_s, lost_after_polls=lost_after_polls, echo=echo)
+        mesh.compile = start_compile(data_dir, credentials, listen=f"{hosts.gateway}:0", echo=echo)
 
         def worker(host: Host) -> ServiceProcess:
+            # Workers fetch artifacts from --compile only: the bridge address, which they reach.
             args = ["--listen", f"{host.ip}:0", "--devices", str(devices), "--inventory", mesh.inventory.address,
-                    "--artifact-dir", str(data_dir / f"worker-h{host.index}")]
+                    "--compile", mesh.compile.address, "--artifact-dir", str(data_dir / f"worker-h{host.index}")]
             if emulate:
                 args += ["--emulate", ",".join(emulate)]
-            return start_in_netns(host.netns, f"worker-h{host.index}", "worker_svc", args, env=worker_env,
-                                  echo=echo)
+            return start_in_netns(host.netns, f"worker-h{host.index}", "worker_svc", args,
+                                  env={**worker_certificate(credentials, host), **(worker_env or {})}, echo=echo)
 
         with ThreadPoolExecutor(max_workers=len(hosts.hosts)) as pool:
             futures = {host.index: pool.submit(worker, host) for host in hosts.hosts}
@@ -331,9 +354,8 @@ def start_multihost_mesh(
                     failures.append(exc)
             if failures:
                 raise failures[0]
-        # The compile address travels to the workers in every shard: it must be one they reach.
-        mesh.dispatch = start_dispatch(data_dir, mesh.inventory.address, mesh.compile.address, echo=echo,
-                                       env=dispatch_env)
+        mesh.dispatch = start_dispatch(data_dir, mesh.inventory.address, mesh.compile.address, credentials,
+                                       echo=echo, env=dispatch_env)
     except BaseException:
         mesh.stop()
         raise
@@ -368,7 +390,8 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
     x = np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
     started = time.monotonic()
     marks: dict[str, float] = {}
-    with MeshClient(mesh.dispatch.address) as client, open_channel(mesh.inventory.address) as channel:
+    with (MeshClient(mesh.dispatch.address, security=mesh.client) as client,
+          open_channel(mesh.inventory.address, security=mesh.client) as channel):
         inventory = inventory_service_pb2_grpc.InventoryServiceStub(channel)
         job_id = client.submit("mlp_classifier", {"x": x}, name="multihost")
         log(f"job {job_id}: mlp_classifier over {rows} rows ({x.nbytes / 2**20:.0f} MiB)")
@@ -438,7 +461,7 @@ def print_mesh(mesh: MultiHostMesh, log: Callable[[str], None] = _print) -> None
     log(table([("HOST", "NETNS", "LINK (root side)", "IP", "WORKER")]
               + [(str(h.index), h.netns, h.veth, h.ip, mesh.workers[h.index].address) for h in mesh.hosts.hosts]))
     log(f"\ninventory {mesh.inventory.address}   compile {mesh.compile.address}   dispatch {mesh.dispatch.address}\n")
-    with open_channel(mesh.inventory.address) as channel:
+    with open_channel(mesh.inventory.address, security=mesh.client) as channel:
         log(format_devices(list_all_devices(inventory_service_pb2_grpc.InventoryServiceStub(channel))))
     log("")
 

@@ -23,13 +23,14 @@ from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.programs import OutputSpec, Program, TensorSpec
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.identity import Role
 from compile_svc.config import CompileConfig, parse_args
 from compile_svc.programs import ProgramRegistry, default_registry, describe_layers, program_digest
 from compile_svc.programs.layers import DeferredEntry, ProgramEntry
 from compile_svc.programs.network import Layer, Network
 from compile_svc.programs.zoo import bert, gpt2, llama, vit
 from compile_svc.server import build_compile_service
-from conftest import peak_rss_bytes, rpc_error
+from conftest import CREDENTIALS, peak_rss_bytes, rpc_error
 
 ZOO_NAMES = ("gpt2_xl", "bert_large", "llama_7b", "vit_l16")
 
@@ -304,9 +305,10 @@ def test_default_registry_lists_the_zoo():
 
 def test_the_parameter_limit_is_read_from_the_environment():
     assert CompileConfig().max_parameter_bytes == 2 * 1024**3
-    assert parse_args([], env={"ACCELMESH_MAX_PARAMETER_BYTES": "4096"}).max_parameter_bytes == 4096
+    env = CREDENTIALS.env(Role.COMPILE)  # a compile service starts only with its credentials
+    assert parse_args([], env={**env, "ACCELMESH_MAX_PARAMETER_BYTES": "4096"}).max_parameter_bytes == 4096
     with pytest.raises(errors.InvalidArgument, match="ACCELMESH_MAX_PARAMETER_BYTES"):
-        parse_args([], env={"ACCELMESH_MAX_PARAMETER_BYTES": "lots"})
+        parse_args([], env={**env, "ACCELMESH_MAX_PARAMETER_BYTES": "lots"})
 
 
 # --- over gRPC ------------------------------------------------------------------------------------

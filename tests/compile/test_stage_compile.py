@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import rpc_error
+from conftest import CREDENTIALS, mesh_stub, rpc_error
 
 from accelmesh import artifacts
 from accelmesh.compile.v1 import compile_service_pb2 as pb
@@ -23,6 +23,7 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_from_proto, device_to_proto
 from accelmesh.runtime.launcher import start_service
 from accelmesh.runtime.tensors import TensorCollector, dtype_code_for_name
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
@@ -67,25 +68,25 @@ def stub(compile_service):
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
+def worker(tmp_path_factory, compile_service):
     process = start_service("worker", "worker_svc", [
-        "--listen", "127.0.0.1:0", "--devices", "3", "--emulate", "a100-80gb,v100-32gb",
-        "--artifact-dir", str(tmp_path_factory.mktemp("worker-artifacts"))])
+        "--listen", "127.0.0.1:0", "--devices", "3", "--emulate", "a100-80gb,v100-32gb", "--compile", compile_service[0],
+        "--artifact-dir", str(tmp_path_factory.mktemp("worker-artifacts"))], env=CREDENTIALS.env(Role.WORKER))
     yield process
     process.terminate()
 
 
 @pytest.fixture(scope="module")
 def devices(worker) -> dict[str, JobDevice]:
-    with open_channel(worker.address) as channel:
-        described = worker_service_pb2_grpc.WorkerServiceStub(channel).DescribeNode(
-            worker_pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S)
+    described = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, worker.address).DescribeNode(
+        worker_pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S)
     return {d.id: JobDevice(device_from_proto(d, d.id)[0], worker.address) for d in described.devices}
 
 
 @pytest.fixture(scope="module")
 def mesh(compile_service):
-    mesh = GrpcMesh(UNUSED_INVENTORY, compile_service[0], max_message_bytes=64 << 20, chunk_bytes=1 << 20)
+    mesh = GrpcMesh(UNUSED_INVENTORY, compile_service[0], CREDENTIALS.service(Role.DISPATCH), max_message_bytes=64 << 20,
+                    chunk_bytes=1 << 20)
     yield mesh
     mesh.close()
 

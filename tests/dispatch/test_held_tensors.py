@@ -15,14 +15,15 @@ from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_compile, start_inventory, start_worker
-from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_from_proto
 from accelmesh.runtime.launcher import start_service
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
+from conftest import CREDENTIALS, mesh_stub
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.device_queues import CancelScope
 from dispatch_svc.held_keys import MAX_MISSES, HeldKeys
@@ -165,22 +166,23 @@ def compile_address(tmp_path_factory):
     server.stop(0)
 
 
-def start_node(artifact_dir, listen: str = "127.0.0.1:0"):
+def start_node(compile_address, artifact_dir, listen: str = "127.0.0.1:0"):
     return start_service("worker", "worker_svc", [
-        "--listen", listen, "--devices", "1", "--artifact-dir", str(artifact_dir)],
-        env={"ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
+        "--listen", listen, "--devices", "1", "--compile", compile_address, "--artifact-dir", str(artifact_dir)],
+        env={**CREDENTIALS.env(Role.WORKER), "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    process = start_node(tmp_path_factory.mktemp("worker-artifacts"))
+def worker(tmp_path_factory, compile_address):
+    process = start_node(compile_address, tmp_path_factory.mktemp("worker-artifacts"))
     yield process
     process.terminate()
 
 
 @pytest.fixture(scope="module")
 def mesh(compile_address):
-    mesh = GrpcMesh(UNUSED_INVENTORY, compile_address, max_message_bytes=16 << 20, chunk_bytes=1 << 20)
+    mesh = GrpcMesh(UNUSED_INVENTORY, compile_address, CREDENTIALS.service(Role.DISPATCH), max_message_bytes=16 << 20,
+                    chunk_bytes=1 << 20)
     yield mesh
     mesh.close()
 
@@ -196,9 +198,8 @@ class Shards:
 
     @classmethod
     def on(cls, mesh: GrpcMesh, address: str) -> Shards:
-        with open_channel(address) as channel:
-            (described,) = worker_service_pb2_grpc.WorkerServiceStub(channel).DescribeNode(
-                worker_pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S).devices
+        (described,) = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, address).DescribeNode(
+            worker_pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S).devices
         device = JobDevice(device_from_proto(described, described.id)[0], address)
         program = mesh.describe_program(MLP, "")
         (build,) = mesh.compile(program, [device], [ROWS])
@@ -247,14 +248,15 @@ def test_parameters_the_worker_evicted_are_resent_in_full_within_the_same_attemp
 
 
 @pytest.mark.slow
-def test_a_worker_restarted_on_its_address_gets_the_parameters_again_in_full(mesh, tmp_path):
-    process = start_node(tmp_path)
+def test_a_worker_restarted_on_its_address_gets_the_parameters_again_in_full(mesh, compile_address, tmp_path):
+    process = start_node(compile_address, tmp_path)
     try:
         shards = Shards.on(mesh, process.address)
         expected = shards.run("restart", 1, keyed=False)
         shards.run("restart")
         process.terminate()
-        process = start_node(tmp_path, process.address)  # the same port: the dispatcher's channel reconnects
+        # The same port: the dispatcher's channel reconnects.
+        process = start_node(compile_address, tmp_path, process.address)
         before = counts(mesh)
         np.testing.assert_array_equal(shards.run("restart", 1), expected)
         assert sent_since(mesh, before)["resends"] == 1
@@ -269,14 +271,18 @@ def dispatcher(tmp_path_factory):
     """Inventory, compile and two workers (two devices on 127.0.0.1, one on 127.0.0.2) as processes;
     the dispatcher here, so the test can read what its GrpcMesh sent."""
     root = tmp_path_factory.mktemp("jobs")
-    processes = [start_inventory(root)]
+    processes = [start_inventory(root, CREDENTIALS)]
+    # The inventory registers a node only for a worker whose certificate names the node's address.
+    node_2 = CREDENTIALS.issue(Role.WORKER, "node-127.0.0.2", ["127.0.0.2"]).tls
     try:
         inventory = processes[0].address
-        processes.append(compile_ := start_compile(root))
-        processes.append(start_worker(inventory, devices=2, emulate=("a100-80gb", "v100-32gb"),
-                                      artifact_dir=root / "worker-artifacts"))
-        processes.append(start_worker(inventory, devices=1, emulate=("v100-32gb",), listen="127.0.0.2:0",
-                                      artifact_dir=root / "worker-artifacts", name="worker-2"))
+        processes.append(compile_ := start_compile(root, CREDENTIALS))
+        processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=2,
+                                      emulate=("a100-80gb", "v100-32gb"), artifact_dir=root / "worker-artifacts"))
+        processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=1, emulate=("v100-32gb",),
+                                      listen="127.0.0.2:0", artifact_dir=root / "worker-artifacts", name="worker-2",
+                                      env={"ACCELMESH_CERT_FILE": str(node_2.cert_file),
+                                           "ACCELMESH_KEY_FILE": str(node_2.key_file)}))
         server, runner = build_dispatch(DispatchConfig(
             listen="127.0.0.1:0", inventory=inventory, compile=compile_.address, data_dir=str(root / "dispatch"),
             max_shard_bytes=32 * 1024))

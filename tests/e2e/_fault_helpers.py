@@ -8,8 +8,11 @@ module that imports it can take `<name>` as a parameter without shadowing the im
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from conftest import CREDENTIALS
 
 from accelmesh.client import MeshClient
 from accelmesh.embedded import (
@@ -22,6 +25,7 @@ from accelmesh.embedded import (
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.identity import Role
 from compile_svc.programs import default_registry
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3")
@@ -38,9 +42,17 @@ TOKENS = np.random.default_rng(7).integers(0, 512, size=(4096, 32), dtype=np.int
 JOB_ROWS = 512
 
 
+@functools.cache
+def node_certificate(ip: str) -> dict[str, str]:
+    """A worker certificate naming `ip`: the inventory registers only a node its worker's certificate names."""
+    tls = CREDENTIALS.issue(Role.WORKER, f"node-{ip}", [ip]).tls
+    return {"ACCELMESH_CERT_FILE": str(tls.cert_file), "ACCELMESH_KEY_FILE": str(tls.key_file)}
+
+
 def start_node(mesh: EmbeddedMesh, ip: str, port: int | str = 0):
-    return start_worker(mesh.inventory.address, devices=len(EMULATE), emulate=EMULATE, listen=f"{ip}:{port}",
-                        artifact_dir=mesh.data_dir / "worker-artifacts", name=f"worker-{ip}")
+    return start_worker(mesh.inventory.address, mesh.compile.address, mesh.credentials, devices=len(EMULATE),
+                        emulate=EMULATE, listen=f"{ip}:{port}", artifact_dir=mesh.data_dir / "worker-artifacts",
+                        name=f"worker-{ip}", env=node_certificate(ip))
 
 
 def port_of(process) -> str:
@@ -50,11 +62,12 @@ def port_of(process) -> str:
 @pytest.fixture(scope="module", name="mesh")
 def mesh_fixture(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("faults")
-    inventory = start_inventory(data_dir, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
-    with EmbeddedMesh(data_dir, inventory) as running:
-        running.compile = start_compile(data_dir)
+    inventory = start_inventory(data_dir, CREDENTIALS, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
+    with EmbeddedMesh(data_dir, inventory, CREDENTIALS) as running:
+        running.compile = start_compile(data_dir, CREDENTIALS)
         running.workers = [start_node(running, ip) for ip in NODE_IPS]
-        running.dispatch = start_dispatch(data_dir, inventory.address, running.compile.address, env=DISPATCH_ENV)
+        running.dispatch = start_dispatch(data_dir, inventory.address, running.compile.address, CREDENTIALS,
+                                          env=DISPATCH_ENV)
         with MeshClient(running.dispatch.address) as client:  # builds and loads the 32-row executable everywhere
             client.run("transformer_encoder", {"tokens": TOKENS[:128]})
         yield running

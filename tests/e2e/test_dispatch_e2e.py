@@ -200,7 +200,7 @@ DISPATCH_GROWTH_BOUND_BYTES = 128 * 1024 * 1024
 def test_dispatcher_memory_stays_bounded_while_a_large_input_streams(mesh, tmp_path):
     from accelmesh.embedded import start_dispatch
 
-    small = start_dispatch(tmp_path, mesh.inventory.address, mesh.compile.address,
+    small = start_dispatch(tmp_path, mesh.inventory.address, mesh.compile.address, mesh.credentials,
                            env={"ACCELMESH_INFLIGHT_BYTES": str(8 << 20), "ACCELMESH_MAX_SHARD_BYTES": str(2 << 20)})
     try:
         x = np.random.default_rng(4).standard_normal((STREAM_INPUT_BYTES // 4096, 1024)).astype(np.float32)

@@ -166,7 +166,8 @@ def test_a_submitted_job_outlives_its_channel(pool, expected):
 
 
 def test_a_dispatcher_killed_mid_job_restarts_with_the_job_failed_and_older_results_kept(pool, tmp_path, expected):
-    dispatch = start_dispatch(tmp_path, pool.inventory.address, pool.compile.address, env=DISPATCH_ENV)
+    dispatch = start_dispatch(tmp_path, pool.inventory.address, pool.compile.address, pool.credentials,
+                              env=DISPATCH_ENV)
     running = ""
     try:
         with MeshClient(dispatch.address) as client:
@@ -177,8 +178,8 @@ def test_a_dispatcher_killed_mid_job_restarts_with_the_job_failed_and_older_resu
         killed_at = time.time()
         dispatch.kill()
         busy = busy_after(worker_pids(pool), killed_at, observe_s=stop_s + 1.0)
-        dispatch = start_dispatch(tmp_path, pool.inventory.address, pool.compile.address, env=DISPATCH_ENV,
-                                  listen=f"127.0.0.1:{port_of(dispatch)}")
+        dispatch = start_dispatch(tmp_path, pool.inventory.address, pool.compile.address, pool.credentials,
+                                  env=DISPATCH_ENV, listen=f"127.0.0.1:{port_of(dispatch)}")
         with MeshClient(dispatch.address) as client:
             job = client.get(running)
             assert job.state == job_pb.JOB_STATE_FAILED and "restarted" in job.error

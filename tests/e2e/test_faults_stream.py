@@ -7,15 +7,18 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+from conftest import CREDENTIALS
 
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import split
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice
+from worker_svc.server import ACCESS as WORKER_ACCESS
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +50,7 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
 def serve_fake(worker: FakeWorker, port: int = 0):
     return create_server([Service("accelmesh.worker.v1.WorkerService",
                                   worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, worker)],
+                         security=CREDENTIALS.service(Role.WORKER), access=WORKER_ACCESS,
                          address=f"127.0.0.1:{port}").start()
 
 
@@ -59,7 +63,8 @@ def send_shard(mesh: GrpcMesh, port: int):
 
 @pytest.fixture
 def grpc_mesh():
-    mesh = GrpcMesh("127.0.0.1:1", "127.0.0.1:1", max_message_bytes=1 << 22, chunk_bytes=4096)
+    mesh = GrpcMesh("127.0.0.1:1", "127.0.0.1:1", CREDENTIALS.service(Role.DISPATCH), max_message_bytes=1 << 22,
+                    chunk_bytes=4096)
     yield mesh
     mesh.close()
 

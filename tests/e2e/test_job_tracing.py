@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from conftest import CREDENTIALS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -25,6 +26,9 @@ from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import ServiceProcess, start_service
 from accelmesh.runtime.server import Service, create_server
+from accelmesh.security.access import ANYONE
+from accelmesh.security.config import INSECURE
+from accelmesh.security.identity import Role
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +66,11 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
 
     def __init__(self):
         self.spans: list[CollectedSpan] = []
+        self.exported = bytearray()  # every request as sent, to search for what must never be in it
         self._changed = threading.Condition()
 
     def Export(self, request, context):
+        self.exported += request.SerializeToString()
         received = []
         for resource_spans in request.resource_spans:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
@@ -92,6 +98,7 @@ class TracedJob:
     spans: list[CollectedSpan]  # everything every process exported, the job's trace and the rest
     exit_codes: dict[str, int]
     placed: job_pb.Job  # the same model placed on the devices, run as a pipeline (its own trace)
+    exported: bytes = b""  # the raw export requests
 
     @property
     def in_trace(self) -> list[CollectedSpan]:
@@ -116,23 +123,27 @@ def job_trace_id(spans: list[CollectedSpan], job_id: str) -> str | None:
 
 def start_mesh(data, env: dict[str, str]) -> list[ServiceProcess]:
     """Inventory, compile, one worker and dispatch as real processes, with the arguments
-    accelmesh.embedded passes (its helpers, but start_dispatch, take no env)."""
+    accelmesh.embedded passes (not all its helpers take an env), each with its role's credentials."""
     started: list[ServiceProcess] = []
+
+    def start(role: Role, module: str, args: list[str]) -> ServiceProcess:
+        started.append(start_service(role.value, module, args, env={**env, **CREDENTIALS.env(role)}))
+        return started[-1]
+
     try:
-        inventory = start_service("inventory", "inventory_svc", [
+        inventory = start(Role.INVENTORY, "inventory_svc", [
             "--listen", "127.0.0.1:0", "--db", str(data / "inventory.db"), "--poll-interval", "5.0",
-            "--lost-after", "3"], env=env)
-        started.append(inventory)
-        compile_ = start_service("compile", "compile_svc", [
+            "--lost-after", "3"])
+        compile_ = start(Role.COMPILE, "compile_svc", [
             "--listen", "127.0.0.1:0", "--cache-dir", str(data / "artifacts"),
-            "--programs-dir", str(data / "programs")], env=env)
-        started.append(compile_)
-        started.append(start_service("worker", "worker_svc", [
+            "--programs-dir", str(data / "programs")])
+        start(Role.WORKER, "worker_svc", [
             "--listen", "127.0.0.1:0", "--devices", str(len(EMULATE)), "--inventory", inventory.address,
-            "--artifact-dir", str(data / "worker-artifacts"), "--emulate", ",".join(EMULATE)], env=env))
-        started.append(start_service("dispatch", "dispatch_svc", [
+            "--compile", compile_.address, "--artifact-dir", str(data / "worker-artifacts"),
+            "--emulate", ",".join(EMULATE)])
+        start(Role.DISPATCH, "dispatch_svc", [
             "--listen", "127.0.0.1:0", "--inventory", inventory.address, "--compile", compile_.address,
-            "--data-dir", str(data / "dispatch")], env=env))
+            "--data-dir", str(data / "dispatch")])
     except BaseException:
         stop(started)
         raise
@@ -148,8 +159,10 @@ def stop(processes: list[ServiceProcess]) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def traced_job(tmp_path_factory) -> TracedJob:
     collector = Collector()
+    # Not a mesh service: the processes' OTLP exporters reach it in plaintext (OTEL_EXPORTER_OTLP_INSECURE).
     receiver = create_server([Service("opentelemetry.proto.collector.trace.v1.TraceService",
-                                      trace_service_pb2_grpc.add_TraceServiceServicer_to_server, collector)]).start()
+                                      trace_service_pb2_grpc.add_TraceServiceServicer_to_server, collector)],
+                             security=INSECURE, access={"Export": ANYONE}).start()
     endpoint = f"http://127.0.0.1:{receiver.port}"
     # Only the standard variables: OTEL_EXPORTER_OTLP_ENDPOINT turns the OTLP exporter on (telemetry.py),
     # OTEL_EXPORTER_OTLP_INSECURE is read by the gRPC exporter, OTEL_BSP_SCHEDULE_DELAY (ms) by the
@@ -184,7 +197,7 @@ def traced_job(tmp_path_factory) -> TracedJob:
         receiver.stop(0)
     trace_id = job_trace_id(spans, result.job.job_id)
     assert trace_id is not None, f"no dispatch.job span for {result.job.job_id}: {sorted({s.name for s in spans})}"
-    return TracedJob(result.job, trace_id, spans, exit_codes, placed.job)
+    return TracedJob(result.job, trace_id, spans, exit_codes, placed.job, bytes(collector.exported))
 
 
 def test_the_job_ran_and_every_service_stopped_gracefully(traced_job):
@@ -236,6 +249,16 @@ def test_the_refresh_reaches_the_worker_inside_the_jobs_trace(traced_job):
     assert polls and all(p.attributes[attr.POLL_OUTCOME] == "ok" for p in polls)
     describe = traced_job.named("/accelmesh.worker.v1.WorkerService/DescribeNode", "accelmesh-worker")
     assert describe, "the real-time refresh's DescribeNode on the worker is not in the job's trace"
+
+
+def test_no_token_or_key_is_in_any_span(traced_job):
+    """The client sent its bearer token on every call and each process holds its key: spans carry neither."""
+    token = CREDENTIALS.token_file.read_text().strip().encode()
+    keys = [b"".join(path.read_bytes().splitlines()[1:-1]) for path in CREDENTIALS.folder.glob("*.key")]
+    assert len(traced_job.exported) > 10_000 and token and keys
+    assert token not in traced_job.exported
+    assert not [k[:16] for k in keys if k[:32] in traced_job.exported]
+    assert b"authorization" not in traced_job.exported.lower()
 
 
 def test_no_span_is_a_health_check(traced_job):

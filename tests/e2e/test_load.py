@@ -25,7 +25,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from compile_svc.programs import default_registry
 
-from conftest import peak_rss_bytes
+from conftest import CREDENTIALS, peak_rss_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -89,12 +89,12 @@ def most_at_once(jobs) -> int:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("load")
-    inventory = start_inventory(data_dir)
-    with EmbeddedMesh(data_dir, inventory) as running:
-        running.compile = start_compile(data_dir)
-        running.workers = [start_worker(inventory.address, devices=len(EMULATE), emulate=EMULATE,
-                                        artifact_dir=data_dir / "worker-artifacts")]
-        running.dispatch = start_dispatch(data_dir, inventory.address, running.compile.address, env={
+    inventory = start_inventory(data_dir, CREDENTIALS)
+    with EmbeddedMesh(data_dir, inventory, CREDENTIALS) as running:
+        running.compile = start_compile(data_dir, CREDENTIALS)
+        running.workers = [start_worker(inventory.address, running.compile.address, CREDENTIALS,
+                                        devices=len(EMULATE), emulate=EMULATE, artifact_dir=data_dir / "worker-artifacts")]
+        running.dispatch = start_dispatch(data_dir, inventory.address, running.compile.address, CREDENTIALS, env={
             "ACCELMESH_INFLIGHT_BYTES": str(INFLIGHT_BYTES), "ACCELMESH_MAX_SHARD_BYTES": str(SHARD_BYTES)})
         yield running
 

@@ -7,14 +7,19 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+from conftest import mesh_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from accelmesh.client import MeshClient
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh, start_inventory, start_worker
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.config import INSECURE
 from fakes import host
 
 POLL_INTERVAL_S = 0.25
@@ -102,25 +107,26 @@ def test_a_killed_worker_is_lost_within_the_window_and_recovers_when_it_returns(
         (node,) = stub.ListNodes(pb.ListNodesRequest()).nodes
         assert node.state == pb.NODE_STATE_LOST and node.missed_polls >= LOST_AFTER
 
-        mesh.workers[0] = start_worker(mesh.inventory.address, devices=4, emulate=EMULATE, listen=f"127.0.0.1:{port}")
+        mesh.workers[0] = start_worker(mesh.inventory.address, mesh.compile.address, mesh.credentials, devices=4,
+                                       emulate=EMULATE, listen=f"127.0.0.1:{port}")
         wait_for(stream, pb.DEVICE_EVENT_TYPE_RECOVERED, DEVICES)
         stream.cancel()
         assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
 
 
 def test_inventory_stops_gracefully_and_keeps_its_database(mesh):
-    channel, stub = stub_for(mesh.inventory.address)
-    with channel:
-        stub.ReserveDevices(pb.ReserveDevicesRequest(
-            job_id="persist", claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:0", memory_bytes=10**9)], ttl_seconds=3600))
+    # Reserving and releasing are the dispatcher's: a stub entitled to each method.
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, mesh.inventory.address)
+    stub.ReserveDevices(pb.ReserveDevicesRequest(
+        job_id="persist", claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:0", memory_bytes=10**9)], ttl_seconds=3600))
     assert mesh.inventory.terminate() == 0  # SIGTERM: drained and exited cleanly
-    mesh.inventory = start_inventory(mesh.data_dir, poll_interval_s=POLL_INTERVAL_S, lost_after_polls=LOST_AFTER)
-    channel, stub = stub_for(mesh.inventory.address)
-    with channel:
-        assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
-        held = stub.ListReservations(pb.ListReservationsRequest(job_id="persist")).reservations
-        assert [(r.device_id, r.memory_bytes) for r in held] == [("127.0.0.1/cuda:0", 10**9)]
-        stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="persist"))
+    mesh.inventory = start_inventory(mesh.data_dir, mesh.credentials, poll_interval_s=POLL_INTERVAL_S,
+                                     lost_after_polls=LOST_AFTER)
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, mesh.inventory.address)
+    assert [d.id for d in stub.ListDevices(pb.ListDevicesRequest()).devices] == DEVICES
+    held = stub.ListReservations(pb.ListReservationsRequest(job_id="persist")).reservations
+    assert [(r.device_id, r.memory_bytes) for r in held] == [("127.0.0.1/cuda:0", 10**9)]
+    stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="persist"))
 
 
 def cli(*args) -> str:
@@ -156,6 +162,15 @@ def test_cli_compiles_for_the_cpu_as_its_worker_describes_it(mesh):
               "--compile", mesh.compile.address)
     rules = {line.split()[1] for line in out.splitlines() if line.startswith("cpu:cpu[")}  # TARGET TYPE, RULE, ...
     assert rules == {HOST_CPU_RULES[host.chosen_cpu()]}, out
+
+
+def test_an_insecure_mesh_runs_a_job_in_plaintext(tmp_path):
+    """`accelmesh up --insecure`: no certificates, so no roles; every service still calls the next."""
+    x = np.zeros((8, 64), np.float32)
+    with start_embedded_mesh(tmp_path, devices=1, emulate=("v100-32gb",), insecure=True) as insecure:
+        assert insecure.client is INSECURE and not (tmp_path / "credentials").exists()
+        with MeshClient(insecure.dispatch.address, security=insecure.client) as client:
+            assert client.run("mlp_classifier", {"x": x}).job.state == job_pb.JOB_STATE_SUCCEEDED
 
 
 @pytest.mark.parametrize("module, args, env, words", [

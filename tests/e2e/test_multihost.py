@@ -1,6 +1,7 @@
 """Workers on separate hosts made with Linux network namespaces and veth pairs (root only):
 device ids carry each host's IP, a job spans the hosts, and a host whose link is cut mid-job is
-survived like a crash. The hosts are built by deploy/netns/multihost.py, the script a user runs."""
+survived like a crash. The hosts are built by deploy/netns/multihost.py, the script a user runs,
+which gives the mesh a CA of its own (its certificates name the bridge and host addresses)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def lab(multihost, tmp_path_factory):
 @pytest.fixture
 def inventory(lab):
     _, _, mesh = lab
-    with open_channel(mesh.inventory.address) as channel:
+    with open_channel(mesh.inventory.address, security=mesh.client) as channel:  # the mesh's own CA
         yield inventory_service_pb2_grpc.InventoryServiceStub(channel)
 
 
@@ -120,7 +121,7 @@ def test_each_hosts_devices_carry_its_own_ip(lab, inventory):
 def test_a_job_spans_both_hosts_and_matches_one_device(lab):
     _, hosts, mesh = lab
     x = np.random.default_rng(11).standard_normal((40_000, 64)).astype(np.float32)
-    with MeshClient(mesh.dispatch.address) as client:
+    with MeshClient(mesh.dispatch.address, security=mesh.client) as client:
         result = client.run("mlp_classifier", {"x": x}, timeout=120)
     assert result.job.state == job_pb.JOB_STATE_SUCCEEDED
     shards = result.job.shards
@@ -157,7 +158,7 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
     events = []
     watcher = None
     try:
-        with MeshClient(mesh.dispatch.address) as client:
+        with MeshClient(mesh.dispatch.address, security=mesh.client) as client:
             started = time.monotonic()
             job_id = client.submit("mlp_classifier", {"x": x}, timeout=120)
             stream = client.stub.WatchJob(pb.WatchJobRequest(job_id=job_id), timeout=60)

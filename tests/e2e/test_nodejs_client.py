@@ -1,7 +1,9 @@
 """A client in another language: clients/node/run_job.js (@grpc/grpc-js + @grpc/proto-loader on the
 repo's own .proto files, no generated code) runs mlp_classifier through a real mesh, and its
 logits equal a single-device run of the same program in Python; clients/node/plan_layers.js plans
-a layer table of its own with PlanJob and reports the server's errors by status name.
+a layer table of its own with PlanJob and reports the server's errors by status name. Both connect
+with mutual TLS and the caller's token (clients/node/credentials.js), given by the ACCELMESH_*_FILE
+variables or an ACCELMESH_CREDENTIALS_DIR folder.
 
 The test installs the Node client's locked dependencies (`npm ci`) when they are missing or
 older than package-lock.json; it is skipped only when `node` or `npm` is not on PATH."""
@@ -23,6 +25,7 @@ import pytest
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh
+from accelmesh.security.identity import Role
 from fakes import host
 from compile_svc.programs import default_registry
 
@@ -63,6 +66,16 @@ def mesh(tmp_path_factory):
         yield running
 
 
+def bare_env() -> dict[str, str]:
+    """This process's environment without its ACCELMESH_* settings (the session's credentials folder)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ACCELMESH_")}, "NO_COLOR": "1"}
+
+
+def node_env(mesh, **overrides: str) -> dict[str, str]:
+    """The environment the Node scripts run in: the mesh's client credentials, each file named by its variable."""
+    return {**bare_env(), **mesh.credentials.env(Role.CLIENT), **overrides}
+
+
 def node_inputs(rows: int) -> np.ndarray:
     """The batch run_job.js builds: x[i][j] = ((i*64 + j) % 17) / 17, rounded to float32."""
     return ((np.arange(rows * FEATURES) % 17) / 17).astype(np.float32).reshape(rows, FEATURES)
@@ -71,7 +84,7 @@ def node_inputs(rows: int) -> np.ndarray:
 def test_node_client_runs_a_job_and_matches_the_single_device_reference(node_client, mesh):
     result = subprocess.run(
         ["node", "run_job.js", mesh.dispatch.address, "--rows", str(ROWS)],
-        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env={**os.environ, "NO_COLOR": "1"},
+        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=node_env(mesh),
     )
     assert result.returncode == 0, f"run_job.js failed ({result.returncode}):\n{result.stderr}"
     (line,) = result.stdout.splitlines()
@@ -104,19 +117,22 @@ def test_node_client_runs_a_job_and_matches_the_single_device_reference(node_cli
 def test_node_client_exits_non_zero_when_the_job_cannot_run(node_client, mesh):
     result = subprocess.run(
         ["node", "run_job.js", mesh.dispatch.address, "--rows", "4", "--filter", 'type = "no-such-type"'],
-        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=node_client, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=node_env(mesh),
     )
     assert result.returncode == 1 and result.stdout == ""
     assert "FAILED_PRECONDITION" in result.stderr and "no-such-type" in result.stderr
 
 
-def plan_layers(node_client: Path, address: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["node", "plan_layers.js", address, *args], cwd=node_client, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S, check=False)  # the tests assert the exit code themselves
+def plan_layers(node_client: Path, mesh, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["node", "plan_layers.js", mesh.dispatch.address, *args], cwd=node_client,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,  # tests check the exit
+                          env=env or node_env(mesh))
 
 
 def test_node_client_plans_its_built_in_decoder_with_every_layer_placed(node_client, mesh):
-    result = plan_layers(node_client, mesh.dispatch.address, "--strategy", "auto", "--explain")
+    # The files from the folder alone, as after `accelmesh up` with ACCELMESH_CREDENTIALS_DIR set.
+    folder_only = {**bare_env(), "ACCELMESH_CREDENTIALS_DIR": str(mesh.credentials.folder)}
+    result = plan_layers(node_client, mesh, "--strategy", "auto", "--explain", env=folder_only)
     assert result.returncode == 0, f"plan_layers.js failed ({result.returncode}):\n{result.stderr}"
     (line,) = result.stdout.splitlines()
     out = json.loads(line)
@@ -153,6 +169,27 @@ def test_node_client_plans_its_built_in_decoder_with_every_layer_placed(node_cli
 def test_node_client_reports_a_refused_table_by_status_name(node_client, mesh, tmp_path, rows, code, message):
     table = tmp_path / "layers.json"
     table.write_text(json.dumps(rows))
-    result = plan_layers(node_client, mesh.dispatch.address, "--layers", str(table), "--strategy", "auto")
+    result = plan_layers(node_client, mesh, "--layers", str(table), "--strategy", "auto")
     assert result.returncode == 1 and result.stdout == "", result.stderr
     assert f"plan_layers.js: {code}: " in result.stderr and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("script", ["run_job.js", "plan_layers.js"])
+@pytest.mark.parametrize("variable", ["ACCELMESH_CA_FILE", "ACCELMESH_CERT_FILE", "ACCELMESH_KEY_FILE",
+                                      "ACCELMESH_TOKEN_FILE"])
+def test_node_client_names_the_variable_of_a_missing_credentials_file(node_client, mesh, tmp_path, script, variable):
+    env = node_env(mesh, **{variable: str(tmp_path / "gone")})
+    result = subprocess.run(["node", script, mesh.dispatch.address], cwd=node_client, capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT_S, check=False, env=env)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"{script}: {variable} names {tmp_path / 'gone'}") and "ENOENT" in line, line
+
+
+def test_node_client_refuses_a_token_the_mesh_does_not_accept(node_client, mesh, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("not-a-token-of-this-mesh\n")
+    result = plan_layers(node_client, mesh, env=node_env(mesh, ACCELMESH_TOKEN_FILE=str(token)))
+    assert result.returncode == 1 and result.stdout == ""
+    assert "plan_layers.js: UNAUTHENTICATED: " in result.stderr, result.stderr
+    assert "ACCELMESH_TOKEN_FILE" in result.stderr  # the server's details say what to check

@@ -8,8 +8,10 @@ import pytest
 from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.runtime.server import Service, create_server
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
-from conftest import rpc_error
+from conftest import CREDENTIALS, rpc_error
+from worker_svc.server import ACCESS as WORKER_ACCESS
 
 A100 = dict(id="127.0.0.1/cuda:0", node_ip="127.0.0.1", local_index=0, platform=common_pb2.PLATFORM_CUDA, type="a100-80gb")
 
@@ -17,6 +19,12 @@ A100 = dict(id="127.0.0.1/cuda:0", node_ip="127.0.0.1", local_index=0, platform=
 def answer(**overrides):
     device = common_pb2.Device(**{**A100, **overrides.pop("device", {})})
     return worker_service_pb2.DescribeNodeResponse(**{"node_ip": "127.0.0.1", "hostname": "odd", "devices": [device], **overrides})
+
+
+def fake_worker(servicer, add_to_server):
+    """A server that passes for a worker: the worker's certificate and access table."""
+    return create_server([Service("accelmesh.worker.v1.WorkerService", add_to_server, servicer)],
+                         security=CREDENTIALS.service(Role.WORKER), access=WORKER_ACCESS).start()
 
 
 class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
@@ -30,8 +38,7 @@ class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
 @pytest.fixture
 def scripted():
     servicer = ScriptedWorker(answer())
-    server = create_server([Service("accelmesh.worker.v1.WorkerService",
-                                    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)]).start()
+    server = fake_worker(servicer, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server)
     yield server, servicer
     server.stop(0)
 
@@ -81,7 +88,7 @@ def test_bytes_that_are_no_message_at_all_do_not_crash_the_inventory(inventory, 
             lambda request, context: b"\xff\xfe not protobuf \x00",
             request_deserializer=lambda b: b, response_serializer=lambda b: b)},
     )
-    server = create_server([Service("accelmesh.worker.v1.WorkerService", lambda s, srv: srv.add_generic_rpc_handlers((s,)), raw)]).start()
+    server = fake_worker(raw, lambda s, srv: srv.add_generic_rpc_handlers((s,)))
     try:
         error = rpc_error(inventory_stub.RegisterNode, pb.RegisterNodeRequest(address=f"127.0.0.1:{server.port}"))
         assert error.code() == grpc.StatusCode.UNAVAILABLE and "did not answer" in error.details()

@@ -7,8 +7,8 @@ import pytest
 
 from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
-from accelmesh.runtime.channels import open_channel
-from conftest import make_worker, rpc_error
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from conftest import make_worker, mesh_stub, rpc_error
 from fakes import host
 
 GB = 10**9
@@ -300,20 +300,16 @@ def test_watch_rejects_a_malformed_filter(inventory_stub):
 
 def test_inventory_keeps_its_data_across_a_restart(inventory_factory, worker):
     server, _ = inventory_factory()
-    with open_channel(f"127.0.0.1:{server.port}") as channel:
-        from accelmesh.inventory.v1 import inventory_service_pb2_grpc
-
-        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
-        register(stub, worker)
-        stub.ReserveDevices(pb.ReserveDevicesRequest(job_id="job-9", claims=[claim()], ttl_seconds=3600))
-        before = device_ids(stub)
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, f"127.0.0.1:{server.port}")
+    register(stub, worker)
+    stub.ReserveDevices(pb.ReserveDevicesRequest(job_id="job-9", claims=[claim()], ttl_seconds=3600))
+    before = device_ids(stub)
     server.stop(0)
     again, _ = inventory_factory()
-    with open_channel(f"127.0.0.1:{again.port}") as channel:
-        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
-        assert device_ids(stub) == before
-        assert [r.job_id for r in stub.ListReservations(pb.ListReservationsRequest()).reservations] == ["job-9"]
-        assert [n.address for n in stub.ListNodes(pb.ListNodesRequest()).nodes] == [f"127.0.0.1:{worker.port}"]
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, f"127.0.0.1:{again.port}")
+    assert device_ids(stub) == before
+    assert [r.job_id for r in stub.ListReservations(pb.ListReservationsRequest()).reservations] == ["job-9"]
+    assert [n.address for n in stub.ListNodes(pb.ListNodesRequest()).nodes] == [f"127.0.0.1:{worker.port}"]
 
 
 def test_a_worker_restarted_on_a_new_port_takes_over_from_its_silent_former_self(inventory_stub):

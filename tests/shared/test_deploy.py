@@ -38,10 +38,13 @@ def children(text: str, parent: str) -> dict[str, str]:
 
 def test_every_compose_service_of_the_mesh_exports_to_the_collector():
     services = children((DEPLOY / "compose.yaml").read_text(), "services")
-    assert set(SERVICES) | {"otel-collector", "jaeger"} == set(services)
+    assert set(SERVICES) | {"otel-collector", "jaeger", "credentials"} == set(services)
+    # A one-shot job makes the mesh's CA and certificates; every service reads them, read-only.
+    assert '"-m", "accelmesh.security.credentials"' in services["credentials"]
     for name, module in SERVICES.items():
         block = services[name]
         assert f'command: ["python", "-m", "{module}"]' in block
+        assert "credentials:/credentials:ro" in block, f"{name} has no credentials"
         assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in block, f"{name} does not export to the collector"
         assert f'OTEL_SERVICE_NAME: "accelmesh-{name}"' in block
     assert "./otel-collector.yaml:/etc/otelcol/config.yaml" in services["otel-collector"]

@@ -9,10 +9,11 @@ import pytest
 
 from accelmesh.common.v1 import common_pb2
 from accelmesh.errors import InvalidArgument
-from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import start_service
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
+from conftest import CREDENTIALS, mesh_stub
 from worker_svc.config import parse_args
 from fakes import host
 from worker_svc.probes.cpu import probe_cpu
@@ -27,11 +28,11 @@ def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():
 
 @pytest.mark.slow
 def test_a_worker_process_describes_the_fixture_cpu_not_the_host():
-    process = start_service("worker", "worker_svc", ["--listen", "127.0.0.1:0", "--devices", "2",
-                                                             "--emulate", "v100-32gb"])
+    process = start_service("worker", "worker_svc", ["--listen", "127.0.0.1:0", "--devices", "2", "--emulate", "v100-32gb"],
+                            env=CREDENTIALS.env(Role.WORKER))
     try:
-        with open_channel(process.address) as channel:
-            node = worker_service_pb2_grpc.WorkerServiceStub(channel).DescribeNode(pb.DescribeNodeRequest(), timeout=30)
+        stub = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, process.address)
+        node = stub.DescribeNode(pb.DescribeNodeRequest(), timeout=30)
     finally:
         process.terminate()
     fixture = probe_cpu(host.proc_root(), env={})
@@ -44,12 +45,13 @@ def test_a_worker_process_describes_the_fixture_cpu_not_the_host():
 
 
 def test_worker_reads_its_proc_root_and_nvml_switch_from_flags_over_the_environment():
-    env = {"ACCELMESH_PROC_ROOT": "/host/proc", "ACCELMESH_WORKER_NVML": "off"}
-    assert (parse_args([], env={}).proc_root, parse_args([], env={}).nvml) == ("/proc", True)
+    bare = CREDENTIALS.env(Role.WORKER)  # nothing set but the worker's credentials
+    env = {**bare, "ACCELMESH_PROC_ROOT": "/host/proc", "ACCELMESH_WORKER_NVML": "off"}
+    assert (parse_args([], env=bare).proc_root, parse_args([], env=bare).nvml) == ("/proc", True)
     assert (parse_args([], env=env).proc_root, parse_args([], env=env).nvml) == ("/host/proc", False)
     flags = parse_args(["--proc-root", "/other", "--nvml"], env=env)
     assert (flags.proc_root, flags.nvml) == ("/other", True)
-    assert parse_args(["--no-nvml"], env={}).nvml is False
+    assert parse_args(["--no-nvml"], env=bare).nvml is False
 
 
 def test_a_switch_that_is_not_a_boolean_is_refused_naming_the_variable():

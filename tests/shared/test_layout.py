@@ -52,9 +52,15 @@ def test_the_check_sees_a_crossing_however_it_is_written(tmp_path):
     assert imported_packages(module) == {"os", "compile_svc", "worker_svc"}
 
 
-# Variables every service that reads them reads with one meaning: the gRPC message limit, and
-# where the inventory is.
-SHARED_VARIABLES = {"ACCELMESH_MAX_MESSAGE_BYTES", "ACCELMESH_INVENTORY"}
+# Variables every service that reads them reads with one meaning: the gRPC message limit, where
+# the inventory and the compile service are, and how a process proves who it is and whom it
+# trusts (accelmesh/security/config.py).
+SECURITY_VARIABLES = {
+    "ACCELMESH_CA_FILE", "ACCELMESH_CERT_FILE", "ACCELMESH_KEY_FILE", "ACCELMESH_TOKEN_FILE", "ACCELMESH_TOKENS_FILE",
+    "ACCELMESH_JWT_KEYS_FILE", "ACCELMESH_JWT_ISSUER", "ACCELMESH_JWT_AUDIENCE", "ACCELMESH_JWT_ROLE_CLAIM",
+    "ACCELMESH_CREDENTIALS_DIR", "ACCELMESH_INSECURE", "ACCELMESH_HEALTH_LISTEN",
+}
+SHARED_VARIABLES = {"ACCELMESH_MAX_MESSAGE_BYTES", "ACCELMESH_INVENTORY", "ACCELMESH_COMPILE", *SECURITY_VARIABLES}
 
 
 def test_no_two_services_read_one_variable_with_two_meanings():

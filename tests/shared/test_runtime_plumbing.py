@@ -8,10 +8,12 @@ import pytest
 from accelmesh import errors
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.errors import error_from_rpc
+from accelmesh.security.identity import Role
+from conftest import CREDENTIALS
 
 
 def test_a_pool_shares_one_channel_per_address_until_it_is_forgotten():
-    pool = ChannelPool()
+    pool = ChannelPool(CREDENTIALS.service(Role.DISPATCH), Role.WORKER)
     first = pool.get("127.0.0.1:1")
     assert pool.get("127.0.0.1:1") is first and pool.get("127.0.0.1:2") is not first
     pool.forget("127.0.0.1:1")
@@ -39,6 +41,10 @@ class Failed(grpc.RpcError):
     (grpc.StatusCode.NOT_FOUND, errors.NotFound, "filter: bad term"),
     (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition, "filter: bad term"),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted, "filter: bad term"),
+    (grpc.StatusCode.ALREADY_EXISTS, errors.AlreadyExists, "filter: bad term"),
+    # A service refused this one's own credentials: the mesh's fault, not the caller's.
+    (grpc.StatusCode.UNAUTHENTICATED, errors.Unavailable, "inventory: UNAUTHENTICATED: filter: bad term"),
+    (grpc.StatusCode.PERMISSION_DENIED, errors.Unavailable, "inventory: PERMISSION_DENIED: filter: bad term"),
     (grpc.StatusCode.UNAVAILABLE, errors.Unavailable, "inventory: UNAVAILABLE: filter: bad term"),
     (grpc.StatusCode.DEADLINE_EXCEEDED, errors.Unavailable, "inventory: DEADLINE_EXCEEDED: filter: bad term"),
     (grpc.StatusCode.INTERNAL, errors.Unavailable, "inventory: INTERNAL: filter: bad term"),

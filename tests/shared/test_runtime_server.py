@@ -25,7 +25,10 @@ from accelmesh import errors
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.server import Service, create_server
+from accelmesh.security.access import ANYONE
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from conftest import CREDENTIALS
 
 WORKER_SERVICE = "accelmesh.worker.v1.WorkerService"
 CALL_TIMEOUT_S = 5.0
@@ -54,6 +57,9 @@ class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
             errors.FailedPrecondition,
             errors.ResourceExhausted,
             errors.Unavailable,
+            errors.AlreadyExists,
+            errors.Unauthenticated,
+            errors.PermissionDenied,
         )
     }
 
@@ -82,9 +88,16 @@ def message_for(error_name: str) -> str:
     return f"device_ids[0]: {error_name} raised on purpose; send a real id"
 
 
-def start_server(servicer: ScriptedWorker, **kwargs):
+def build_server(servicer: ScriptedWorker, **kwargs):
+    """A worker's certificate; the scripted DescribeNode open to any caller the mesh CA vouches for
+    (these tests are about the bootstrap, not who may call)."""
     service = Service(WORKER_SERVICE, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)
-    return create_server([service], address="127.0.0.1:0", **kwargs).start()
+    return create_server([service], security=CREDENTIALS.service(Role.WORKER), access={"DescribeNode": ANYONE},
+                         address="127.0.0.1:0", **kwargs)
+
+
+def start_server(servicer: ScriptedWorker, **kwargs):
+    return build_server(servicer, **kwargs).start()
 
 
 def describe(channel: grpc.Channel, *device_ids: str) -> worker_service_pb2.DescribeNodeResponse:
@@ -137,6 +150,9 @@ def test_ok_call_returns_the_servicer_response(channel):
         ("FailedPrecondition", grpc.StatusCode.FAILED_PRECONDITION),
         ("ResourceExhausted", grpc.StatusCode.RESOURCE_EXHAUSTED),
         ("Unavailable", grpc.StatusCode.UNAVAILABLE),
+        ("AlreadyExists", grpc.StatusCode.ALREADY_EXISTS),
+        ("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED),
+        ("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED),
     ],
 )
 def test_typed_error_maps_to_status_with_its_message(channel, error_name, code):
@@ -257,8 +273,7 @@ def test_health_of_unknown_service_is_not_found(channel):
 
 def test_service_health_is_not_serving_until_start(servicer):
     # Listening is not ready: only MeshServer.start() may tell probers to send traffic.
-    service = Service(WORKER_SERVICE, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)
-    server = create_server([service])
+    server = build_server(servicer)
     server.server.start()  # the bare gRPC server, without MeshServer.start()
     channel = open_channel(f"127.0.0.1:{server.port}")
     try:

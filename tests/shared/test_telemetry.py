@@ -19,7 +19,11 @@ from accelmesh import errors
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
+from accelmesh.security.access import ANYONE
+from accelmesh.security.config import INSECURE
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+from conftest import CREDENTIALS
 
 SERVICE_NAME = "accelmesh-test"
 WORKER_SERVICE = "accelmesh.worker.v1.WorkerService"
@@ -121,7 +125,8 @@ def test_otlp_exports_to_the_endpoint_in_the_passed_env(configure):
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
         collector,
     )
-    server = create_server([service]).start()
+    # A collector is no mesh service: the exporter speaks plaintext (http://) to it, on loopback.
+    server = create_server([service], security=INSECURE, access={"Export": ANYONE}).start()
     try:
         provider = configure({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.port}"})
         provider.get_tracer(__name__).start_span("probe").end()
@@ -148,7 +153,8 @@ def traced():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     service = Service(WORKER_SERVICE, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, TracedWorker())
-    server = create_server([service], tracer_provider=provider).start()
+    server = create_server([service], security=CREDENTIALS.service(Role.WORKER), access={"DescribeNode": ANYONE},
+                           tracer_provider=provider).start()
     channel = open_channel(f"127.0.0.1:{server.port}", tracer_provider=provider)
     yield channel, spans
     channel.close()

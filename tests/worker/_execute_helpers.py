@@ -16,15 +16,16 @@ import pytest
 
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
-from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import start_service
 from accelmesh.runtime.tensors import TensorAssembler, split
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
 from compile_svc.programs.mlp import mlp_classifier
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
+from conftest import CREDENTIALS, mesh_stub
 from fakes import host
 
 MIB = 1024 * 1024
@@ -48,7 +49,6 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Model:
-    compile_address: str
     builds: dict[str, compile_pb.TargetBuild]  # device id -> its build
     params: list[np.ndarray]
     reference: object  # jitted fp32 fn on this process's single CPU device
@@ -61,10 +61,10 @@ def compile_for(stub, program: str, devices, batch_sizes) -> dict[str, compile_p
 
 
 def model_for(compile_service, devices, entry, device_ids, batch_sizes) -> Model:
-    address, stub = compile_service
+    _, stub = compile_service
     program = entry.program
     builds = compile_for(stub, program.name, [devices[d] for d in device_ids], batch_sizes)
-    return Model(address, builds, [np.asarray(p) for p in program.init_params(0)], jax.jit(program.fn))
+    return Model(builds, [np.asarray(p) for p in program.init_params(0)], jax.jit(program.fn))
 
 
 def header(model: Model, device: str, batch: int, fmt: str = "executable", **changes) -> pb.ShardHeader:
@@ -73,8 +73,7 @@ def header(model: Model, device: str, batch: int, fmt: str = "executable", **cha
     artifact = build.portable if fmt == "stablehlo" else next(e for e in build.executables if e.batch_size == batch)
     fields = dict(job_id="job-1", shard_index=0, attempt=1, device_id=device, target_type=build.target_type,
                   artifact_key=artifact.key, artifact_digest=artifact.digest, artifact_format=artifact.format,
-                  rule=build.rule, compile_address=model.compile_address, input_count=len(model.params) + 1,
-                  batch_size=batch, report_stages=True)
+                  rule=build.rule, input_count=len(model.params) + 1, batch_size=batch, report_stages=True)
     return pb.ShardHeader(**{**fields, **changes})
 
 
@@ -136,23 +135,21 @@ def compile_service_fixture(tmp_path_factory):
         listen="127.0.0.1:0", cache_dir=str(root / "artifacts"), programs_dir=str(root / "programs")))
     server.start()
     address = f"127.0.0.1:{server.port}"
-    channel = open_channel(address)
-    yield address, compile_service_pb2_grpc.CompileServiceStub(channel)
-    channel.close()
+    yield address, mesh_stub(compile_service_pb2_grpc.CompileServiceStub, address)
     server.stop(0)
 
 
 @pytest.fixture(scope="module", name="worker")
-def worker_fixture(tmp_path_factory):
-    """Its two CPU devices (cpu:2, cpu:3) are shares of a CPU without bf16: they get an fp32 rule."""
+def worker_fixture(tmp_path_factory, compile_service):
+    """Its two CPU devices (cpu:2, cpu:3) are shares of a CPU without bf16: they get an fp32 rule.
+    It fetches artifacts from the compile service above, and is called as the dispatcher calls it."""
     artifacts = tmp_path_factory.mktemp("worker-artifacts")
     process = start_service("worker", "worker_svc", [
-        "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb",
+        "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb", "--compile", compile_service[0],
         "--artifact-dir", str(artifacts), "--proc-root", str(host.proc_root(host.FP32_CPU)),
-    ], env={"ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES), "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
-    channel = open_channel(process.address)
-    yield worker_service_pb2_grpc.WorkerServiceStub(channel)
-    channel.close()
+    ], env={**CREDENTIALS.env(Role.WORKER), "ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES),
+            "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})
+    yield mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, process.address)
     process.terminate()
 
 

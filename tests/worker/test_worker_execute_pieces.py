@@ -11,11 +11,14 @@ import threading
 import jax
 import numpy as np
 import pytest
+from grpc_health.v1.health_pb2 import HealthCheckRequest
+from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from accelmesh import errors
 from accelmesh.hardware.model import DeviceSpec
 from accelmesh.programs import BuildOptions
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.programs.mlp import mlp_classifier
@@ -24,6 +27,7 @@ from worker_svc.agent import NodeAgent
 from worker_svc.artifacts import ArtifactStore
 from worker_svc.config import WorkerConfig
 from worker_svc.server import build_worker
+from conftest import CREDENTIALS, as_role, mesh_stub
 from fakes import host
 from fakes.nvml import FakeNvml
 from _execute_helpers import (
@@ -44,22 +48,29 @@ class GatedArtifacts:
     def __init__(self, inner):
         self.inner, self.entered, self.release = inner, threading.Event(), threading.Event()
 
-    def fetch(self, key, digest, compile_address):
+    def fetch(self, key, digest):
         self.entered.set()
         assert self.release.wait(CALL_TIMEOUT_S)
-        return self.inner.fetch(key, digest, compile_address)
+        return self.inner.fetch(key, digest)
+
+
+def artifact_store(root, compile_service) -> ArtifactStore:
+    """A worker's artifact cache, fetching from the compile service of this module."""
+    return ArtifactStore(root, compile_service[0], CREDENTIALS.service(Role.WORKER))
 
 
 def test_a_shard_whose_caller_is_gone_does_not_run(tmp_path, compile_service):
-    gate = GatedArtifacts(ArtifactStore(tmp_path))
+    gate = GatedArtifacts(artifact_store(tmp_path, compile_service))
     agent = NodeAgent(NODE, jax_devices=jax.devices("cpu"), nvml=FakeNvml([]), proc_root=str(host.proc_root()), env={},
                       hostname="node-c")
     server = build_worker(WorkerConfig(listen="127.0.0.1:0"), agent=agent, artifacts=gate).start()
     executor = server.services[0].servicer.executor
-    channel = open_channel(f"127.0.0.1:{server.port}")
+    address = f"127.0.0.1:{server.port}"
+    channel = open_channel(address, **as_role(Role.DISPATCH))
     try:
         stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
-        (device,) = stub.DescribeNode(pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S).devices
+        describe = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, address).DescribeNode
+        (device,) = describe(pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S).devices
         model = model_for(compile_service, {device.id: device}, mlp_classifier(), [device.id], [EXECUTABLE_BATCH])
         call = stub.Execute(requests(header(model, device.id, EXECUTABLE_BATCH),
                                      [*model.params, digits(EXECUTABLE_BATCH)]), timeout=CALL_TIMEOUT_S)
@@ -67,7 +78,7 @@ def test_a_shard_whose_caller_is_gone_does_not_run(tmp_path, compile_service):
         assert gate.entered.wait(CALL_TIMEOUT_S)
         call.cancel()
         # A call after the cancel on the same connection: the server has read the cancel first.
-        stub.DescribeNode(pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S)
+        HealthStub(channel).Check(HealthCheckRequest(), timeout=CALL_TIMEOUT_S)
         gate.release.set()
         # The next shard waits for the device the cancelled one held while loading, then runs.
         assert run_mlp(stub, model, device.id, EXECUTABLE_BATCH).timings.artifact_cached
@@ -83,14 +94,14 @@ def test_cancelled_while_loading_stops_before_running_and_frees_the_device(tmp_p
     gone = threading.Event()
 
     class Source:  # the caller goes away while the artifact is being fetched
-        def fetch(self, key, digest, compile_address):
+        def fetch(self, key, digest):
             gone.set()
-            return ArtifactStore(tmp_path).fetch(key, digest, compile_address)
+            return artifact_store(tmp_path, compile_service).fetch(key, digest)
 
     executor = ex.ShardExecutor({cpu.id: cpu}, {"cpu:0": jax.devices("cpu")[0]}, Source())
     build = mlp.builds[CPU]
     shard = ex.Shard("job", 0, 1, cpu.id, "cpu:cpu[]", build.portable.key, build.portable.digest, "stablehlo",
-                     BuildOptions(), mlp.compile_address, len(mlp.params) + 1, 8)
+                     BuildOptions(), len(mlp.params) + 1, 8)
     stages = []
     with pytest.raises(ex.ShardCancelled):
         executor.run(shard, [*mlp.params, digits(8)], on_stage=stages.append, cancelled=gone.is_set)
@@ -106,11 +117,11 @@ class HoldFirstFetch:
         self.inner, self.held, self.release = inner, threading.Event(), threading.Event()
         self._first = threading.Lock()
 
-    def fetch(self, key, digest, compile_address):
+    def fetch(self, key, digest):
         if self._first.acquire(blocking=False):
             self.held.set()
             assert self.release.wait(CALL_TIMEOUT_S)
-        return self.inner.fetch(key, digest, compile_address)
+        return self.inner.fetch(key, digest)
 
 
 def test_shards_on_one_device_run_in_turn_and_on_two_devices_at_once(tmp_path, compile_service, mlp):
@@ -120,7 +131,7 @@ def test_shards_on_one_device_run_in_turn_and_on_two_devices_at_once(tmp_path, c
     names = ("cpu:0", "cpu:1")
     specs = {name: DeviceSpec(id=f"{NODE}/{name}", node_ip=NODE, local_index=i, platform="cpu", kind="cpu", type="cpu",
                               execution_device=name) for i, name in enumerate(names)}
-    source = HoldFirstFetch(ArtifactStore(tmp_path))
+    source = HoldFirstFetch(artifact_store(tmp_path, compile_service))
     executor = ex.ShardExecutor({s.id: s for s in specs.values()}, dict.fromkeys(names, jax.devices("cpu")[0]), source)
     build = mlp.builds[CPU]
     x = digits(8)
@@ -136,7 +147,7 @@ def test_shards_on_one_device_run_in_turn_and_on_two_devices_at_once(tmp_path, c
                 queued[label].set()
 
         shard = ex.Shard("job", "ABC".index(label), 1, specs[name].id, "cpu:cpu[]", build.portable.key,
-                         build.portable.digest, "stablehlo", BuildOptions(), mlp.compile_address, len(mlp.params) + 1, 8)
+                         build.portable.digest, "stablehlo", BuildOptions(), len(mlp.params) + 1, 8)
         thread = threading.Thread(target=lambda: results.setdefault(label, executor.run(shard, [*mlp.params, x],
                                                                                        on_stage=on_stage)))
         thread.start()
@@ -187,13 +198,13 @@ def test_target_type_must_match_the_device(target_type, error):
 
 def test_concurrent_fetches_of_one_key_share_one_stream_and_bad_copies_are_replaced(tmp_path, compile_service, mlp):
     artifact = mlp.builds[CPU].portable
-    store = ArtifactStore(tmp_path)
+    store = artifact_store(tmp_path, compile_service)
     barrier = threading.Barrier(8)
     got = []
 
     def fetch():
         barrier.wait()
-        got.append(store.get(artifact.key, artifact.digest, mlp.compile_address))
+        got.append(store.get(artifact.key, artifact.digest))
 
     threads = [threading.Thread(target=fetch) for _ in range(8)]
     for thread in threads:
@@ -202,9 +213,9 @@ def test_concurrent_fetches_of_one_key_share_one_stream_and_bad_copies_are_repla
         thread.join(CALL_TIMEOUT_S)
     assert len(got) == 8 and all(hashlib.sha256(g).hexdigest() == artifact.digest for g in got)
     assert store.fetches == 1
-    assert store.fetch(artifact.key, artifact.digest, mlp.compile_address).cached
+    assert store.fetch(artifact.key, artifact.digest).cached
     (tmp_path / f"{artifact.key}.bin").write_bytes(b"corrupt")
-    again = store.fetch(artifact.key, artifact.digest, mlp.compile_address)
+    again = store.fetch(artifact.key, artifact.digest)
     assert not again.cached and store.fetches == 2
     assert hashlib.sha256((tmp_path / f"{artifact.key}.bin").read_bytes()).hexdigest() == artifact.digest
     store.close()

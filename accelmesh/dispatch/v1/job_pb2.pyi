@@ -164,7 +164,7 @@ class ShardRecord(_message.Message):
     def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time")
+    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class Job(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     LOSSES_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -187,4 +188,5 @@ class Job(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     losses: _containers.RepeatedScalarFieldContainer[float]
     expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    owner: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...

@@ -23,7 +23,7 @@ SHARD_STAGE_RUNNING: ShardStage
 SHARD_STAGE_DONE: ShardStage
 
 class ShardHeader(_message.Message):
-    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "compile_address", "input_count", "batch_size", "report_stages", "keep_tensors")
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -33,7 +33,6 @@ class ShardHeader(_message.Message):
     ARTIFACT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
-    COMPILE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INPUT_COUNT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REPORT_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -47,12 +46,11 @@ class ShardHeader(_message.Message):
     artifact_digest: str
     artifact_format: _compile_service_pb2.ArtifactFormat
     rule: _compile_service_pb2.Rule
-    compile_address: str
     input_count: int
     batch_size: int
     report_stages: bool
     keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., compile_address: _Optional[str] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("name", "key")

@@ -1,0 +1,100 @@
+"""The credentials folder of an embedded mesh: a throwaway CA and everything issued from it.
+
+``accelmesh up`` (and every embedded mesh) makes it under its data dir as ``credentials/``:
+
+    ca.crt, ca.key                 the mesh CA (the key never leaves this folder)
+    <role>.crt, <role>.key         inventory, compile, dispatch, worker: each service's identity
+    client.crt, client.key         a client certificate that only lets a program connect
+    token                          the local operator's bearer token (clients send it)
+    tokens.json                    digests of the tokens the services accept (tokens.py)
+
+What exists is kept, so restarting a mesh keeps its CA, certificates and tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from accelmesh.security.ca import CertificateAuthority
+from accelmesh.security.config import Security
+from accelmesh.security.identity import SERVICE_ROLES, Role
+from accelmesh.security.tls import TlsFiles
+from accelmesh.security.tokens import StaticTokens
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+LOCAL_OPERATOR = "local-operator"
+
+
+class MeshCredentials:
+    def __init__(self, folder: str | Path, *, hosts: Sequence[str] = ()):
+        """Open ``folder``, creating what is missing; service certificates are valid for loopback
+        and ``hosts`` (the addresses other machines reach the services at)."""
+        self.folder = Path(folder)
+        self.ca = CertificateAuthority(self.folder)
+        for role in sorted(SERVICE_ROLES, key=lambda r: r.value):
+            if not (self.folder / f"{role.value}.crt").exists():
+                self.ca.issue(role, role.value, [*LOCAL_HOSTS, *hosts])
+        if not (self.folder / "client.crt").exists():
+            self.ca.issue(Role.CLIENT, "client")
+        self.tokens = StaticTokens(self.folder / "tokens.json")
+        if not self.token_file.exists():
+            token = self.tokens.add(LOCAL_OPERATOR, Role.OPERATOR)
+            self.token_file.touch(mode=0o600)
+            self.token_file.write_text(token + "\n")
+
+    @property
+    def token_file(self) -> Path:
+        return self.folder / "token"
+
+    def files(self, stem: str) -> TlsFiles:
+        return TlsFiles(self.ca.cert_file, self.folder / f"{stem}.crt", self.folder / f"{stem}.key")
+
+    def service(self, role: Role) -> Security:
+        """What a service of ``role`` runs with: its certificate, and the tokens it accepts."""
+        return Security(self.files(role.value), tokens_file=self.tokens.path)
+
+    def client(self, token_file: Path | None = None) -> Security:
+        """A program calling the mesh: the client certificate and a token (the local operator's by default)."""
+        return Security(self.files("client"), token_file=token_file or self.token_file)
+
+    def env(self, role: Role) -> dict[str, str]:
+        """The environment a process of ``role`` (a service, or CLIENT) is started with."""
+        security = self.client() if role is Role.CLIENT else self.service(role)
+        env = {"ACCELMESH_CA_FILE": str(security.tls.ca_file), "ACCELMESH_CERT_FILE": str(security.tls.cert_file),
+               "ACCELMESH_KEY_FILE": str(security.tls.key_file), "ACCELMESH_INSECURE": "0"}
+        if security.token_file:
+            env["ACCELMESH_TOKEN_FILE"] = str(security.token_file)
+        if security.tokens_file:
+            env["ACCELMESH_TOKENS_FILE"] = str(security.tokens_file)
+        return env
+
+    def add_user(self, name: str, role: Role = Role.USER) -> Path:
+        """A new token for ``name`` (accepted by the running services at once); returns its file."""
+        token = self.tokens.add(name, role)
+        path = self.folder / f"token-{name}"
+        path.write_text(token + "\n")
+        return path
+
+    def issue(self, role: Role, name: str, hosts: Sequence[str] = ()) -> Security:
+        """A certificate of its own for ``name`` in ``role`` (a user's, or a second worker's)."""
+        issued = self.ca.issue(role, name, hosts, stem=f"{role.value}-{name}")
+        return Security(TlsFiles(self.ca.cert_file, issued.cert_file, issued.key_file))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m accelmesh.security.credentials DIR [--host H ...]`: make (or keep) a credentials
+    folder, e.g. for docker compose; --host adds an address the services' certificates name."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m accelmesh.security.credentials", description=main.__doc__)
+    parser.add_argument("folder")
+    parser.add_argument("--host", action="append", default=[], help="a DNS name or IP the services are reached at")
+    args = parser.parse_args(argv)
+    credentials = MeshCredentials(args.folder, hosts=args.host)
+    print(f"credentials in {credentials.folder}: ca.crt, <role>.crt/.key, client.crt/.key, token, tokens.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Mutual TLS from files: server credentials that pick up renewed certificates on the next
+handshake, and client credentials that carry this process's certificate and bearer token.
+
+Files are the interface (Kubernetes Secrets, cert-manager, SPIRE's helper all write files), and
+every read is of whole files that their writers replace by rename, so a reload never sees half a
+certificate. A renewed key and certificate are taken only once they match each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from accelmesh import errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The trust anchor and this process's identity: PEM files."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def stamp(self) -> tuple:
+        """Changes whenever any of the three files is replaced or rewritten."""
+        out = []
+        for path in (self.ca_file, self.cert_file, self.key_file):
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                out.append(None)
+            else:
+                out.append((stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        return tuple(out)
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(ca, certificate chain, key); raises FailedPrecondition naming a missing or unreadable file,
+        or a key that does not belong to the certificate."""
+        parts = []
+        for label, path in (("CA", self.ca_file), ("certificate", self.cert_file), ("key", self.key_file)):
+            try:
+                parts.append(Path(path).read_bytes())
+            except OSError as exc:
+                raise errors.FailedPrecondition(f"the {label} file {path} cannot be read ({exc.strerror}); "
+                                                f"check ACCELMESH_{'CA' if label == 'CA' else label[:4].upper()}_FILE") from None
+        ca, chain, key = parts
+        try:
+            cert = x509.load_pem_x509_certificate(chain)
+            private = serialization.load_pem_private_key(key, password=None)
+            x509.load_pem_x509_certificates(ca)
+        except ValueError as exc:
+            raise errors.FailedPrecondition(f"{self.cert_file}, {self.key_file} or {self.ca_file} is not PEM ({exc})") from None
+        if cert.public_key().public_bytes(*_SPKI) != private.public_key().public_bytes(*_SPKI):
+            raise errors.FailedPrecondition(f"the key {self.key_file} does not belong to the certificate {self.cert_file}")
+        return ca, chain, key
+
+
+_SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """TLS that requires a client certificate signed by the CA; renewed files apply to new connections."""
+    ca, chain, key = files.read()
+    state = {"stamp": files.stamp()}
+    lock = threading.Lock()
+
+    def config(ca: bytes, chain: bytes, key: bytes):
+        return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=ca)
+
+    def fetch():
+        with lock:
+            stamp = files.stamp()
+            if stamp == state["stamp"]:
+                return None  # gRPC keeps the current configuration
+            try:
+                fresh = files.read()
+            except errors.FailedPrecondition as exc:  # mid-rotation: keep serving the old pair
+                log.warning("certificate files changed but cannot be used yet: %s", exc)
+                return None
+            state["stamp"] = stamp
+            log.info("certificate files changed: new connections use %s", files.cert_file)
+            return config(*fresh)
+
+    return grpc.dynamic_ssl_server_credentials(config(ca, chain, key), fetch, require_client_authentication=True)
+
+
+def channel_credentials(files: TlsFiles, token_file: Path | None = None) -> grpc.ChannelCredentials:
+    ca, chain, key = files.read()
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=chain)
+    if token_file is None:
+        return creds
+    return grpc.composite_channel_credentials(creds, grpc.metadata_call_credentials(TokenPlugin(token_file)))
+
+
+class TokenPlugin(grpc.AuthMetadataPlugin):
+    """Sends ``authorization: Bearer <token>``, the token read from its file when the file changes."""
+
+    def __init__(self, path: Path):
+        self._path = Path(path)
+        self._stamp: tuple | None = None
+        self._metadata: tuple = ()
+        self._lock = threading.Lock()
+
+    def __call__(self, context, callback):
+        try:
+            callback(self._current(), None)
+        except OSError as exc:
+            callback((), exc)
+
+    def _current(self) -> tuple:
+        stat = os.stat(self._path)
+        with self._lock:
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if stamp != self._stamp:
+                token = self._path.read_text().strip()
+                self._metadata, self._stamp = (("authorization", f"Bearer {token}"),), stamp
+            return self._metadata

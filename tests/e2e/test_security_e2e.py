@@ -170,14 +170,15 @@ def _device(mesh):
     return next(d for d in devices.devices if d.node_address == mesh.workers[0].address)
 
 
-def _execute(address: str, security: Security, header: worker_pb.ShardHeader, parts) -> grpc.RpcError | None:
+def _execute(address: str, security: Security, header: worker_pb.ShardHeader, parts):
+    """(the call's error or None, its outputs)."""
     with open_channel(address, security=security, role=Role.WORKER) as channel:
         call = worker_service_pb2_grpc.WorkerServiceStub(channel).Execute
         try:
-            list(call(iter([worker_pb.ExecuteRequest(header=header), *parts]), timeout=120))
+            responses = list(call(iter([worker_pb.ExecuteRequest(header=header), *parts]), timeout=120))
         except grpc.RpcError as exc:
-            return exc
-    return None
+            return exc, {}
+    return None, TensorCollector().collect(r for r in responses if r.WhichOneof("part") in ("tensor", "chunk"))
 
 
 def _header(device, build, **fields) -> worker_pb.ShardHeader:
@@ -200,19 +201,25 @@ def test_a_held_tensor_serves_only_the_dispatcher_that_kept_it(mesh):
         fetched = compile_service_pb2_grpc.CompileServiceStub(channel).FetchParameters(
             compile_pb.FetchParametersRequest(program="mlp_classifier", seed=0), timeout=60)
         params = list(TensorCollector().collect(fetched).items())
-    x = np.zeros((ROWS, 64), np.float32)
+    x = np.random.default_rng(3).standard_normal((ROWS, 64)).astype(np.float32)
     keep = [worker_pb.TensorRef(name=name, key=f"params:{name}") for name, _ in params]
-    full = [part for name, value in params for part in _tensor_parts(name, value)] + _tensor_parts("x", x)
-    ours = CREDENTIALS.service(Role.DISPATCH)
-    first = _execute(mesh.workers[0].address, ours, _header(device, build, input_count=len(params) + 1,
-                                                            keep_tensors=keep), full)
-    assert first is None
+    count = len(params) + 1
+
+    def inputs(values):
+        return [part for name, value in values for part in _tensor_parts(name, value)] + _tensor_parts("x", x)
+
+    ours, address = CREDENTIALS.service(Role.DISPATCH), mesh.workers[0].address
+    error, kept = _execute(address, ours, _header(device, build, input_count=count, keep_tensors=keep), inputs(params))
+    assert error is None
     refs = [worker_pb.ExecuteRequest(held=ref) for ref in keep] + _tensor_parts("x", x)
-    assert _execute(mesh.workers[0].address, ours, _header(device, build, input_count=len(params) + 1), refs) is None
     other = CREDENTIALS.issue(Role.DISPATCH, "dispatch-b")  # another dispatcher naming the same job and keys
-    error = _execute(mesh.workers[0].address, other, _header(device, build, input_count=len(params) + 1), refs)
-    assert error is not None and error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "TENSOR_NOT_HELD" in str(error.trailing_metadata()) or "not held" in error.details()
+    error, _ = _execute(address, other, _header(device, build, input_count=count), refs)
+    assert error is not None and error.code() == grpc.StatusCode.FAILED_PRECONDITION  # cannot use ours
+    assert "TENSOR_NOT_HELD" in str(error.trailing_metadata())
+    zeros = [(name, np.zeros_like(value)) for name, value in params]  # and keeping its own replaces nothing of ours
+    assert _execute(address, other, _header(device, build, input_count=count, keep_tensors=keep), inputs(zeros))[0] is None
+    error, again = _execute(address, ours, _header(device, build, input_count=count), refs)
+    assert error is None and kept and all(np.array_equal(again[name], value) for name, value in kept.items())
 
 
 class RogueCompile(compile_service_pb2_grpc.CompileServiceServicer):
@@ -246,8 +253,7 @@ def test_a_rogue_compile_service_is_never_a_workers_artifact_source(mesh, tmp_pa
             (device,) = worker_service_pb2_grpc.WorkerServiceStub(channel).DescribeNode(
                 worker_pb.DescribeNodeRequest(), timeout=TIMEOUT_S).devices
         (build,) = _build(mesh, device).builds
-        error = _execute(worker.address, CREDENTIALS.service(Role.DISPATCH),
-                         _header(device, build, input_count=0), [])
+        error, _ = _execute(worker.address, CREDENTIALS.service(Role.DISPATCH), _header(device, build, input_count=0), [])
     finally:
         worker.terminate()
         server.stop(0)

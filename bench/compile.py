@@ -14,6 +14,10 @@ measured in the same run (STYLE rule 12):
 - cache_hit: a Compile RPC answered from the cache, and FetchArtifact of a ~1 MB executable on
   loopback, against the gRPC floor (a ListRules round trip) and the in-process calls.
 - compilations_per_type: builds on a fresh cache for 6 emulated devices of 2 types.
+- security: the servers above run mutual TLS with the operator's bearer token, as in production;
+  cache_hit and fetch_artifact are measured on a second server started insecure (plaintext, no
+  authentication) held open beside the TLS one, in alternating blocks, and set TLS beside
+  plaintext with their ratio (summary.security_cost). Cold compiles, seconds of XLA, are not.
 
 The "bigger" program is the built-in transformer encoder's layers with more blocks, registered
 in the benchmark's server only; its executable (~1 MB) is also the artifact FetchArtifact moves,
@@ -32,14 +36,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import jax
-from common import percentile, progress, ratio, summary_ms, time_calls
+from common import percentile, progress, ratio, summary_ms, time_calls, tls_vs_plaintext
 import jaxlib
 import numpy as np
 from jax.experimental import serialize_executable
@@ -49,6 +53,7 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
+from accelmesh.security.config import INSECURE
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import Role
 from accelmesh import artifacts
@@ -149,20 +154,22 @@ class Timings:
 
 
 @contextmanager
-def compile_server(workdir: Path, extra: tuple[Program, ...] = ()) -> Iterator[tuple[Any, Compiler, Timings]]:
+def compile_server(workdir: Path, extra: tuple[Program, ...] = (),
+                   secure: bool = True) -> Iterator[tuple[Any, Compiler, Timings]]:
     """A real compile server on loopback port 0 with an empty cache; connected before it yields.
-    Mutual TLS as in production, from the run's throwaway CA; the stub calls as the local operator."""
+    Mutual TLS as in production, from the run's throwaway CA; the stub calls as the local operator.
+    `secure=False`: plaintext without authentication (--insecure), for the security comparison."""
     root = Path(tempfile.mkdtemp(prefix="svc-", dir=workdir))
-    credentials = MeshCredentials(workdir / "credentials")  # made on first use, kept for the run
+    credentials = MeshCredentials(workdir / "credentials") if secure else None  # made on first use, kept for the run
     config = CompileConfig(listen="127.0.0.1:0", cache_dir=str(root / "artifacts"), programs_dir=str(root / "programs"),
-                           security=credentials.service(Role.COMPILE))
+                           security=credentials.service(Role.COMPILE) if secure else INSECURE)
     server, compiler = build_compile_service(config)
     for program in extra:
         compiler.registry.register(program)
     timings = Timings()
     instrument(compiler, timings)
     server.start()
-    channel = open_channel(f"127.0.0.1:{server.port}", security=credentials.client())
+    channel = open_channel(f"127.0.0.1:{server.port}", security=credentials.client() if secure else INSECURE)
     try:
         stub = compile_service_pb2_grpc.CompileServiceStub(channel)
         stub.ListRules(pb.ListRulesRequest(), timeout=RPC_TIMEOUT_S)  # connect outside any timing
@@ -316,66 +323,114 @@ def fetch(stub, key: str) -> bytes:
     return data
 
 
-def bench_hits(workdir: Path, program: Program, plan: Plan) -> tuple[dict, dict]:
-    request = pb.CompileRequest(program=program.name, version=program.version,
-                                targets=[device_to_proto(target_device())], batch_sizes=[BATCH])
+def compile_request(program: Program) -> pb.CompileRequest:
+    return pb.CompileRequest(program=program.name, version=program.version,
+                             targets=[device_to_proto(target_device())], batch_sizes=[BATCH])
+
+
+def time_service(stub, compiler: Compiler, program: Program, key: str, plan: Plan, share: float) -> dict:
+    """One block of every timed call on one server: the gRPC floor (ListRules), a Compile answered from
+    the cache, FetchArtifact of `key`, and the in-process calls behind the last two; `share` of the
+    plan's calls each. Seconds lists by name."""
+    request = compile_request(program)
     spec = target_device()
-    with compile_server(workdir, (program,)) as (stub, compiler, _):
-        first = stub.Compile(request, timeout=RPC_TIMEOUT_S)
-        (build,) = first.builds
-        (executable,) = build.executables
-        progress(f"cache: built {program.name}, executable {executable.size_bytes} bytes")
-        floor_ms = time_calls(lambda: stub.ListRules(pb.ListRulesRequest(), timeout=RPC_TIMEOUT_S),
-                              plan.floor_calls, plan.warmup)
 
-        def hit() -> None:
-            response = stub.Compile(request, timeout=RPC_TIMEOUT_S)
-            (b,) = response.builds
-            if not (b.portable.cache_hit and all(e.cache_hit for e in b.executables)):
-                raise AssertionError("a repeated Compile missed the cache")
+    def hit() -> None:
+        response = stub.Compile(request, timeout=RPC_TIMEOUT_S)
+        (b,) = response.builds
+        if not (b.portable.cache_hit and all(e.cache_hit for e in b.executables)):
+            raise AssertionError("a repeated Compile missed the cache")
 
-        builds_before = compiler.cache.builds
-        hit_ms = time_calls(hit, plan.hit_calls, plan.warmup)
-        inproc_hit_ms = time_calls(lambda: compiler.compile(program.name, program.version, [spec], batch_sizes=[BATCH]),
-                                   plan.hit_calls, plan.warmup)
-        if compiler.cache.builds != builds_before:
-            raise AssertionError("cache hits built something")
-        progress("cache: Compile hits done")
+    def calls(n: int) -> int:
+        return max(1, round(n * share))
 
-        key = executable.key
-        data = fetch(stub, key)
-        if len(data) != executable.size_bytes:
-            raise AssertionError("fetched artifact size differs from the Compile response")
-        fetch_ms = time_calls(lambda: fetch(stub, key), plan.fetch_calls, plan.warmup)
-        inproc_fetch_ms = time_calls(lambda: compiler.fetch(key), plan.fetch_calls, plan.warmup)
-        progress("cache: FetchArtifact done")
+    builds_before = compiler.cache.builds
+    times = {
+        "floor": time_calls(lambda: stub.ListRules(pb.ListRulesRequest(), timeout=RPC_TIMEOUT_S),
+                            calls(plan.floor_calls), plan.warmup),
+        "hit": time_calls(hit, calls(plan.hit_calls), plan.warmup),
+        "in_process_hit": time_calls(lambda: compiler.compile(program.name, program.version, [spec],
+                                                              batch_sizes=[BATCH]), calls(plan.hit_calls), plan.warmup),
+        "fetch": time_calls(lambda: fetch(stub, key), calls(plan.fetch_calls), plan.warmup),
+        "in_process_fetch": time_calls(lambda: compiler.fetch(key), calls(plan.fetch_calls), plan.warmup),
+    }
+    if compiler.cache.builds != builds_before:
+        raise AssertionError("cache hits built something")
+    return times
 
-    floor_p50 = percentile(floor_ms, 50)
-    hit_p50, fetch_p50 = percentile(hit_ms, 50), percentile(fetch_ms, 50)
+
+def bench_hits(workdir: Path, program: Program, plan: Plan) -> dict[str, tuple[dict, dict]]:
+    """(cache_hit, fetch_artifact) by server: "tls" as in production, and "plaintext", a second server
+    without security held open beside it. The calls run in blocks of half the plan's calls, in the
+    order TLS, plaintext, plaintext, TLS, so drift on a shared machine hits both alike."""
+    servers = {"tls": True, "plaintext": False}
+    with ExitStack() as stack:
+        opened = {label: stack.enter_context(compile_server(workdir, (program,), secure=secure))
+                  for label, secure in servers.items()}
+        built = {}
+        for label, (stub, _, _) in opened.items():
+            (build,) = stub.Compile(compile_request(program), timeout=RPC_TIMEOUT_S).builds
+            (executable,) = build.executables
+            data = fetch(stub, executable.key)
+            if len(data) != executable.size_bytes:
+                raise AssertionError("fetched artifact size differs from the Compile response")
+            built[label] = (build, executable, data)
+            progress(f"cache ({label}): built {program.name}, executable {executable.size_bytes} bytes")
+        times: dict[str, dict[str, list[float]]] = {label: {} for label in servers}
+        for block, order in enumerate((list(servers), list(servers)[::-1])):
+            for label in order:
+                stub, compiler, _ = opened[label]
+                for name, values in time_service(stub, compiler, program, built[label][1].key, plan, 0.5).items():
+                    times[label].setdefault(name, []).extend(values)
+            progress(f"cache: Compile hits and FetchArtifact, block {block + 1}/2 done")
+    return {label: hit_records(program, *built[label], times[label]) for label in servers}
+
+
+def hit_records(program: Program, build, executable, data: bytes, times: dict[str, list[float]]) -> tuple[dict, dict]:
+    floor_p50 = percentile(times["floor"], 50)
+    hit_p50, fetch_p50 = percentile(times["hit"], 50), percentile(times["fetch"], 50)
     cache_hit = {
         "program": program.ref,
         "batch_sizes": [BATCH],
         "artifacts_per_call": 1 + len(build.executables),
         "bytes_read_per_call": build.portable.size_bytes + executable.size_bytes,
-        "grpc": summary_min_ms(hit_ms),
-        "in_process": summary_min_ms(inproc_hit_ms),
-        "grpc_floor_list_rules": summary_min_ms(floor_ms),
-        "ratio_grpc_over_in_process_p50": ratio(hit_p50, percentile(inproc_hit_ms, 50)),
+        "grpc": summary_min_ms(times["hit"]),
+        "in_process": summary_min_ms(times["in_process_hit"]),
+        "grpc_floor_list_rules": summary_min_ms(times["floor"]),
+        "ratio_grpc_over_in_process_p50": ratio(hit_p50, percentile(times["in_process_hit"], 50)),
         "ratio_grpc_over_floor_p50": ratio(hit_p50, floor_p50),
     }
     fetch_result = {
         "artifact": f"executable of {program.ref} at batch {BATCH} (bench-registered program, see docstring)",
         "artifact_bytes": len(data),
         "chunk_bytes": "server default",
-        "grpc": summary_min_ms(fetch_ms),
-        "in_process_cache_read": summary_min_ms(inproc_fetch_ms),
-        "ratio_grpc_over_in_process_p50": ratio(fetch_p50, percentile(inproc_fetch_ms, 50)),
+        "grpc": summary_min_ms(times["fetch"]),
+        "in_process_cache_read": summary_min_ms(times["in_process_fetch"]),
+        "ratio_grpc_over_in_process_p50": ratio(fetch_p50, percentile(times["in_process_fetch"], 50)),
         "ratio_grpc_over_floor_p50": ratio(fetch_p50, floor_p50),
         "throughput_mb_per_s_p50": round(len(data) / 1e6 / (fetch_p50 / 1e3), 1),
         "goal_ms": FETCH_GOAL_MS,
         "meets_goal": fetch_p50 < FETCH_GOAL_MS,
     }
     return cache_hit, fetch_result
+
+
+def security_section(hits: dict[str, tuple[dict, dict]]) -> dict:
+    """What mutual TLS + bearer tokens cost on the service path: each figure TLS beside plaintext."""
+    (tls_hit, tls_fetch), (plain_hit, plain_fetch) = hits["tls"], hits["plaintext"]
+    return {
+        "how": "cache_hit and fetch_artifact measured on two compile servers open side by side, one with mutual "
+               "TLS + the operator's bearer token (as above), one started insecure (plaintext, no authentication); "
+               "blocks of half the calls each, in the order TLS, plaintext, plaintext, TLS",
+        "list_rules_floor_p50_ms": tls_vs_plaintext(tls_hit["grpc_floor_list_rules"]["p50_ms"],
+                                                    plain_hit["grpc_floor_list_rules"]["p50_ms"]),
+        "cached_compile_p50_ms": tls_vs_plaintext(tls_hit["grpc"]["p50_ms"], plain_hit["grpc"]["p50_ms"]),
+        "fetch_artifact_p50_ms": tls_vs_plaintext(tls_fetch["grpc"]["p50_ms"], plain_fetch["grpc"]["p50_ms"]),
+        "fetch_artifact_mb_per_s_p50": tls_vs_plaintext(tls_fetch["throughput_mb_per_s_p50"],
+                                                        plain_fetch["throughput_mb_per_s_p50"]),
+        "fetch_artifact_bytes": tls_fetch["artifact_bytes"],
+        "plaintext": {"cache_hit": plain_hit, "fetch_artifact": plain_fetch},
+    }
 
 
 # -- builds per target type ----------------------------------------------------------------------
@@ -446,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline_rep(warm, load_rules().match(target_device()).build, concrete_args(warm, BATCH, device), device)
         service_rep(workdir, warm, ())
         cold = {program.name: bench_cold(workdir, program, reps, (big,)) for program, reps in programs}
-        cache_hit, fetch_artifact = bench_hits(workdir, big, plan)
+        hits = bench_hits(workdir, big, plan)
+        cache_hit, fetch_artifact = hits["tls"]
         per_type = bench_per_type(workdir)
     spec = target_device()
     result = {
@@ -473,8 +529,12 @@ def main(argv: list[str] | None = None) -> int:
         "cache_hit": cache_hit,
         "fetch_artifact": fetch_artifact,
         "compilations_per_type": per_type,
-        "wall_s": round(time.perf_counter() - started, 1),
+        "security": security_section(hits),
     }
+    security = result["security"]
+    result["summary"] = {"security_cost": {name: security[name] for name in (
+        "list_rules_floor_p50_ms", "cached_compile_p50_ms", "fetch_artifact_p50_ms", "fetch_artifact_mb_per_s_p50")}}
+    result["wall_s"] = round(time.perf_counter() - started, 1)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

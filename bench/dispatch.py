@@ -32,6 +32,13 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     dispatcher whose in-flight budget is 8 MiB: do they finish, and does the peak stay put?
 (c) gavel_weighted_vs_equal and (d) pai_planning_cost: bench/planning.py's own functions, run
     here (see that file); skipped with a note when ../shared/data is absent.
+(e) security: the mesh above runs as in production, mutual TLS + bearer tokens on every hop. A
+    second mesh of the same processes, started insecure (plaintext, no authentication), runs the
+    same per-shard overhead jobs (each program on both meshes, the order swapped per program) and
+    is a third arm of the streaming job (streaming.mesh_plaintext, alternating with the other
+    two); `security` sets each figure TLS beside plaintext with their ratio, and
+    summary.security_cost gives overhead ms/shard, streaming MB/s and dispatcher peak RSS both
+    ways. The bare-gRPC baselines are plaintext, as before.
 Compare ratios across machines, not milliseconds.
 """
 
@@ -57,6 +64,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+
+# bench/common.py: this file runs from bench/, which Python puts first on sys.path
+from common import tls_vs_plaintext
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 
@@ -295,12 +305,29 @@ class Mesh:
     small_shards: object  # dispatch with ACCELMESH_MAX_SHARD_BYTES=SMALL_SHARD_BYTES
     default: object  # dispatch with its defaults
     bounded: object  # dispatch with BOUNDED_ENV: a small in-flight budget
-    credentials: object  # the mesh's MeshCredentials: mutual TLS on every hop, as in production
+    credentials: object | None  # MeshCredentials: mutual TLS on every hop, as in production; None: plaintext
+    workdir: Path  # the mesh's state (and the bench's own artifact store for it)
+
+    @property
+    def secure(self) -> bool:
+        return self.credentials is not None
+
+    @property
+    def label(self) -> str:
+        return "tls" if self.secure else "plaintext"
 
     @property
     def client(self):
-        """The bench process calls as the local operator, with the client certificate."""
-        return self.credentials.client()
+        """The bench process calls as the local operator, with the client certificate (or in plaintext)."""
+        from accelmesh.security.config import INSECURE
+
+        return self.credentials.client() if self.secure else INSECURE
+
+    def service(self, role):
+        """What a process of `role` in this mesh connects with: its certificate, or plaintext."""
+        from accelmesh.security.config import INSECURE
+
+        return self.credentials.service(role) if self.secure else INSECURE
 
 
 def report_if_ended(process, failing: bool) -> None:
@@ -311,13 +338,15 @@ def report_if_ended(process, failing: bool) -> None:
         progress(f"{process.name} (pid {process.process.pid}) had ended with code {code}; its last lines:\n  {tail}")
 
 
-def start_mesh(stack: ExitStack, workdir: Path) -> Mesh:
-    """The embedded mesh's processes, with three dispatchers configured through their environment."""
+def start_mesh(stack: ExitStack, workdir: Path, secure: bool = True) -> Mesh:
+    """The embedded mesh's processes, with three dispatchers configured through their environment.
+    `secure=False`: the same processes in plaintext without authentication (ACCELMESH_INSECURE=1)."""
     from accelmesh.embedded import mesh_credentials, service_env, start_compile, start_inventory, start_worker
     from accelmesh.runtime.launcher import start_service
     from accelmesh.security.identity import Role
 
-    credentials = mesh_credentials(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    credentials = mesh_credentials(workdir) if secure else None
 
     def started(process):
         stack.callback(process.terminate)
@@ -337,7 +366,7 @@ def start_mesh(stack: ExitStack, workdir: Path) -> Mesh:
     small = dispatch("dispatch-small-shards", {"ACCELMESH_MAX_SHARD_BYTES": str(SMALL_SHARD_BYTES)})
     default = dispatch("dispatch-default", {})
     bounded = dispatch("dispatch-bounded", {k: str(v) for k, v in BOUNDED_ENV.items()})
-    return Mesh(inventory, compile_, worker, small, default, bounded, credentials)
+    return Mesh(inventory, compile_, worker, small, default, bounded, credentials, workdir)
 
 
 # -- (a) per-shard overhead ------------------------------------------------------------------------
@@ -377,7 +406,7 @@ def worker_style_call(data: bytes, arrays: list[np.ndarray], device) -> Callable
     return call
 
 
-def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, plan: Plan, floor_pipe) -> dict:
+def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe) -> dict:
     import jax
 
     from accelmesh.client import MeshClient
@@ -397,7 +426,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     one = x[:rows_per_shard]
     params = [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
     with MeshClient(mesh.small_shards.address, security=mesh.client) as client:
-        progress(f"overhead {name}: warm-up job of {plan.shards} shards")
+        progress(f"overhead {name} ({mesh.label}): warm-up job of {plan.shards} shards")
         client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
         one_walls = []
         for _ in range(plan.one_shard_jobs):
@@ -411,7 +440,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
             walls.append(time.perf_counter() - start)
             records.extend(result.job.shards)
             outputs = next(iter(result.outputs.values()))
-            progress(f"overhead {name}: job {job + 1}: {len(result.job.shards)} shards in {walls[-1]:.2f} s")
+            progress(f"overhead {name} ({mesh.label}): job {job + 1}: {len(result.job.shards)} shards in {walls[-1]:.2f} s")
     shards_per_job = len(records) // plan.shard_jobs
     devices = sorted({r.device_id for r in records})
     target_types = sorted({r.target_type for r in records})
@@ -419,7 +448,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
 
     # The dispatcher's Execute call on its own: GrpcMesh.execute from here, same device and artifact,
     # with the dispatcher's certificate (the worker's Execute is the dispatcher's to call).
-    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, mesh.credentials.service(Role.DISPATCH),
+    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, mesh.service(Role.DISPATCH),
                          max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
         candidates = grpc_mesh.candidate_devices(m.Constraints(max_devices=1))
@@ -438,7 +467,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
                                  plan.direct_calls)
     finally:
         grpc_mesh.close()
-    store = ArtifactStore(workdir / "bench-artifacts", mesh.compile.address, mesh.credentials.service(Role.WORKER),
+    store = ArtifactStore(mesh.workdir / "bench-artifacts", mesh.compile.address, mesh.service(Role.WORKER),
                           max_message_bytes=MAX_MESSAGE_BYTES)
     try:
         artifact_bytes = store.get(artifact.key, artifact.digest)
@@ -471,6 +500,7 @@ def bench_overhead(mesh: Mesh, workdir: Path, name: str, rows_per_shard: int, pl
     overhead_ms = (shard["p50_ms"] - local_p50 * 1e3)
     return {
         "program": name,
+        "mesh_security": mesh.label,  # tls: mutual TLS + bearer token on every hop; plaintext: neither
         "rows_per_shard": rows_per_shard,
         "input_bytes_per_shard": one.nbytes,
         "parameter_bytes_per_shard": sum(p.nbytes for p in params),
@@ -635,39 +665,86 @@ def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
     return out
 
 
-def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
+def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan: Plan, data: np.ndarray,
+                shard_rows: int) -> tuple[dict[str, list[dict]], dict, dict[str, dict]]:
+    """Warm-ups, the memory probe on each mesh, then plan.stream_reps runs of every arm (each mesh's
+    default dispatcher, the bare pipeline), the order rotated each rep so drift hits all arms alike.
+    Returns (runs by arm, the bare warm-up run, the probe run by arm); a mesh's arm is its label."""
     from accelmesh.client import MeshClient
+
+    pipe = pipe_stub(relay.address)
+    probe = data[: MEMORY_PROBE_BYTES // data[0].nbytes]
+    with ExitStack() as stack:
+        clients = [(mesh, stack.enter_context(MeshClient(mesh.default.address, security=mesh.client,
+                                                         chunk_bytes=CHUNK_BYTES, max_message_bytes=MAX_MESSAGE_BYTES)))
+                   for mesh in meshes]
+        progress(f"streaming: warm-up, one {shard_rows}-row shard through each mesh, "
+                 f"{data.nbytes // MIB} MiB through the bare pipeline")
+        for _, client in clients:
+            client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact
+        warm_bare = bare_run(pipe, relay, sink, data)
+        progress(f"streaming: {probe.nbytes // MIB} MiB through each mesh (memory against input size)")
+        probes = {mesh.label: mesh_stream(mesh.default, mesh.worker, client, probe) for mesh, client in clients}
+
+        def mesh_arm(mesh: Mesh, client) -> tuple[str, Callable[[], dict]]:
+            return mesh.label, lambda: mesh_stream(mesh.default, mesh.worker, client, data)
+
+        arms = [*(mesh_arm(mesh, client) for mesh, client in clients), ("bare", lambda: bare_run(pipe, relay, sink, data))]
+        runs: dict[str, list[dict]] = {arm: [] for arm, _ in arms}
+        for rep in range(plan.stream_reps):
+            turn = rep % len(arms)
+            for arm, run in arms[turn:] + arms[:turn]:
+                runs[arm].append(run())
+                progress(f"streaming: {arm} {mbps(data.nbytes, runs[arm][-1]['seconds'])} MB/s")
+    return runs, warm_bare, probes
+
+
+def mesh_arm_summary(runs: list[dict], data: np.ndarray) -> dict:
+    mb_per_s = [mbps(data.nbytes, r["seconds"]) for r in runs]
+    first = runs[0]
+    return {
+        "mb_per_s": mb_per_s, "mb_per_s_p50": percentile(mb_per_s, 50),
+        "results_equal_input": all(r["equal"] for r in runs),
+        "shards": first["shards"], "shard_rows": first["shard_rows"], "devices": first["devices"],
+        "worker_execute_s_per_run": round(percentile([r["execute_s_total"] for r in runs], 50), 3),
+        "artifact_load_s_per_run": round(percentile([r["load_s_total"] for r in runs], 50), 3),
+        # Sum of the shards' Execute calls over (devices x wall): near 1 means every device's
+        # thread was inside an Execute call all along, so those calls, not input ingest, set the pace.
+        "device_threads_busy_fraction": ratio(sum(r["shard_total_s_total"] for r in runs),
+                                              sum(r["devices"] * r["seconds"] for r in runs)),
+        "cpu_s_per_wall_s": cpu_per_wall(runs),
+        "cpu_s_per_run_p50": {k: round(percentile([r["cpu_s"][k] for r in runs], 50), 2) for k in first["cpu_s"]},
+    }
+
+
+def dispatcher_memory(probe: dict, runs: list[dict], data: np.ndarray) -> dict:
+    first = runs[0]  # the first full-size job: later ones start from a heap the allocator kept
+    peak = max(r["dispatch_memory"]["peak_rss_bytes_vmhwm"] for r in runs)
+    return {
+        "peak_rss_bytes_vmhwm": peak,
+        "ratio_peak_rss_over_input": ratio(peak, data.nbytes),
+        "vmhwm_reset_before_each_job": probe["vmhwm_reset"] and all(r["vmhwm_reset"] for r in runs),
+        "by_input_size": [probe["dispatch_memory"], first["dispatch_memory"]],
+        "rise_exceeds_input": first["dispatch_memory"]["rise_bytes"] >= data.nbytes,
+        "note": "VmHWM reset through /proc/<pid>/clear_refs before each job; rise = peak - RSS before the job; "
+                "RssAnon is the process's own heap, RssFile its file-backed pages (libraries, mapped files)",
+    }
+
+
+def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
+    """`mesh` (TLS) is the one measured; `plain`, the same mesh in plaintext, is a third arm (mesh_plaintext)."""
     from accelmesh.security.identity import Role
     from compile_svc.programs.builtin import IDENTITY_WIDTH
     from dispatch_svc.config import DispatchConfig
 
-    defaults = DispatchConfig(security=mesh.credentials.service(Role.DISPATCH))  # the default dispatcher's settings
+    defaults = DispatchConfig(security=mesh.service(Role.DISPATCH))  # the default dispatcher's settings
     row_bytes = IDENTITY_WIDTH * 4
     shard_rows = defaults.max_shard_bytes // row_bytes
     rows = plan.stream_bytes // row_bytes
     data = np.random.default_rng(11).standard_normal((rows, IDENTITY_WIDTH)).astype(np.float32)
-    probe = data[: MEMORY_PROBE_BYTES // row_bytes]
-    pipe = pipe_stub(relay.address)
-    mesh_runs, bare_runs = [], []
-    with MeshClient(mesh.default.address, security=mesh.client, chunk_bytes=CHUNK_BYTES,
-                    max_message_bytes=MAX_MESSAGE_BYTES) as client:
-        progress(f"streaming: warm-up, one {shard_rows}-row shard through the mesh, "
-                 f"{data.nbytes // MIB} MiB through the bare pipeline")
-        client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact
-        warm_bare = bare_run(pipe, relay, sink, data)
-        progress(f"streaming: {probe.nbytes // MIB} MiB through the mesh (memory against input size)")
-        small = mesh_stream(mesh.default, mesh.worker, client, probe)
-        for rep in range(plan.stream_reps):
-            arms = [("mesh", lambda: mesh_runs.append(mesh_stream(mesh.default, mesh.worker, client, data))),
-                    ("bare", lambda: bare_runs.append(bare_run(pipe, relay, sink, data)))]
-            for arm, run in arms if rep % 2 == 0 else arms[::-1]:
-                run()
-                last = (mesh_runs if arm == "mesh" else bare_runs)[-1]
-                progress(f"streaming: {arm} {mbps(data.nbytes, last['seconds'])} MB/s")
-    mesh_mbps = [mbps(data.nbytes, r["seconds"]) for r in mesh_runs]
-    bare_mbps = [mbps(data.nbytes, r["seconds"]) for r in bare_runs]
-    first = mesh_runs[0]  # the first full-size job: later ones start from a heap the allocator kept
-    peak = max(r["dispatch_memory"]["peak_rss_bytes_vmhwm"] for r in mesh_runs)
+    runs, warm_bare, probes = stream_arms([mesh, plain], relay, sink, plan, data, shard_rows)
+    mesh_runs, plain_runs, bare_runs = runs[mesh.label], runs[plain.label], runs["bare"]
+    mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50) for arm in (mesh_runs, bare_runs))
     return {
         "program": STREAM_PROGRAM,
         "input_bytes": data.nbytes, "output_bytes": data.nbytes,
@@ -678,38 +755,73 @@ def bench_streaming(mesh: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Pla
         "bare_shape": "client -> relay process -> sink process (echo) -> relay -> client; grpcio generic "
                       "stream-stream handlers, raw bytes messages",
         "mb_per_s_definition": "input bytes / 1e6 / wall seconds of the whole call (the same bytes also come back)",
-        "mesh": {
-            "mb_per_s": mesh_mbps, "mb_per_s_p50": percentile(mesh_mbps, 50),
-            "results_equal_input": all(r["equal"] for r in mesh_runs),
-            "shards": first["shards"], "shard_rows": first["shard_rows"], "devices": first["devices"],
-            "worker_execute_s_per_run": round(percentile([r["execute_s_total"] for r in mesh_runs], 50), 3),
-            "artifact_load_s_per_run": round(percentile([r["load_s_total"] for r in mesh_runs], 50), 3),
-            # Sum of the shards' Execute calls over (devices x wall): near 1 means every device's
-            # thread was inside an Execute call all along, so those calls, not input ingest, set the pace.
-            "device_threads_busy_fraction": ratio(sum(r["shard_total_s_total"] for r in mesh_runs),
-                                                  sum(r["devices"] * r["seconds"] for r in mesh_runs)),
-            "cpu_s_per_wall_s": cpu_per_wall(mesh_runs),
-        },
+        "mesh": mesh_arm_summary(mesh_runs, data),
         "bare": {
-            "mb_per_s": bare_mbps, "mb_per_s_p50": percentile(bare_mbps, 50),
+            "mb_per_s": [mbps(data.nbytes, r["seconds"]) for r in bare_runs], "mb_per_s_p50": bare_p50,
             "warmup_mb_per_s": mbps(data.nbytes, warm_bare["seconds"]),
             "echo_equal_input": all(r["equal"] for r in bare_runs),
             "cpu_s_per_wall_s": cpu_per_wall(bare_runs),
         },
-        "ratio_mesh_over_bare_p50": ratio(percentile(mesh_mbps, 50), percentile(bare_mbps, 50)),
+        "ratio_mesh_over_bare_p50": ratio(mesh_p50, bare_p50),
         "goal_ratio": STREAM_GOAL_RATIO,
-        "meets_goal": percentile(mesh_mbps, 50) >= STREAM_GOAL_RATIO * percentile(bare_mbps, 50),
-        "dispatcher_memory": {
-            "peak_rss_bytes_vmhwm": peak,
-            "ratio_peak_rss_over_input": ratio(peak, data.nbytes),
-            "vmhwm_reset_before_each_job": small["vmhwm_reset"] and all(r["vmhwm_reset"] for r in mesh_runs),
-            "by_input_size": [small["dispatch_memory"], first["dispatch_memory"]],
-            "rise_exceeds_input": first["dispatch_memory"]["rise_bytes"] >= data.nbytes,
-            "note": "VmHWM reset through /proc/<pid>/clear_refs before each job; rise = peak - RSS before the job; "
-                    "RssAnon is the process's own heap, RssFile its file-backed pages (libraries, mapped files)",
-        },
-        "worker_memory": {"by_input_size": [small["worker_memory"], first["worker_memory"]]},
+        "meets_goal": mesh_p50 >= STREAM_GOAL_RATIO * bare_p50,
+        "dispatcher_memory": dispatcher_memory(probes[mesh.label], mesh_runs, data),
+        "worker_memory": {"by_input_size": [probes[mesh.label]["worker_memory"], mesh_runs[0]["worker_memory"]]},
         "small_inflight_budget": bench_bounded(mesh, data),
+        "mesh_plaintext": {
+            "shape": "the same job through a second mesh of the same processes started insecure (plaintext, no "
+                     "authentication), its runs alternating with the mesh and bare arms above",
+            **mesh_arm_summary(plain_runs, data),
+            "dispatcher_memory": dispatcher_memory(probes[plain.label], plain_runs, data),
+        },
+    }
+
+
+# -- (e) security: the same figures through a plaintext mesh ------------------------------------------
+
+
+def bench_overhead_both(meshes: list[Mesh], plan: Plan, floor_pipe) -> dict[str, dict]:
+    """bench_overhead of every program on each mesh, by mesh label; the mesh order is swapped for the
+    next program (TLS, plaintext, plaintext, TLS) so drift on a shared machine hits both alike."""
+    out: dict[str, dict] = {mesh.label: {} for mesh in meshes}
+    for index, (name, rows) in enumerate(OVERHEAD_PROGRAMS):
+        for mesh in meshes if index % 2 == 0 else meshes[::-1]:
+            out[mesh.label][name] = bench_overhead(mesh, name, rows, plan, floor_pipe)
+    return out
+
+
+def security_section(overhead: dict, plain_overhead: dict, stream: dict) -> dict:
+    """What mutual TLS + bearer tokens cost: each figure through the TLS mesh and the plaintext one."""
+    plain_stream = stream["mesh_plaintext"]
+
+    def per_program(tls: dict, plain: dict) -> dict:
+        return {
+            "overhead_ms_per_shard": tls_vs_plaintext(tls["overhead_ms_per_shard"], plain["overhead_ms_per_shard"]),
+            "shard_total_p50_ms": tls_vs_plaintext(tls["mesh_shard_total"]["p50_ms"],
+                                                   plain["mesh_shard_total"]["p50_ms"]),
+            "tls_minus_plaintext_shard_total_p50_ms": round(tls["mesh_shard_total"]["p50_ms"]
+                                                            - plain["mesh_shard_total"]["p50_ms"], 3),
+            "job_wall_per_shard_ms": tls_vs_plaintext(tls["job_wall_per_shard_ms"], plain["job_wall_per_shard_ms"]),
+            "direct_execute_rpc_p50_ms": tls_vs_plaintext(tls["direct_execute_rpc"]["p50_ms"],
+                                                          plain["direct_execute_rpc"]["p50_ms"]),
+            "results_match_local": tls["results_match_local"] and plain["results_match_local"],
+        }
+
+    return {
+        "how": "a second mesh of the same processes (inventory, compile, worker, 3 dispatchers) started insecure "
+               "(ACCELMESH_INSECURE=1: plaintext, no authentication) beside the TLS one; per-shard overhead runs "
+               "each program on both (order swapped per program), the streaming job alternates with the TLS mesh "
+               "and the bare pipeline; the bare baselines are plaintext in both",
+        "per_shard_overhead": {name: per_program(overhead[name], plain_overhead[name]) for name in overhead},
+        "streaming": {
+            "mb_per_s_p50": tls_vs_plaintext(stream["mesh"]["mb_per_s_p50"], plain_stream["mb_per_s_p50"]),
+            "dispatcher_peak_rss_bytes": tls_vs_plaintext(stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"],
+                                                          plain_stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"]),
+            "cpu_s_per_run_p50": {k: tls_vs_plaintext(v, plain_stream["cpu_s_per_run_p50"][k])
+                                  for k, v in stream["mesh"]["cpu_s_per_run_p50"].items()},
+            "results_equal_input": stream["mesh"]["results_equal_input"] and plain_stream["results_equal_input"],
+        },
+        "per_shard_overhead_plaintext": plain_overhead,
     }
 
 
@@ -776,6 +888,7 @@ def summary(result: dict) -> dict:
     bounded = stream["small_inflight_budget"]
     gavel = result["gavel_weighted_vs_equal"]
     pai = result["pai_planning_cost"]
+    security = result["security"]
     return {
         "overhead_ms_per_shard": {name: o["overhead_ms_per_shard"] for name, o in overhead.items()},
         "overhead_goal_ms": OVERHEAD_GOAL_MS,
@@ -795,6 +908,11 @@ def summary(result: dict) -> dict:
         "pai_plan_one_job_p50_ms": ({name: v["throughput_and_plan"]["p50_ms"] for name, v in pai["variants"].items()}
                                     if pai else None),
         "pai_devices": pai["devices"] if pai else None,
+        "security_cost": {
+            "overhead_ms_per_shard": {name: o["overhead_ms_per_shard"] for name, o in security["per_shard_overhead"].items()},
+            "stream_mb_per_s": security["streaming"]["mb_per_s_p50"],
+            "dispatcher_peak_rss_bytes": security["streaming"]["dispatcher_peak_rss_bytes"],
+        },
     }
 
 
@@ -803,8 +921,9 @@ def run_benchmark(plan: Plan, mode: str) -> dict:
     result: dict = {"benchmark": "dispatch", "mode": mode, "machine": machine()}
     # Processes stop (the stack) before their folder goes.
     with tempfile.TemporaryDirectory(prefix="accelmesh-bench-dispatch-") as tmp, ExitStack() as stack:
-        progress("starting inventory, compile, worker, three dispatchers, sink and relay")
-        mesh = start_mesh(stack, Path(tmp))
+        progress("starting inventory, compile, worker, three dispatchers, sink and relay; the same mesh again in plaintext")
+        mesh = start_mesh(stack, Path(tmp) / "tls")
+        plain = start_mesh(stack, Path(tmp) / "plaintext", secure=False)
         sink = start_role("sink", "--listen", "127.0.0.1:0")
         stack.callback(sink.stop)
         relay = start_role("relay", "--listen", "127.0.0.1:0", "--sink", sink.address)
@@ -815,12 +934,15 @@ def run_benchmark(plan: Plan, mode: str) -> dict:
                             "streaming": "defaults", "small_inflight_budget": BOUNDED_ENV},
             "processes": "inventory, compile, worker, 3 x dispatch (python -m ...), sink and relay "
                          "(this file, --role), all on loopback; the bench process is the client",
+            "security": "mutual TLS + bearer tokens on every mesh hop; a second mesh of the same processes runs "
+                        "in plaintext without authentication for the security section",
         }
         floor_pipe = pipe_stub(sink.address)
-        result["per_shard_overhead"] = {name: bench_overhead(mesh, Path(tmp), name, rows, plan, floor_pipe)
-                                        for name, rows in OVERHEAD_PROGRAMS}
+        overhead = bench_overhead_both([mesh, plain], plan, floor_pipe)
+        result["per_shard_overhead"] = overhead[mesh.label]
         result["grpc_message_cost"] = message_cost(result["per_shard_overhead"])
-        result["streaming"] = bench_streaming(mesh, relay, sink, plan)
+        result["streaming"] = bench_streaming(mesh, plain, relay, sink, plan)
+        result["security"] = security_section(overhead[mesh.label], overhead[plain.label], result["streaming"])
     result.update(bench_planning(plan))
     result["summary"] = summary(result)
     result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)

@@ -1,0 +1,104 @@
+"""The server bootstrap's error mapping, through a real in-process server on port 0: what a
+caller sees when the handler returns, raises a typed accelmesh error (with or without a reason
+and a field), hits a bug, or aborts the call itself. The scripted servicer and fixtures are in
+_server_helpers.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import grpc
+import pytest
+
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from accelmesh import errors
+from accelmesh.runtime.errors import error_reason
+from _server_helpers import ABORT_TEXT, BUG_TEXT, NODE_IP, ScriptedWorker, assert_serves, describe, message_for
+from _server_helpers import channel_fixture, server_fixture, servicer_fixture  # noqa: F401  (fixtures)
+
+
+def test_ok_call_returns_the_servicer_response(channel):
+    response = describe(channel, "ok")
+    assert (response.node_ip, response.hostname) == (NODE_IP, "ok")
+
+
+@pytest.mark.parametrize(
+    ("error_name", "code"),
+    [
+        ("InvalidArgument", grpc.StatusCode.INVALID_ARGUMENT),
+        ("NotFound", grpc.StatusCode.NOT_FOUND),
+        ("FailedPrecondition", grpc.StatusCode.FAILED_PRECONDITION),
+        ("ResourceExhausted", grpc.StatusCode.RESOURCE_EXHAUSTED),
+        ("Unavailable", grpc.StatusCode.UNAVAILABLE),
+        ("AlreadyExists", grpc.StatusCode.ALREADY_EXISTS),
+        ("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED),
+        ("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED),
+    ],
+)
+def test_typed_error_maps_to_status_with_its_message(channel, error_name, code):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, error_name)
+    assert info.value.code() == code
+    assert info.value.details() == message_for(error_name)
+    assert_serves(channel)
+
+
+def details_of(error: grpc.RpcError) -> tuple[list, list]:
+    """The ErrorInfo and BadRequest details a failed call carries."""
+    status = rpc_status.from_call(error)
+    infos, requests = [], []
+    for detail in status.details:
+        for message, found in ((error_details_pb2.ErrorInfo(), infos), (error_details_pb2.BadRequest(), requests)):
+            if detail.Unpack(message):
+                found.append(message)
+    return infos, requests
+
+
+def test_an_error_with_a_reason_and_a_field_carries_them_as_google_rpc_details(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, "reasoned")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    (reason,), (bad_request,) = details_of(info.value)
+    assert (reason.reason, reason.domain) == (errors.TENSOR_NOT_HELD, "accelmesh")
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [("held[x].key", message_for("reasoned"))]
+    assert error_reason(info.value) == errors.TENSOR_NOT_HELD
+
+
+def test_an_error_without_a_reason_carries_no_error_info(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, "NotFound")
+    assert details_of(info.value) == ([], []) and error_reason(info.value) == ""
+
+
+def test_every_error_type_has_a_row_above():
+    # A new accelmesh.errors type must get a status mapping and a row in the table above.
+    declared = {cls.__name__ for cls in errors.AccelmeshError.__subclasses__()}
+    assert declared == set(ScriptedWorker.ERRORS)
+
+
+def test_bug_becomes_internal_with_incident_id_and_no_leak(channel, caplog):
+    with caplog.at_level(logging.ERROR, logger="accelmesh.runtime.errors"):
+        with pytest.raises(grpc.RpcError) as info:
+            describe(channel, "bug")
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    details = info.value.details()
+    assert "incident" in details
+    assert BUG_TEXT not in details
+    incident = re.search(r"incident ([0-9a-f]+)", details).group(1)
+    # The same id leads an operator from the caller's error to the traceback in the log.
+    logged = [r for r in caplog.records if incident in r.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].exc_info and BUG_TEXT in str(logged[0].exc_info[1])
+    assert_serves(channel)
+
+
+def test_explicit_abort_keeps_its_status(channel):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(channel, "abort")
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert info.value.details() == ABORT_TEXT
+    assert_serves(channel)

@@ -3,6 +3,7 @@ build options are shared ones (accelmesh.runtime.programs)."""
 
 from __future__ import annotations
 
+from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.programs import FORMAT_TO_PROTO, build_options_to_proto
@@ -14,12 +15,12 @@ def layer_range_from_proto(msg: pb.LayerRange) -> LayerRange:
     return LayerRange(first=msg.first, count=msg.count)
 
 
-def rule_to_proto(rule: Rule) -> pb.Rule:
+def rule_to_proto(rule: Rule) -> build_pb.Rule:
     build = rule.build
-    return pb.Rule(
+    return build_pb.Rule(
         name=rule.name,
         description=rule.description,
-        match=pb.RuleMatch(
+        match=build_pb.RuleMatch(
             platform=PLATFORM_TO_PROTO[rule.platform] if rule.platform else 0,
             requires=sorted(rule.requires),
             forbids=sorted(rule.forbids),
@@ -35,13 +36,13 @@ def rule_to_proto(rule: Rule) -> pb.Rule:
 def explanation_to_proto(explanation: Explanation) -> pb.ExplainRuleResponse:
     return pb.ExplainRuleResponse(
         rule=rule_to_proto(explanation.rule),
-        verdicts=[pb.RuleVerdict(rule=v.rule, matched=v.matched, reason=v.reason) for v in explanation.verdicts],
+        verdicts=[build_pb.RuleVerdict(rule=v.rule, matched=v.matched, reason=v.reason) for v in explanation.verdicts],
         target_type=explanation.target_type.key,
     )
 
 
-def artifact_to_proto(a: BuiltArtifact) -> pb.Artifact:
-    return pb.Artifact(
+def artifact_to_proto(a: BuiltArtifact) -> build_pb.Artifact:
+    return build_pb.Artifact(
         key=a.key,
         format=FORMAT_TO_PROTO[a.format],
         batch_size=a.batch_size,
@@ -53,8 +54,8 @@ def artifact_to_proto(a: BuiltArtifact) -> pb.Artifact:
     )
 
 
-def build_to_proto(build: TargetBuild) -> pb.TargetBuild:
-    return pb.TargetBuild(
+def build_to_proto(build: TargetBuild) -> build_pb.TargetBuild:
+    return build_pb.TargetBuild(
         target_type=build.target_type.key,
         rule=rule_to_proto(build.rule),
         device_ids=list(build.device_ids),

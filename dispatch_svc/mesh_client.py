@@ -10,6 +10,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
+from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
@@ -33,7 +34,7 @@ CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0
 
 
-def _artifact(msg: compile_pb.Artifact) -> ArtifactRef:
+def _artifact(msg: build_pb.Artifact) -> ArtifactRef:
     return ArtifactRef(msg.key, msg.digest, FORMAT_FROM_PROTO[msg.format], msg.batch_size)
 
 
@@ -60,7 +61,7 @@ class GrpcMesh:
                                  max_message_bytes=max_message_bytes)
         self._inventory_channels, self._compile_channels = pool(Role.INVENTORY), pool(Role.COMPILE)
         self._workers = pool(Role.WORKER)
-        self._rules: dict[str, compile_pb.Rule] = {}
+        self._rules: dict[str, build_pb.Rule] = {}
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
 
     @property

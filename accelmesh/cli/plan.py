@@ -26,6 +26,7 @@ from accelmesh.cli.placement_plot import plot_placement
 from accelmesh.cli.placement_view import render_placement
 from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -119,7 +120,7 @@ def job_rows(args) -> int:
     return args.rows or DEFAULT_MICRO_BATCHES * (args.micro_batch_rows or DEFAULT_MICRO_BATCH_ROWS)
 
 
-def declared_inputs(program: compile_pb.Program, rows: int) -> list[common_pb2.TensorHeader]:
+def declared_inputs(program: program_pb.Program, rows: int) -> list[common_pb2.TensorHeader]:
     """The program's data inputs with `rows` on the batch axis; PlanJob reads only their headers."""
     headers = []
     for spec in program.inputs:

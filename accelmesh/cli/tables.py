@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from accelmesh.common.v1 import common_pb2
-from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.compile.v1 import program_pb2 as program_pb
 
 GIB = 1024**3
 SHOWN_CAPABILITIES = ("bf16", "fp16", "tf32", "fp8", "avx512f", "avx512_bf16", "amx_bf16", "avx2")
@@ -53,9 +53,9 @@ def format_programs(programs) -> str:
         rows.append((
             p.name,
             p.version,
-            _tail(compile_pb.ProgramKind, p.kind, "PROGRAM_KIND_"),
+            _tail(program_pb.ProgramKind, p.kind, "PROGRAM_KIND_"),
             ", ".join(f"{i.name}{list(i.shape)}" for i in p.inputs),
-            ", ".join(f"{o.tensor.name}:{_tail(compile_pb.CombineRule, o.combine, 'COMBINE_RULE_')}" for o in p.outputs[:3])
+            ", ".join(f"{o.tensor.name}:{_tail(program_pb.CombineRule, o.combine, 'COMBINE_RULE_')}" for o in p.outputs[:3])
             + (f" +{len(p.outputs) - 3}" if len(p.outputs) > 3 else ""),
             f"{p.parameter_count:,}",
         ))

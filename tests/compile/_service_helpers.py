@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.runtime.channels import open_channel
 from compile_svc.config import CompileConfig
 from compile_svc.server import build_compile_service
@@ -43,7 +44,7 @@ def exported_affine(offset: float = 1.0) -> bytes:
     return jax.export.export(jax.jit(affine), platforms=["cpu"])(*args).serialize()
 
 
-def upload(stub, data, name="affine", total=None, chunk=1000, combine=(pb.COMBINE_RULE_CONCAT,), version="1"):
+def upload(stub, data, name="affine", total=None, chunk=1000, combine=(program_pb.COMBINE_RULE_CONCAT,), version="1"):
     header = pb.UploadHeader(name=name, version=version, input_names=["x", "w"], output_combine=list(combine),
                              total_bytes=len(data) if total is None else total)
     parts = [pb.UploadProgramRequest(header=header)]

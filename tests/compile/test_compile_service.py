@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
@@ -95,7 +97,7 @@ def test_artifacts_for_platforms_this_machine_lacks_are_portable_stablehlo(servi
     response = stub.Compile(pb.CompileRequest(program="transformer_encoder", batch_sizes=[8],
                                               targets=[device(type_name, emulated_on="")]))
     (build,) = response.builds
-    assert build.portable.platform == platform and build.portable.format == pb.ARTIFACT_FORMAT_STABLEHLO
+    assert build.portable.platform == platform and build.portable.format == build_pb.ARTIFACT_FORMAT_STABLEHLO
     assert list(build.executables) == []  # nothing here can compile for that backend
     assert artifacts.load_portable(fetch(stub, build.portable.key)).platforms == (platform,)
 
@@ -114,7 +116,7 @@ def test_local_targets_also_get_executables_for_the_planned_batch_sizes(service)
     response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("a100-80gb")], batch_sizes=[16, 4]))
     (build,) = response.builds
     assert [e.batch_size for e in build.executables] == [4, 16]
-    assert all(e.format == pb.ARTIFACT_FORMAT_EXECUTABLE for e in build.executables)
+    assert all(e.format == build_pb.ARTIFACT_FORMAT_EXECUTABLE for e in build.executables)
     program = default_registry().get("mlp_classifier")
     params = program.init_params(0)
     x = np.ones((4, 64), np.float32)
@@ -164,7 +166,7 @@ def test_a_second_process_reuses_the_on_disk_cache(service, compile_config):
 def test_an_uploaded_export_round_trips_compiles_and_executes(service, compile_config):
     stub, _ = service
     program = upload(stub, exported_affine()).program
-    assert program.kind == pb.PROGRAM_KIND_UPLOADED
+    assert program.kind == program_pb.PROGRAM_KIND_UPLOADED
     assert [list(i.shape) for i in program.inputs] == [[-1, 3], [3, 2]]
     response = stub.Compile(pb.CompileRequest(program="affine", targets=[device("v100-32gb")]))
     exported = artifacts.load_portable(fetch(stub, response.builds[0].portable.key))
@@ -197,12 +199,12 @@ def test_an_upload_without_header_or_with_bad_combine_is_refused(service):
     stub, _ = service
     error = rpc_error(stub.UploadProgram, iter([pb.UploadProgramRequest(chunk=b"x")]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "header" in error.details()
-    error = rpc_error(upload, stub, exported_affine(), combine=(pb.COMBINE_RULE_UNSPECIFIED,))
+    error = rpc_error(upload, stub, exported_affine(), combine=(program_pb.COMBINE_RULE_UNSPECIFIED,))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "output_combine[0]" in error.details()
 
 
 def spec(name, dtype, shape):
-    return pb.TensorSpec(name=name, dtype=dtype, shape=shape)
+    return program_pb.TensorSpec(name=name, dtype=dtype, shape=shape)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from conftest import CREDENTIALS, mesh_stub, rpc_error
 from accelmesh import artifacts
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.programs import BuildOptions, OutputSpec, Program, TensorSpec
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_from_proto, device_to_proto
@@ -181,10 +182,10 @@ def test_stage_programs_name_their_layers_leaves_and_activations(model, cpu_stag
 
 
 def test_the_request_inputs_are_checked_against_the_stage_not_the_model(stub, devices):
-    activation = pb.TensorSpec(name="activation", dtype=dtype_code_for_name("float32"), shape=[-1, 32, 128])
+    activation = program_pb.TensorSpec(name="activation", dtype=dtype_code_for_name("float32"), shape=[-1, 32, 128])
     response = stub.Compile(stage_request(STAGES[1], devices[CPU], inputs=[activation]), timeout=CALL_TIMEOUT_S)
     assert list(response.stage.inputs) == [activation]
-    tokens = pb.TensorSpec(name="tokens", dtype=dtype_code_for_name("int32"), shape=[-1, 32])
+    tokens = program_pb.TensorSpec(name="tokens", dtype=dtype_code_for_name("int32"), shape=[-1, 32])
     error = rpc_error(stub.Compile, stage_request(STAGES[1], devices[CPU], inputs=[tokens]), timeout=CALL_TIMEOUT_S)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "expects 'activation'" in error.details()
 

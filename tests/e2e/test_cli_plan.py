@@ -15,7 +15,7 @@ from accelmesh.cli.placement_plot import plot_placement
 from accelmesh.cli.placement_view import render_placement
 from accelmesh.cli.plan import declared_inputs, load_layer_table, parse_devices, plan_request
 from accelmesh.common.v1 import common_pb2
-from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
@@ -108,8 +108,8 @@ def test_devices_expand_to_canonical_catalog_types_in_order():
 
 
 def test_the_request_declares_four_micro_batches_of_the_programs_inputs():
-    program = compile_pb.Program(name="transformer_encoder", inputs=[
-        compile_pb.TensorSpec(name="tokens", dtype=common_pb2.DATA_TYPE_INT32, shape=[-1, 32])])
+    program = program_pb.Program(name="transformer_encoder", inputs=[
+        program_pb.TensorSpec(name="tokens", dtype=common_pb2.DATA_TYPE_INT32, shape=[-1, 32])])
     args = SimpleNamespace(model="transformer_encoder", strategy="balanced", kind="training", device_count=3,
                            micro_batch_rows=0, rows=0, headroom=None, filter="")
     (tokens,) = declared_inputs(program, 32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import CREDENTIALS
 
-from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
+from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import split
 from accelmesh.security.identity import Role
@@ -57,7 +57,7 @@ def serve_fake(worker: FakeWorker, port: int = 0):
 def send_shard(mesh: GrpcMesh, port: int):
     device = JobDevice(type("Spec", (), {"id": "127.0.0.1/cuda:0"})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
-    build = Build("t", "rule", "float32", compile_pb.Rule(), (device.id,), artifact, {})
+    build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
     return mesh.execute("job", 0, 1, device, build, artifact, [("x", np.zeros(2048, np.float32))], 2048, CancelScope())
 
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.launcher import start_service
@@ -49,12 +50,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Model:
-    builds: dict[str, compile_pb.TargetBuild]  # device id -> its build
+    builds: dict[str, build_pb.TargetBuild]  # device id -> its build
     params: list[np.ndarray]
     reference: object  # jitted fp32 fn on this process's single CPU device
 
 
-def compile_for(stub, program: str, devices, batch_sizes) -> dict[str, compile_pb.TargetBuild]:
+def compile_for(stub, program: str, devices, batch_sizes) -> dict[str, build_pb.TargetBuild]:
     response = stub.Compile(compile_pb.CompileRequest(program=program, targets=list(devices), batch_sizes=batch_sizes),
                             timeout=CALL_TIMEOUT_S)
     return {device_id: build for build in response.builds for device_id in build.device_ids}

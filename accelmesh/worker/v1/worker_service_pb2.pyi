@@ -1,5 +1,5 @@
 from accelmesh.common.v1 import common_pb2 as _common_pb2
-from accelmesh.compile.v1 import compile_service_pb2 as _compile_service_pb2
+from accelmesh.compile.v1 import build_pb2 as _build_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -44,13 +44,13 @@ class ShardHeader(_message.Message):
     target_type: str
     artifact_key: str
     artifact_digest: str
-    artifact_format: _compile_service_pb2.ArtifactFormat
-    rule: _compile_service_pb2.Rule
+    artifact_format: _build_pb2.ArtifactFormat
+    rule: _build_pb2.Rule
     input_count: int
     batch_size: int
     report_stages: bool
     keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_compile_service_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_compile_service_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("name", "key")

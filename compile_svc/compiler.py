@@ -31,6 +31,9 @@ from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.rules import Explanation, Rule, RuleTable
 
 STABLEHLO, EXECUTABLE = "stablehlo", "executable"
+# The most rows one executable is built for: far past any shard, and small enough that no
+# program's shapes at that batch overflow XLA's 64-bit element counts.
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,10 @@ class Compiler:
         if not targets:
             raise errors.InvalidArgument("targets is empty; pass the devices to build for (as ListDevices returns them)")
         sizes = sorted(set(batch_sizes))
-        if any(b <= 0 for b in sizes):
-            raise errors.InvalidArgument(f"batch_sizes {list(batch_sizes)} must all be positive")
+        if any(not 0 < b <= MAX_BATCH_SIZE for b in sizes):
+            # XLA aborts the whole process (not an exception) when a shape's element count overflows.
+            raise errors.InvalidArgument(f"batch_sizes {list(batch_sizes)} must all be within 1..{MAX_BATCH_SIZE}",
+                                         field="batch_sizes")
         if len(sizes) > self._max_batch_sizes:
             raise errors.InvalidArgument(
                 f"batch_sizes asks for {len(sizes)} executables; at most {self._max_batch_sizes} per call "

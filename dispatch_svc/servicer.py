@@ -23,6 +23,7 @@ from dispatch_svc.jobs import job_not_found
 from dispatch_svc.runner import JobRunner
 
 DEFAULT_LIST = 50
+MAX_LIST = 1000  # a larger page_size is read as this (AIP-158): each listed job is read and parsed
 
 
 def _first_spec(requests) -> job_pb.JobSpec:
@@ -102,7 +103,8 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         if request.page_size < 0:
             raise errors.InvalidArgument(f"page_size is {request.page_size}; use 0 for {DEFAULT_LIST}")
         principal = self._auth.principal(context)
-        jobs = self.book.list(request.page_size or DEFAULT_LIST, None if sees_everything(principal) else principal.key)
+        jobs = self.book.list(min(request.page_size or DEFAULT_LIST, MAX_LIST),
+                              None if sees_everything(principal) else principal.key)
         return pb.ListJobsResponse(jobs=[tr.job_to_proto(j, with_shards=False) for j in jobs])
 
     def CancelJob(self, request, context):

@@ -134,9 +134,14 @@ def device_from_proto(msg: common_pb2.Device, field: str = "device") -> tuple[De
     st = msg.status
     if not 0.0 <= st.utilization <= 1.0:
         raise errors.InvalidArgument(f"{field}.status.utilization is {st.utilization}; it must be within 0..1")
+    try:
+        sampled_at = seconds(st.sample_time)
+    except ValueError as exc:  # nanos outside 0..999999999, or seconds outside years 1..9999
+        raise errors.InvalidArgument(f"{field}.status.sample_time is not a valid timestamp: {exc}",
+                                     field=f"{field}.status.sample_time") from None
     sample = DeviceSample(
         device_id=msg.id,
-        timestamp=seconds(st.sample_time),
+        timestamp=sampled_at,
         memory_total_bytes=int(_finite(st.memory_total_bytes, f"{field}.status.memory_total_bytes")),
         memory_used_bytes=int(_finite(st.memory_used_bytes, f"{field}.status.memory_used_bytes")),
         utilization=st.utilization,

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from accelmesh import errors
 from accelmesh.runtime import health
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
-from accelmesh.runtime.errors import ErrorInterceptor
+from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
 from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
@@ -119,9 +119,11 @@ def create_server(
     service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe)."""
     check_listen(security, address)
     # Tracing is outermost so its span records the status the error interceptor chose; access
-    # is innermost, so its refusals become statuses like every other error.
+    # comes after the error interceptor, so its refusals become statuses like every other error;
+    # a request that does not parse is refused innermost, once the caller has been let in.
     interceptors = [*server_interceptors(tracer_provider), ErrorInterceptor(),
-                    AccessInterceptor([s.name for s in services], access, Authenticator(security))]
+                    AccessInterceptor([s.name for s in services], access, Authenticator(security)),
+                    DecodeInterceptor()]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=interceptors,

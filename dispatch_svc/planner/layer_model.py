@@ -48,6 +48,8 @@ COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 3.0}  # backward ~ twice the forward
 # Micro-batches whose activations a device holds at once: inference has the one running and
 # the next arriving; training also keeps the forward activations for the backward pass.
 ACTIVATION_COPIES = {INFERENCE: 2, TRAINING: 4}
+# The most bytes a model may need in all (4 EiB): beyond anything placeable, and within int64.
+MAX_NEED_BYTES = 2**62
 FLOPS_PER_PARAMETER = 2.0  # a multiply and an add per parameter per sample (dense layers)
 
 
@@ -71,6 +73,12 @@ class Model:
         self.need = [layer.parameter_bytes * copies + (act_in[i] + self.act[i]) * ACTIVATION_COPIES[task.kind]
                      for i, layer in enumerate(self.layers)]
         self.shared_need = [s * copies for s in self.shared]
+        total = sum(self.need) + sum(self.shared_need)
+        if total > MAX_NEED_BYTES:  # past int64 the placement arithmetic (numpy) would overflow
+            raise InvalidArgument(
+                f"the model needs {total:,} bytes at spec.placement.micro_batch_rows {b}, more than any set of "
+                f"devices holds ({MAX_NEED_BYTES:,}); use fewer rows per micro-batch, or check the layer table's "
+                "parameter and activation bytes", field="spec.placement.micro_batch_rows")
         self.flops = []
         self.traffic = []
         for i, layer in enumerate(self.layers):

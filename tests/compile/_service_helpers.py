@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
@@ -20,6 +21,17 @@ from compile_svc.server import build_compile_service
 def compile_config_at(root: Path) -> CompileConfig:
     """A compile service on a free port keeping its artifacts and uploads under `root`."""
     return CompileConfig(listen="127.0.0.1:0", cache_dir=str(root / "artifacts"), programs_dir=str(root / "programs"))
+
+
+@pytest.fixture(name="compile_config")
+def compile_config_fixture(tmp_path):
+    return compile_config_at(tmp_path)
+
+
+@pytest.fixture(name="service")
+def service_fixture(compile_config):
+    with serving(compile_config) as running:
+        yield running
 
 
 @contextlib.contextmanager

@@ -26,22 +26,13 @@ from accelmesh.reference import reference_outputs
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
 from conftest import rpc_error
-from _service_helpers import compile_config_at, exported_affine, serving, upload
+from _service_helpers import (  # noqa: F401 (fixtures)
+    compile_config_at, compile_config_fixture, exported_affine, service_fixture, serving, upload,
+)
 
 
 def device(type_name, index=0, emulated_on="cpu:0", ip="127.0.0.1"):
     return device_to_proto(resolve_type(type_name).device_spec(ip, index, emulated_on=emulated_on))
-
-
-@pytest.fixture
-def compile_config(tmp_path):
-    return compile_config_at(tmp_path)
-
-
-@pytest.fixture
-def service(compile_config):
-    with serving(compile_config) as running:
-        yield running
 
 
 def fetch(stub, key):

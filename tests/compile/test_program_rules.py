@@ -20,7 +20,9 @@ from compile_svc.programs import ProgramRegistry, default_registry
 from compile_svc.programs.builtin import identity
 from compile_svc.uploads import UploadStore
 from conftest import rpc_error
-from _service_helpers import compile_config_at, exported_affine, serving, upload
+from _service_helpers import (  # noqa: F401 (fixtures)
+    compile_config_at, compile_config_fixture, exported_affine, service_fixture, serving, upload,
+)
 
 V100 = device_to_proto(resolve_type("v100-32gb").device_spec("127.0.0.1", 0, emulated_on="cpu:0"))
 
@@ -112,16 +114,6 @@ def test_a_stored_upload_with_a_builtin_name_is_skipped_at_start(tmp_path, caplo
 
 
 # --- through the service ----------------------------------------------------------------------------
-
-@pytest.fixture
-def compile_config(tmp_path):
-    return compile_config_at(tmp_path)
-
-
-@pytest.fixture
-def service(compile_config):
-    with serving(compile_config) as running:
-        yield running
 
 
 def test_an_upload_cannot_change_what_an_unpinned_builtin_runs(service):

@@ -307,8 +307,10 @@ def _forged_node(mesh) -> worker_pb.DescribeNodeResponse:
 
 def test_a_worker_returning_outputs_of_the_wrong_shape_fails_its_shard_never_the_result(mesh):
     x = np.random.default_rng(1).standard_normal((256, 64)).astype(np.float32)
+    # One rule for every shard (the emulated V100s: fp32), whichever fixture CPU the host's device is.
+    same_rule = {"filter": 'type = "v100-32gb"'}
     with MeshClient(mesh.dispatch.address, security=CREDENTIALS.client()) as client:
-        clean = client.run("mlp_classifier", {"x": x}).outputs["logits"]
+        clean = client.run("mlp_classifier", {"x": x}, **same_rule).outputs["logits"]
         forger = ForgingWorker(_forged_node(mesh))
         server = create_server([Service("accelmesh.worker.v1.WorkerService",
                                         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, forger)],
@@ -319,7 +321,7 @@ def test_a_worker_returning_outputs_of_the_wrong_shape_fails_its_shard_never_the
             with open_channel(mesh.inventory.address, security=CREDENTIALS.service(Role.WORKER)) as channel:
                 inventory_service_pb2_grpc.InventoryServiceStub(channel).RegisterNode(
                     inv_pb.RegisterNodeRequest(address=f"127.0.0.1:{server.port}"), timeout=TIMEOUT_S)
-            result = client.run("mlp_classifier", {"x": x})
+            result = client.run("mlp_classifier", {"x": x}, **same_rule)
         finally:
             server.stop(0)
     assert forger.shards >= 1

@@ -20,6 +20,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from accelmesh import errors
+from accelmesh.runtime.handlers import rewrapped
 
 log = logging.getLogger(__name__)
 
@@ -150,19 +151,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(_UNWRAPPED_PREFIXES):
             return handler
-        if handler.unary_unary:
-            make, behavior, wrap = grpc.unary_unary_rpc_method_handler, handler.unary_unary, _wrap_unary
-        elif handler.stream_unary:
-            make, behavior, wrap = grpc.stream_unary_rpc_method_handler, handler.stream_unary, _wrap_unary
-        elif handler.unary_stream:
-            make, behavior, wrap = grpc.unary_stream_rpc_method_handler, handler.unary_stream, _wrap_streaming
-        else:
-            make, behavior, wrap = grpc.stream_stream_rpc_method_handler, handler.stream_stream, _wrap_streaming
-        return make(
-            wrap(behavior),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrapped(handler, lambda behavior, _, server_streams:
+                         _wrap_streaming(behavior) if server_streams else _wrap_unary(behavior))
 
 
 class _Undecodable:
@@ -213,25 +203,14 @@ class DecodeInterceptor(grpc.ServerInterceptor):
             for request in requests:
                 yield checked(request)
 
-        if handler.unary_unary:
-            behavior, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+        def wrap(behavior, client_streams: bool, server_streams: bool):
+            take = each if client_streams else checked
+            if server_streams:
+                def wrapped(request, context):
+                    yield from behavior(take(request), context)
+            else:
+                def wrapped(request, context):
+                    return behavior(take(request), context)
+            return wrapped
 
-            def wrapped(request, context):
-                return behavior(checked(request), context)
-        elif handler.stream_unary:
-            behavior, make = handler.stream_unary, grpc.stream_unary_rpc_method_handler
-
-            def wrapped(requests, context):
-                return behavior(each(requests), context)
-        elif handler.unary_stream:
-            behavior, make = handler.unary_stream, grpc.unary_stream_rpc_method_handler
-
-            def wrapped(request, context):
-                yield from behavior(checked(request), context)
-        else:
-            behavior, make = handler.stream_stream, grpc.stream_stream_rpc_method_handler
-
-            def wrapped(requests, context):
-                yield from behavior(each(requests), context)
-        return make(wrapped, request_deserializer=_tolerant(deserializer),
-                    response_serializer=handler.response_serializer)
+        return rewrapped(handler, wrap, request_deserializer=_tolerant(deserializer))

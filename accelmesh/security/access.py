@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 import grpc
 
 from accelmesh import errors
+from accelmesh.runtime.handlers import rewrapped
 from accelmesh.security.config import Security
 from accelmesh.security.identity import PEOPLE, CertificateIdentity, Principal, Role, certificate_identity
 from accelmesh.security.tokens import JwtVerifier, StaticTokens
@@ -111,26 +112,21 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
 
 def _guarded(handler: grpc.RpcMethodHandler, check) -> grpc.RpcMethodHandler:
-    if handler.unary_unary or handler.stream_unary:
-        behavior = handler.unary_unary or handler.stream_unary
-        make = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
+    def wrap(behavior, _client_streams: bool, server_streams: bool):
+        if server_streams:
+            def streaming(request, context):
+                check(context)
+                yield from behavior(request, context)
+
+            return streaming
 
         def unary(request, context):
             check(context)
             return behavior(request, context)
 
-        wrapped = unary
-    else:
-        behavior = handler.unary_stream or handler.stream_stream
-        make = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
+        return unary
 
-        def streaming(request, context):
-            check(context)
-            yield from behavior(request, context)
-
-        wrapped = streaming
-    return make(wrapped, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return rewrapped(handler, wrap)
 
 
 __all__ = ["ANYONE", "PEOPLE", "Access", "AccessInterceptor", "Authenticator", "roles", "sees_everything"]

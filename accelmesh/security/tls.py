@@ -9,7 +9,6 @@ certificate. A renewed key and certificate are taken only once they match each o
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from accelmesh import errors
+from accelmesh.security.files import ReloadingFile, file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +33,7 @@ class TlsFiles:
 
     def stamp(self) -> tuple:
         """Changes whenever any of the three files is replaced or rewritten."""
-        out = []
-        for path in (self.ca_file, self.cert_file, self.key_file):
-            try:
-                stat = os.stat(path)
-            except FileNotFoundError:
-                out.append(None)
-            else:
-                out.append((stat.st_ino, stat.st_mtime_ns, stat.st_size))
-        return tuple(out)
+        return tuple(file_stamp(path) for path in (self.ca_file, self.cert_file, self.key_file))
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(ca, certificate chain, key); raises FailedPrecondition naming a missing or unreadable file,
@@ -106,22 +98,10 @@ class TokenPlugin(grpc.AuthMetadataPlugin):
     """Sends ``authorization: Bearer <token>``, the token read from its file when the file changes."""
 
     def __init__(self, path: Path):
-        self._path = Path(path)
-        self._stamp: tuple | None = None
-        self._metadata: tuple = ()
-        self._lock = threading.Lock()
+        self._metadata = ReloadingFile(path, lambda raw: (("authorization", f"Bearer {raw.decode().strip()}"),))
 
     def __call__(self, context, callback):
         try:
-            callback(self._current(), None)
-        except OSError as exc:
+            callback(self._metadata.get(), None)
+        except (OSError, errors.AccelmeshError) as exc:
             callback((), exc)
-
-    def _current(self) -> tuple:
-        stat = os.stat(self._path)
-        with self._lock:
-            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-            if stamp != self._stamp:
-                token = self._path.read_text().strip()
-                self._metadata, self._stamp = (("authorization", f"Bearer {token}"),), stamp
-            return self._metadata

@@ -13,13 +13,13 @@ import hmac
 import json
 import os
 import secrets
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
 
 from accelmesh import errors
+from accelmesh.security.files import ReloadingFile
 from accelmesh.security.identity import PEOPLE, Principal, Role
 
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA")
@@ -31,27 +31,6 @@ def new_token() -> str:
 
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-class _Reloading:
-    """A file parsed again when its size or modification time changes (checked on every use)."""
-
-    def __init__(self, path: Path, parse):
-        self._path, self._parse = Path(path), parse
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
-        self._value = None
-
-    def get(self):
-        try:
-            stat = os.stat(self._path)
-        except FileNotFoundError:
-            raise errors.FailedPrecondition(f"{self._path} is missing; restore it or point the setting elsewhere") from None
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        with self._lock:
-            if stamp != self._stamp:
-                self._value, self._stamp = self._parse(self._path.read_bytes()), stamp
-            return self._value
 
 
 def _parse_static(raw: bytes) -> dict[str, tuple[str, Role]]:
@@ -68,7 +47,7 @@ def _parse_static(raw: bytes) -> dict[str, tuple[str, Role]]:
 class StaticTokens:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._file = _Reloading(self.path, _parse_static)
+        self._file = ReloadingFile(self.path, _parse_static)
 
     def principal(self, token: str) -> Principal | None:
         digest = token_digest(token)
@@ -112,7 +91,7 @@ def _parse_keys(raw: bytes) -> dict[str | None, object]:
 class JwtVerifier:
     def __init__(self, settings: JwtSettings):
         self.settings = settings
-        self._keys = _Reloading(settings.keys_file, _parse_keys)
+        self._keys = ReloadingFile(settings.keys_file, _parse_keys)
 
     def principal(self, token: str) -> Principal | None:
         """The token's principal, None when it is not a JWT; raises Unauthenticated when it is one

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from accelmesh import errors
 from accelmesh.runtime import health
+from accelmesh.runtime.admission import Admission, AdmissionInterceptor, Pools, StreamCount
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
@@ -57,6 +58,8 @@ class MeshServer:
         tracer_provider: TracerProvider | None,
         on_stop: Sequence[Callable[[], None]],
         probe: tuple[grpc.Server, int] | None = None,
+        pools: Pools | None = None,
+        streams: StreamCount | None = None,
     ):
         self.server = server
         self.port = port
@@ -65,6 +68,7 @@ class MeshServer:
         self.tracer_provider = tracer_provider
         self._on_stop = list(on_stop)
         self._probe, self.health_port = probe if probe else (None, 0)
+        self._pools, self.streams = pools, streams
         self._stopped = threading.Event()
         self._finished = threading.Event()  # set once stop() has run every hook and flushed
 
@@ -90,6 +94,8 @@ class MeshServer:
         self.server.stop(grace_s).wait()
         if self._probe is not None:
             self._probe.stop(0).wait()
+        if self._pools is not None:
+            self._pools.shutdown()
         for hook in self._on_stop:
             hook()
         if self.tracer_provider is not None:
@@ -111,23 +117,32 @@ def create_server(
     health_listen: str = "",
     max_workers: int = 16,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    admission: Admission | None = None,
     tracer_provider: TracerProvider | None = None,
     on_stop: Sequence[Callable[[], None]] = (),
 ) -> MeshServer:
     """A server for ``services`` on ``address``: mutual TLS and ``access`` (method -> roles) unless
     ``security`` is insecure (loopback only). ``health_listen``, when set, also serves the health
-    service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe)."""
+    service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe).
+    ``admission`` (default: from the environment) sets the stream and in-flight limits and which
+    pool runs which call (admission.py)."""
     check_listen(security, address)
-    # Tracing is outermost so its span records the status the error interceptor chose; access
+    admission = admission or Admission.from_env()
+    authenticator = Authenticator(security)
+    pools, streams = Pools(admission, max_workers), StreamCount(admission)
+    # Admission is outermost: the pool grpcio runs a call on is read from the handler it returns.
+    # Tracing comes next so its span records the status the error interceptor chose; access
     # comes after the error interceptor, so its refusals become statuses like every other error;
     # a request that does not parse is refused innermost, once the caller has been let in.
-    interceptors = [*server_interceptors(tracer_provider), ErrorInterceptor(),
-                    AccessInterceptor([s.name for s in services], access, Authenticator(security)),
+    interceptors = [AdmissionInterceptor(pools, streams, _client_key(authenticator)),
+                    *server_interceptors(tracer_provider), ErrorInterceptor(),
+                    AccessInterceptor([s.name for s in services], access, authenticator),
                     DecodeInterceptor()]
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        pools.work,
         interceptors=interceptors,
         options=channel_options(max_message_bytes),
+        maximum_concurrent_rpcs=admission.maximum_concurrent_rpcs,
     )
     for service in services:
         service.add_to_server(service.servicer, server)
@@ -143,7 +158,22 @@ def create_server(
     if port == 0:
         raise OSError(f"could not bind {address}; is the port in use?")
     probe = _health_only(health_servicer, health_listen) if health_listen else None
-    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe)
+    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams)
+
+
+def _client_key(authenticator: Authenticator) -> Callable[[grpc.ServicerContext], str]:
+    """Who a stream counts against: its principal, else (no credentials, or the insecure mode
+    where everyone is the local developer) the address it comes from."""
+
+    def key(context: grpc.ServicerContext) -> str:
+        if not authenticator.insecure:
+            try:
+                return authenticator.principal(context).key
+            except errors.AccelmeshError:
+                pass
+        return f"peer:{context.peer()}"
+
+    return key
 
 
 def _health_only(health_servicer: health.HealthServicer, address: str) -> tuple[grpc.Server, int]:

@@ -5,11 +5,38 @@ carry a machine-readable `reason` (google.rpc.ErrorInfo, AIP-193) and the reques
 about (google.rpc.BadRequest): programs branch on those, never on the message text.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 # ErrorInfo domain of every reason below.
 DOMAIN = "accelmesh"
 
 # ErrorInfo reasons a caller may act on (UPPER_SNAKE, stable; add, never rename).
 TENSOR_NOT_HELD = "TENSOR_NOT_HELD"  # Execute: a referenced tensor is not held by this worker: send it in full
+
+
+# How much of a client's value a message quotes: enough to recognise it, never so much that the
+# status trailer outgrows gRPC's metadata limit (runtime/errors.py cuts whole messages as a backstop).
+QUOTE_CHARS = 80
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """`value` as a message quotes it: its repr, or for a longer one the repr of its first `limit`
+    characters (bytes, items) and its full size, e.g. `'abc...' (100000 chars)`.
+
+    Use it for every value a message takes from a request (ids, names, keys, lists), so that
+    neither a megabyte id nor a million-element list is echoed back in full."""
+    if isinstance(value, (str, bytes, bytearray)):
+        if len(value) <= limit:
+            return repr(value)
+        head = repr(bytes(value[:limit]) if isinstance(value, bytearray) else value[:limit])
+        return f"{head[:-1]}...{head[-1]} ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    size = f"{len(value)} items" if isinstance(value, Sequence) else ""  # lists, tuples, repeated fields
+    text = repr(list(value[:limit]) if size else value)
+    if len(text) <= limit and not (size and len(value) > limit):
+        return text
+    return f"{text[:limit]}... ({size or f'{len(text)} chars'})"
 
 
 class AccelmeshError(Exception):

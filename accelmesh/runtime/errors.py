@@ -7,6 +7,7 @@ message and an incident id, the log gets the traceback under the same id.
 Every status carries google.rpc details (AIP-193, through grpcio-status) in its trailers: an
 ErrorInfo with the error's reason (domain "accelmesh") when it has one, and a BadRequest field
 violation when it names the request field at fault. `error_reason` reads the reason back.
+Whatever a message quotes, the trailers stay within gRPC's metadata limit (see `bounded`).
 """
 
 from __future__ import annotations
@@ -65,10 +66,31 @@ def error_reason(exc: grpc.RpcError) -> str:
     return ""
 
 
+# The backstop behind accelmesh.errors.quoted: a status whose message quotes a request's values
+# in full (a 100 kB id) would make the trailers bigger than any client accepts (gRPC's metadata
+# limit is 8 KiB by default, 16 KiB at most) and the caller would get RESOURCE_EXHAUSTED
+# "metadata size exceeds" instead of this status. Every message, field and handler-chosen detail
+# is cut to these many bytes of UTF-8, with a note of what was cut. The worst case then fits in
+# the default 8 KiB: grpc-message (percent-encoded: <= 3 x 1 KiB) plus the google.rpc.Status
+# in grpc-status-details-bin (base64 of the message, the field and its violation description:
+# <= 4/3 x 2.3 KiB).
+MAX_MESSAGE_BYTES = 1024
+MAX_FIELD_BYTES = 256  # a BadRequest field path (it may hold a client's key, "held[<key>].key")
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """`message`, or its first bytes and how many more there were when it is over `limit`."""
+    encoded = message.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return message
+    kept = encoded[: max(limit - 40, 0)].decode("utf-8", "ignore")
+    return f"{kept}... ({len(encoded) - len(kept.encode())} more bytes)"
+
+
 def status_details(code: grpc.StatusCode, message: str, exc: BaseException) -> status_pb2.Status:
     """The google.rpc.Status sent for `exc`: its code and message, and its reason and field."""
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
-    reason, field = getattr(exc, "reason", ""), getattr(exc, "field", "")
+    reason, field = getattr(exc, "reason", ""), bounded(getattr(exc, "field", ""), MAX_FIELD_BYTES)
     if reason:
         status.details.append(_packed(error_details_pb2.ErrorInfo(reason=reason, domain=errors.DOMAIN)))
     if field:
@@ -92,24 +114,13 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); the service log has the details"
 
 
-# Messages quote the request's values; a quoted megabyte would make the trailers bigger than
-# any client accepts (gRPC's default metadata limit is 8 KiB, hard 16 KiB), and the caller would
-# get RESOURCE_EXHAUSTED "Stream removed" instead of this status. The message travels twice
-# (grpc-message, percent-encoded, and the google.rpc.Status), so it is cut to 1 KiB of UTF-8.
-MAX_MESSAGE_BYTES = 1024
-
-
-def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    encoded = message.encode("utf-8", "replace")
-    if len(encoded) <= limit:
-        return message
-    kept = encoded[: limit - 40].decode("utf-8", "ignore")
-    return f"{kept}... ({len(encoded) - len(kept.encode())} more bytes)"
-
-
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
     if context.code() is not None:
-        # The handler already chose a status with context.abort(); keep it.
+        # The handler already chose a status with context.abort(); keep it, within the bound.
+        details = context.details() or b""
+        if len(details) > MAX_MESSAGE_BYTES:
+            text = details.decode("utf-8", "replace") if isinstance(details, bytes) else details
+            context.set_details(bounded(text))
         raise exc
     code, message = status_for(exc)
     message = bounded(message)

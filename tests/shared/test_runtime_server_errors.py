@@ -1,6 +1,7 @@
 """The server bootstrap's error mapping, through a real in-process server on port 0: what a
 caller sees when the handler returns, raises a typed accelmesh error (with or without a reason
-and a field), hits a bug, or aborts the call itself. The scripted servicer and fixtures are in
+and a field), hits a bug, or aborts the call itself, and how a message quoting a huge request value is cut
+so the status still reaches the caller. The scripted servicer and fixtures are in
 _server_helpers.py.
 """
 
@@ -16,8 +17,12 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from accelmesh import errors
-from accelmesh.runtime.errors import error_reason
-from _server_helpers import ABORT_TEXT, BUG_TEXT, NODE_IP, ScriptedWorker, assert_serves, describe, message_for
+from accelmesh.errors import quoted
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.errors import MAX_FIELD_BYTES, MAX_MESSAGE_BYTES, bounded, error_reason
+from _server_helpers import (
+    ABORT_TEXT, BUG_TEXT, NODE_IP, ScriptedWorker, assert_serves, describe, message_for, start_server,
+)
 from _server_helpers import channel_fixture, server_fixture, servicer_fixture  # noqa: F401  (fixtures)
 
 
@@ -102,3 +107,80 @@ def test_explicit_abort_keeps_its_status(channel):
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert info.value.details() == ABORT_TEXT
     assert_serves(channel)
+
+
+# --- messages that quote too much -----------------------------------------------------------------
+
+class EchoingWorker(ScriptedWorker):
+    """A careless handler: quotes the request's id in full, in its message and its field."""
+
+    def DescribeNode(self, request, context):
+        action = request.device_ids[0] if request.device_ids else "ok"
+        if action.startswith("echo:"):
+            raise errors.InvalidArgument(f"device_ids[0] {action} is not a device", field=f"device_ids[{action}]")
+        if action.startswith("abort:"):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{action} cannot be described")
+        return super().DescribeNode(request, context)
+
+
+@pytest.fixture(name="echoing")
+def echoing_fixture():
+    server = start_server(EchoingWorker())
+    channel = open_channel(f"127.0.0.1:{server.port}")
+    yield channel
+    channel.close()
+    server.stop(0)
+
+
+# ASCII, and two-byte UTF-8 that grpc-message percent-encodes to six bytes each: the worst case.
+LONG_IDS = ["x" * 100_000, "é" * 50_000]
+
+
+@pytest.mark.parametrize("long_id", LONG_IDS, ids=["ascii", "utf8"])
+def test_a_message_quoting_a_hundred_kilobyte_id_is_cut_and_keeps_its_status(echoing, long_id):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(echoing, f"echo:{long_id}")
+    error = info.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # not RESOURCE_EXHAUSTED "metadata size exceeds"
+    assert len(error.details().encode()) <= MAX_MESSAGE_BYTES and error.details().endswith("more bytes)")
+    assert error.details().startswith("device_ids[0] echo:")
+    _, (bad_request,) = details_of(error)
+    (violation,) = bad_request.field_violations
+    assert len(violation.field.encode()) <= MAX_FIELD_BYTES and violation.description == error.details()
+    assert_serves(echoing)
+
+
+@pytest.mark.parametrize("long_id", LONG_IDS, ids=["ascii", "utf8"])
+def test_a_handlers_own_over_long_abort_is_cut_too(echoing, long_id):
+    with pytest.raises(grpc.RpcError) as info:
+        describe(echoing, f"abort:{long_id}")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith("abort:") and info.value.details().endswith("more bytes)")
+    assert len(info.value.details().encode()) <= MAX_MESSAGE_BYTES
+    assert_serves(echoing)
+
+
+def test_a_message_within_the_bound_is_sent_whole():
+    message = "m" * MAX_MESSAGE_BYTES
+    assert bounded(message) == message
+    assert bounded(message + "m") == "m" * (MAX_MESSAGE_BYTES - 40) + "... (41 more bytes)"
+    assert bounded("x" + "é" * 600) == "x" + "é" * 491 + "... (218 more bytes)"  # never half a character
+
+
+@pytest.mark.parametrize("value, text", [
+    ("abc", "'abc'"),
+    ("x" * 80, repr("x" * 80)),
+    ("x" * 100_000, f"'{'x' * 80}...' (100000 chars)"),
+    ("'" * 81, f'"{chr(39) * 80}..." (81 chars)'),
+    (b"z" * 81, f"b'{'z' * 80}...' (81 bytes)"),
+    ([1, 2, 3], "[1, 2, 3]"),
+    (list(range(1000)), f"{repr(list(range(80)))[:80]}... (1000 items)"),
+    (["a" * 1000], f"['{'a' * 78}... (1 items)"),
+    (7, "7"),
+])
+def test_quoted_keeps_a_short_value_whole_and_a_long_one_to_a_prefix_and_its_size(value, text):
+    assert quoted(value) == text
+
+
+def test_quoted_takes_its_limit():
+    assert quoted("abcdef", limit=3) == "'abc...' (6 chars)"

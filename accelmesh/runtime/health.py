@@ -1,4 +1,4 @@
-"""grpc.health.v1.Health for every mesh server: Check, and Watch without holding a server thread.
+"""grpc.health.v1.Health for every mesh server: Check, List, and Watch without holding a server thread.
 
 Written here rather than taken from grpcio-health-checking because that servicer deadlocks a
 server that stops while a watcher goes away: it calls each watcher's response callback while
@@ -18,11 +18,16 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from accelmesh.errors import quoted
+
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 DELIVERY_WAIT_S = 2.0  # how long a status change waits for its watchers to be sent it
+# List answers RESOURCE_EXHAUSTED past this many services, as the health protocol allows and
+# grpc-go's server does at the same figure; a mesh server hosts a handful.
+MAX_LISTED_SERVICES = 100
 
 Send = Callable[[health_pb2.HealthCheckResponse | None], None]
 
@@ -39,9 +44,25 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             status = self._status.get(request.service)
         if status is None:
             context.set_code(grpc.StatusCode.NOT_FOUND)
-            context.set_details(f"no service {request.service!r} on this server; use '' for the server itself")
+            # Health is not behind the error interceptor, so the name is quoted short here.
+            context.set_details(f"no service {quoted(request.service)} on this server; use '' for the server "
+                                "itself, or List for every service's name")
             return health_pb2.HealthCheckResponse()
         return health_pb2.HealthCheckResponse(status=status)
+
+    def List(self, request, context):
+        """Every service this server reports on ('' is the server itself) with its status now."""
+        with self._lock:
+            statuses = dict(self._status)
+        if len(statuses) > MAX_LISTED_SERVICES:
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(f"{len(statuses)} services, over the {MAX_LISTED_SERVICES} List returns; "
+                                "Check them by name")
+            return health_pb2.HealthListResponse()
+        response = health_pb2.HealthListResponse()
+        for service, status in statuses.items():
+            response.statuses[service].status = status
+        return response
 
     def Watch(self, request, context, send_response_callback: Send | None = None):
         if send_response_callback is None:
@@ -74,5 +95,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
     def _forget(self, service: str, send: Send) -> None:
         with self._lock:
-            self._watchers.get(service, set()).discard(send)
+            watchers = self._watchers.get(service, set())
+            watchers.discard(send)
+            if not watchers:  # else every name ever watched (anyone may call Watch) would stay
+                self._watchers.pop(service, None)
         send(None)  # ends the call

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from accelmesh.artifacts import EXECUTABLE_SCHEMA
-from accelmesh.errors import InvalidArgument, NotFound
+from accelmesh.errors import InvalidArgument, NotFound, quoted
 
 _SCHEMA = 1  # bump when the key recipe or layout changes so old entries stop matching
 
@@ -96,7 +96,7 @@ class ArtifactCache:
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise InvalidArgument(f"cache key {key!r} must be a sha256 hex digest from key_for")
+            raise InvalidArgument(f"cache key {quoted(key)} must be a sha256 hex digest from key_for")
         base = self.root / key[:2] / key
         return base.with_suffix(".bin"), base.with_suffix(".json")
 

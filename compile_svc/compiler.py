@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import jax
 
 from accelmesh import errors
+from accelmesh.errors import quoted
 from accelmesh.hardware.model import DeviceSpec
 from compile_svc import lowering
 from compile_svc.cache import ArtifactCache, CachedArtifact
@@ -109,15 +110,16 @@ class Compiler:
         if not targets:
             raise errors.InvalidArgument("targets is empty; pass the devices to build for (as ListDevices returns them)")
         sizes = sorted(set(batch_sizes))
-        if any(not 0 < b <= MAX_BATCH_SIZE for b in sizes):
-            # XLA aborts the whole process (not an exception) when a shape's element count overflows.
-            raise errors.InvalidArgument(f"batch_sizes {list(batch_sizes)} must all be within 1..{MAX_BATCH_SIZE}",
-                                         field="batch_sizes")
         if len(sizes) > self._max_batch_sizes:
             raise errors.InvalidArgument(
                 f"batch_sizes asks for {len(sizes)} executables; at most {self._max_batch_sizes} per call "
-                f"(bucket shard sizes, or rely on the portable artifact)"
+                f"(bucket shard sizes, rely on the portable artifact, or raise ACCELMESH_MAX_BATCH_SIZES)",
+                field="batch_sizes",
             )
+        if any(not 0 < b <= MAX_BATCH_SIZE for b in sizes):
+            # XLA aborts the whole process (not an exception) when a shape's element count overflows.
+            raise errors.InvalidArgument(f"batch_sizes {quoted(list(batch_sizes))} must all be within "
+                                         f"1..{MAX_BATCH_SIZE}", field="batch_sizes")
         groups: dict[tuple[str, str], tuple[TargetType, Rule, list[str]]] = {}
         for device in targets:
             rule = self.rules.match(device)
@@ -184,7 +186,7 @@ class Compiler:
     def fetch(self, key: str) -> CachedArtifact:
         artifact = self.cache.get(key)
         if artifact is None:
-            raise errors.NotFound(f"artifact {key!r} is not in the cache; call Compile to (re)build it")
+            raise errors.NotFound(f"artifact {quoted(key)} is not in the cache; call Compile to (re)build it")
         return artifact
 
 

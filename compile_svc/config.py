@@ -19,6 +19,9 @@ class CompileConfig:
     rules: str = ""  # ACCELMESH_COMPILE_RULES: rule file; empty = deploy/rules/compile_rules.toml
     programs_dir: str = ".accelmesh/programs"  # ACCELMESH_PROGRAMS_DIR: uploaded programs survive restarts here
     max_upload_bytes: int = 64 * 1024**2  # ACCELMESH_MAX_UPLOAD_BYTES: largest UploadProgram artifact
+    # Uploads are held in memory as well as in programs_dir: these bound both.
+    max_uploads: int = 256  # ACCELMESH_MAX_UPLOADS: uploaded versions kept, all names together
+    max_uploaded_bytes: int = 4 * 1024**3  # ACCELMESH_MAX_UPLOADED_BYTES: their artifacts' bytes together
     max_batch_sizes: int = 16  # ACCELMESH_MAX_BATCH_SIZES: executables one Compile call may ask for
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     max_parameter_bytes: int = 2 * 1024**3  # ACCELMESH_MAX_PARAMETER_BYTES: largest model FetchParameters initialises
@@ -46,6 +49,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
         rules=args.rules,
         programs_dir=args.programs_dir,
         max_upload_bytes=env_int("ACCELMESH_MAX_UPLOAD_BYTES", d.max_upload_bytes, env, minimum=1024),
+        max_uploads=env_int("ACCELMESH_MAX_UPLOADS", d.max_uploads, env, minimum=0),
+        max_uploaded_bytes=env_int("ACCELMESH_MAX_UPLOADED_BYTES", d.max_uploaded_bytes, env, minimum=0),
         max_batch_sizes=env_int("ACCELMESH_MAX_BATCH_SIZES", d.max_batch_sizes, env, minimum=1),
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
         max_parameter_bytes=env_int("ACCELMESH_MAX_PARAMETER_BYTES", d.max_parameter_bytes, env, minimum=1),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from accelmesh.errors import FailedPrecondition, InvalidArgument
+from accelmesh.errors import FailedPrecondition, InvalidArgument, quoted
 from accelmesh.hardware.capabilities import CAPABILITIES, unknown_capabilities
 from accelmesh.hardware.model import PLATFORMS, DeviceSpec
 from accelmesh.programs import COMPUTE_DTYPES, MATMUL_PRECISIONS, BuildOptions, TargetType
@@ -66,7 +66,7 @@ class Rule:
         if self.max_memory_bytes is not None and memory > self.max_memory_bytes:
             reasons.append(f"needs memory <= {_gb(self.max_memory_bytes)}, device has {_gb(memory)}")
         if self.kind_pattern is not None and not fnmatch.fnmatchcase(device.kind.lower(), self.kind_pattern.lower()):
-            reasons.append(f"kind {device.kind!r} does not fit {self.kind_pattern!r}")
+            reasons.append(f"kind {quoted(device.kind)} does not fit {self.kind_pattern!r}")
         return reasons
 
     def matched_because(self, device: DeviceSpec) -> str:
@@ -79,7 +79,7 @@ class Rule:
         if self.max_memory_bytes is not None:
             parts.append(f"memory {_gb(memory)} <= {_gb(self.max_memory_bytes)}")
         if self.kind_pattern is not None:
-            parts.append(f"kind {device.kind!r} fits {self.kind_pattern!r}")
+            parts.append(f"kind {quoted(device.kind)} fits {self.kind_pattern!r}")
         return "; ".join(parts) if parts else "catch-all: matches every device"
 
 

@@ -42,7 +42,8 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
         ArtifactCache(Path(config.cache_dir), config.cache_max_bytes),
         max_batch_sizes=config.max_batch_sizes,
     )
-    uploads = UploadStore(Path(config.programs_dir), registry, config.max_upload_bytes)
+    uploads = UploadStore(Path(config.programs_dir), registry, config.max_upload_bytes,
+                          max_uploads=config.max_uploads, max_total_bytes=config.max_uploaded_bytes)
     uploads.restore()
     servicer = CompileServicer(compiler, uploads, config.max_message_bytes, config.max_parameter_bytes)
     server = create_server(

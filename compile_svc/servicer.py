@@ -12,6 +12,8 @@ from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
 from compile_svc.programs.params_io import check_initialisable
+from compile_svc.programs.registry import check_reference
+from compile_svc.programs.uploaded import MAX_UPLOAD_TENSORS
 from compile_svc.uploads import UploadStore
 
 
@@ -31,6 +33,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
     def DescribeProgram(self, request, context):
         if not request.name:
             raise errors.InvalidArgument("name is required; ListPrograms shows what is registered")
+        check_reference(request.name, request.version)
         return pb.DescribeProgramResponse(program=programs_pb.program_to_proto(self.compiler.registry.get(request.name, request.version)))
 
     def UploadProgram(self, request_iterator, context):
@@ -42,15 +45,22 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             raise errors.InvalidArgument("header.total_bytes must be the artifact's size in bytes (> 0)")
         if header.total_bytes > self.uploads.max_bytes:
             raise errors.ResourceExhausted(
-                f"header.total_bytes {header.total_bytes} is over the upload limit of {self.uploads.max_bytes} bytes"
+                f"header.total_bytes {header.total_bytes} is over the upload limit of {self.uploads.max_bytes} bytes; "
+                "export a smaller function, or raise ACCELMESH_MAX_UPLOAD_BYTES", field="header.total_bytes"
             )
-        self.uploads.check(header.name, header.version)  # refuse before the artifact streams in
+        # Refuse before the artifact streams in.
+        self.uploads.check(header.name, header.version, header.total_bytes, header.input_names, header.description)
+        if len(header.output_combine) > MAX_UPLOAD_TENSORS:
+            raise errors.InvalidArgument(f"header.output_combine has {len(header.output_combine)} rules; an upload "
+                                         f"may return at most {MAX_UPLOAD_TENSORS} outputs")
         combine = []
         for i, code in enumerate(header.output_combine):
             if code not in programs_pb.COMBINE_FROM_PROTO:
                 raise errors.InvalidArgument(f"header.output_combine[{i}] must be CONCAT, SUM or MEAN")
             combine.append(programs_pb.COMBINE_FROM_PROTO[code])
         data = bytearray()
+        # Each chunk is checked as it arrives, so no more than total_bytes (itself within the
+        # limit) is ever held, however long the stream goes on.
         for message in request_iterator:
             if message.WhichOneof("part") != "chunk":
                 raise errors.InvalidArgument("only chunks may follow the header")
@@ -65,6 +75,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         return pb.UploadProgramResponse(program=programs_pb.program_to_proto(program))
 
     def DeleteProgram(self, request, context):
+        check_reference(request.name, request.version)
         return pb.DeleteProgramResponse(ref=self.uploads.delete(request.name, request.version).ref)
 
     def ListRules(self, request, context):
@@ -80,6 +91,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
     def Compile(self, request, context):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
+        check_reference(request.program, request.version, name_field="program")
         targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
         inputs = [programs_pb.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
         layers = tr.layer_range_from_proto(request.layers) if request.HasField("layers") else None
@@ -107,6 +119,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
     def FetchParameters(self, request, context):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
+        check_reference(request.program, request.version, name_field="program")
         program = self.compiler.registry.get(request.program, request.version)
         if program.init_params is None:
             raise errors.FailedPrecondition(

@@ -1,13 +1,20 @@
 """Uploaded programs survive restarts: each is kept as the client's bytes plus a JSON sidecar.
 
 Only serialized jax.export artifacts (StableHLO, data) are stored; nothing here is ever
-unpickled or executed as Python. Files are named `<name>@<version>.json` and `.jaxexport`;
-restore also reads files written before that naming and renames them to it.
+unpickled or executed as Python. Files are named `<name>@<version>.json` and `.jaxexport`.
+Files written before that naming (Path.with_suffix took the version's last dot for a suffix, so
+'1.0' and '1.1' shared `<name>@1`) are still read: the sidecar names its own version, so each
+is registered under it and moved to its own name. Versions that shared a file then were lost to
+the last one written before the restart; nothing on disk is left to bring them back.
+
+The store keeps at most `max_uploads` versions and `max_total_bytes` of artifacts (each is held
+in memory as well as on disk): past either, an upload is refused before its artifact streams in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -17,12 +24,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accelmesh import errors
+from accelmesh.errors import quoted
 from accelmesh.programs import Program
 from compile_svc.programs import ProgramRegistry, program_from_export
+from compile_svc.programs.registry import MAX_NAME_CHARS, MAX_VERSION_CHARS
+from compile_svc.programs.uploaded import MAX_UPLOAD_TENSORS
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # fullmatch: also what keeps a stored name inside the folder
+# A new upload's version is shorter than a name so that its file name, `.<name>@<version>.jaxexport.tmp`,
+# stays within the 255 bytes a file name may have on common filesystems. Restore accepts what
+# uploads could have before (MAX_VERSION_CHARS), so older files still load.
+MAX_UPLOAD_VERSION_CHARS = 64
+MAX_DESCRIPTION_CHARS = 4096  # header.description: listed with every ListPrograms answer
+MAX_INPUT_NAME_CHARS = 128  # each of header.input_names
 META, DATA = ".json", ".jaxexport"
 
 
@@ -30,38 +46,54 @@ class UploadStore:
     """The registry's uploads and their files, changed together under one lock so a delete
     racing an upload of the same version cannot leave files behind that a restart brings back."""
 
-    def __init__(self, root: Path, registry: ProgramRegistry, max_bytes: int):
+    def __init__(self, root: Path, registry: ProgramRegistry, max_bytes: int, *,
+                 max_uploads: int = 256, max_total_bytes: int = 4 * 1024**3):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.registry = registry
-        self.max_bytes = max_bytes
+        self.max_bytes = max_bytes  # one artifact
+        self.max_uploads = max_uploads
+        self.max_total_bytes = max_total_bytes
+        self._sizes: dict[tuple[str, str], int] = {}  # every stored upload's artifact bytes
         self._lock = threading.Lock()
 
-    def check(self, name: str, version: str) -> None:
-        """Refuse a bad, reserved or existing name@version before the artifact is streamed."""
-        for field, value in (("name", name), ("version", version)):
-            if not NAME.match(value or ""):
-                raise errors.InvalidArgument(
-                    f"header.{field} {value!r} must be 1-128 letters, digits, '_', '-' or '.'"
-                )
+    def check(self, name: str, version: str, total_bytes: int = 0, input_names: Sequence[str] = (),
+              description: str = "") -> None:
+        """Refuse a bad, reserved or existing name@version, a header over its limits, or an upload
+        the store has no room for, before the artifact is streamed."""
+        _check_name(name, version, MAX_NAME_CHARS, MAX_UPLOAD_VERSION_CHARS)
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise errors.InvalidArgument(f"header.description is {len(description)} characters, over the "
+                                         f"{MAX_DESCRIPTION_CHARS} allowed; shorten it", field="header.description")
+        if len(input_names) > MAX_UPLOAD_TENSORS:
+            raise errors.InvalidArgument(f"header.input_names has {len(input_names)} names; an upload may take at "
+                                         f"most {MAX_UPLOAD_TENSORS} inputs", field="header.input_names")
+        for i, input_name in enumerate(input_names):
+            if len(input_name) > MAX_INPUT_NAME_CHARS:
+                raise errors.InvalidArgument(f"header.input_names[{i}] {quoted(input_name)} is longer than "
+                                             f"{MAX_INPUT_NAME_CHARS} characters", field=f"header.input_names[{i}]")
         self.registry.check_upload(name, version)
+        with self._lock:
+            self._check_room(total_bytes)
 
     def upload(
         self, name: str, version: str, data: bytes, combine: Sequence[str], input_names: Sequence[str] = (),
         description: str = "",
     ) -> Program:
         """Register and store a new upload; an existing name@version is refused (AlreadyExists)."""
-        self.check(name, version)
+        self.check(name, version, len(data), input_names, description)
         meta = {"name": name, "version": version, "combine": list(combine), "input_names": list(input_names),
-                "description": description}
+                "description": description, "digest": hashlib.sha256(data).hexdigest()}
         program = self._program(meta, data)
         with self._lock:
+            self._check_room(len(data))  # again: another upload may have taken the room meanwhile
             self.registry.add_upload(program)
             try:
                 self._save(meta, data)
             except OSError:
                 self.registry.remove_upload(name, version)
                 raise
+            self._sizes[(name, version)] = len(data)
         return program
 
     def delete(self, name: str, version: str) -> Program:
@@ -77,28 +109,57 @@ class UploadStore:
             except OSError:
                 self.registry.add_upload(program)
                 raise
+            self._sizes.pop((name, version), None)
         return program
 
     def restore(self) -> int:
-        """Register every stored upload again; a damaged, duplicate or reserved one is logged and skipped."""
+        """Register every stored upload again; a damaged, duplicate or reserved one is logged and skipped.
+
+        Uploads over today's limits are still restored (refusing them would lose them); new
+        uploads are refused until some are deleted."""
         count = 0
         for meta_path in sorted(self.root.glob(f"*{META}")):
             try:
                 meta = json.loads(meta_path.read_text())
-                self.check(meta["name"], meta["version"])  # also keeps a tampered name inside root
-                data_path = meta_path.with_suffix(DATA)
+                _check_name(meta["name"], meta["version"], MAX_NAME_CHARS, MAX_VERSION_CHARS)  # stays inside root
+                self.registry.check_upload(meta["name"], meta["version"])
+                data_path = meta_path.with_name(meta_path.name.removesuffix(META) + DATA)
                 data = data_path.read_bytes()
+                digest = hashlib.sha256(data).hexdigest()
+                if meta.get("digest", digest) != digest:  # sidecars written before the digest have none
+                    raise ValueError(f"{data_path.name} is not the artifact its sidecar was written for")
                 program = self._program(meta, data)
                 with self._lock:
                     self.registry.add_upload(program)
-                    if meta_path != self._path(program.name, program.version, META):
-                        self._save(meta, data)  # named before <name>@<version>: move it there
-                        meta_path.unlink()
-                        data_path.unlink()
+                    try:
+                        if meta_path != self._path(program.name, program.version, META):
+                            self._save(meta, data)  # named before <name>@<version>: move it there
+                            meta_path.unlink()
+                            data_path.unlink()
+                    except OSError:
+                        self.registry.remove_upload(program.name, program.version)
+                        raise
+                    self._sizes[(program.name, program.version)] = len(data)
                 count += 1
             except (OSError, ValueError, KeyError, TypeError, errors.AccelmeshError) as exc:
                 log.warning("skipping stored upload %s in %s: %s", meta_path.name, self.root, exc)
+        if len(self._sizes) > self.max_uploads or sum(self._sizes.values()) > self.max_total_bytes:
+            log.warning("%d stored uploads (%d bytes) are over the limits of %d uploads and %d bytes; new "
+                        "uploads are refused until some are deleted", len(self._sizes), sum(self._sizes.values()),
+                        self.max_uploads, self.max_total_bytes)
         return count
+
+    def _check_room(self, total_bytes: int) -> None:
+        """Call under the lock."""
+        if len(self._sizes) >= self.max_uploads:
+            raise errors.ResourceExhausted(
+                f"{len(self._sizes)} uploaded versions are kept, the limit of this compile service; "
+                "DeleteProgram versions no longer used, or raise ACCELMESH_MAX_UPLOADS")
+        held = sum(self._sizes.values())
+        if held + total_bytes > self.max_total_bytes:
+            raise errors.ResourceExhausted(
+                f"uploads hold {held} bytes; {total_bytes} more would pass the limit of {self.max_total_bytes}; "
+                "DeleteProgram versions no longer used, or raise ACCELMESH_MAX_UPLOADED_BYTES")
 
     def _program(self, meta: dict, data: bytes) -> Program:
         program = program_from_export(meta["name"], meta["version"], data, list(meta["combine"]),
@@ -114,6 +175,14 @@ class UploadStore:
     def _path(self, name: str, version: str, suffix: str) -> Path:
         # Not Path.with_suffix: a dot in the version ('1.0') would be taken for a suffix.
         return self.root / f"{name}@{version}{suffix}"
+
+
+def _check_name(name: object, version: object, max_name: int, max_version: int) -> None:
+    for field, value, limit in (("name", name, max_name), ("version", version, max_version)):
+        if not isinstance(value, str) or not 0 < len(value) <= limit or not NAME.fullmatch(value):
+            raise errors.InvalidArgument(
+                f"header.{field} {quoted(value)} must be 1-{limit} letters, digits, '_', '-' or '.'",
+                field=f"header.{field}")
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -19,7 +19,14 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from accelmesh.errors import AlreadyExists, FailedPrecondition, NotFound, PermissionDenied
+from accelmesh.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    quoted,
+)
 from accelmesh.programs import Program
 from compile_svc.programs.builtin import builtin_deferred, builtin_entries
 from compile_svc.programs.layers import DeferredEntry, LayerFn, ProgramEntry
@@ -28,6 +35,22 @@ ENTRY_POINT_GROUP = "accelmesh.programs"
 BUILTIN, PLUGIN, UPLOADED = "built-in", "plugin", "uploaded"  # a name's origin
 
 log = logging.getLogger(__name__)
+
+# The longest name and version any request may give (uploads.py allows new uploads shorter
+# versions, so that their file names fit; these are what uploads could have before that).
+MAX_NAME_CHARS = 128
+MAX_VERSION_CHARS = 128
+LISTED_IN_ERRORS = 20  # how many names or versions a NotFound lists before "and N more"
+
+
+def check_reference(name: str, version: str, *, name_field: str = "name", version_field: str = "version") -> None:
+    """Refuse a name or version no program can have (too long) before looking it up, so that
+    the error says so instead of quoting a megabyte back as not found."""
+    for field, value, limit in ((name_field, name, MAX_NAME_CHARS), (version_field, version, MAX_VERSION_CHARS)):
+        if len(value) > limit:
+            raise InvalidArgument(f"{field} {quoted(value)} is longer than the {limit} characters a program "
+                                  f"{field.rsplit('.', 1)[-1]} may have; ListPrograms shows what is registered",
+                                  field=field)
 
 
 def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
@@ -100,12 +123,12 @@ class ProgramRegistry:
         with self._lock:
             origin = self._origins.get(name)
             if origin in (BUILTIN, PLUGIN):
-                raise PermissionDenied(f"name {name!r} is a {origin} program's; only uploaded programs can be "
+                raise PermissionDenied(f"name {quoted(name)} is a {origin} program's; only uploaded programs can be "
                                        "deleted (built-in and plugin programs come with the service)")
             entry = self._entries.pop((name, version), None) if origin == UPLOADED else None
             if entry is None:
-                raise NotFound(f"name and version: no uploaded program {name}@{version}; ListPrograms shows "
-                               "the uploaded programs and their exact versions")
+                raise NotFound(f"name and version: no uploaded program {quoted(f'{name}@{version}')}; "
+                               "ListPrograms shows the uploaded programs and their exact versions")
             if not any(n == name for n, _ in self._entries):
                 del self._origins[name]  # its last version is gone: the name is free again
         return _program(entry)
@@ -159,13 +182,12 @@ class ProgramRegistry:
             versions = {v: e for (n, v), e in self._entries.items() if n == name}
             names = sorted({n for n, _ in self._entries})
         if not versions:
-            raise NotFound(f"program {name!r} is not registered; available programs: "
-                           f"{', '.join(names) or 'none'}")
+            raise NotFound(f"program {quoted(name)} is not registered; available programs: {_listed(names)}")
         if not version:
             version = max(versions, key=_order)
         if version not in versions:
-            available = ", ".join(sorted(versions, key=_order))
-            raise NotFound(f"program {name!r} has no version {version!r}; available versions: {available}")
+            available = _listed(sorted(versions, key=_order))
+            raise NotFound(f"program {quoted(name)} has no version {quoted(version)}; available versions: {available}")
         found = versions[version]
         return found.entry() if isinstance(found, DeferredEntry) else found
 
@@ -179,11 +201,17 @@ class ProgramRegistry:
     def _check_upload(self, name: str, version: str) -> None:
         owner = self._origins.get(name, UPLOADED)
         if owner != UPLOADED:
-            raise PermissionDenied(f"name {name!r} is a {owner} program's name, and built-in and plugin names "
+            raise PermissionDenied(f"name {quoted(name)} is a {owner} program's name, and built-in and plugin names "
                                    "are reserved; upload under another name")
         if (name, version) in self._entries:
-            raise AlreadyExists(f"version {version!r} of {name!r} is already uploaded and versions are immutable; "
-                                "upload under a new version, or DeleteProgram this one first")
+            raise AlreadyExists(f"version {quoted(version)} of {quoted(name)} is already uploaded and versions are "
+                                "immutable; upload under a new version, or DeleteProgram this one first")
+
+
+def _listed(items: builtins.list[str]) -> str:
+    shown = ", ".join(items[:LISTED_IN_ERRORS]) or "none"
+    more = len(items) - LISTED_IN_ERRORS
+    return f"{shown} and {more} more (ListPrograms has them all)" if more > 0 else shown
 
 
 def _program(entry: ProgramEntry | DeferredEntry) -> Program:

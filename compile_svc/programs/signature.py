@@ -8,8 +8,10 @@ import json
 import types
 from collections.abc import Iterable, Sequence
 
-from accelmesh.errors import InvalidArgument
+from accelmesh.errors import InvalidArgument, quoted
 from accelmesh.programs import OutputSpec, Program, TensorSpec
+
+SHOWN_DIMS = 16  # a client's shape may have any rank; messages show this many dims of it
 
 
 def check_signature(program: Program, inputs: Sequence[TensorSpec], field: str = "inputs") -> None:
@@ -25,7 +27,7 @@ def check_signature(program: Program, inputs: Sequence[TensorSpec], field: str =
             f"{field}: {len(inputs)} given, {program.ref} expects {len(expected)} "
             f"({', '.join(_describe(s) for s in expected)})")
     for i, (got, want) in enumerate(zip(inputs, expected)):
-        where = f"{field}[{i}] {got.name!r}"
+        where = f"{field}[{i}] {quoted(got.name)}"
         if got.name != want.name:
             raise InvalidArgument(f"{where}: name differs, {program.ref} expects {want.name!r} at this position")
         if got.dtype != want.dtype:
@@ -79,7 +81,8 @@ def _spec(spec: TensorSpec) -> list[object]:
 
 
 def _shape(shape: Sequence[int | None]) -> str:
-    return "[" + ", ".join("None" if d is None else str(d) for d in shape) + "]"
+    dims = ["None" if d is None else str(d) for d in shape[:SHOWN_DIMS]]
+    return "[" + ", ".join(dims) + (f", ... ({len(shape)} dims)]" if len(shape) > SHOWN_DIMS else "]")
 
 
 def _describe(spec: TensorSpec) -> str:

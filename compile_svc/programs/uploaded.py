@@ -13,8 +13,12 @@ from typing import Any
 import jax
 from jax import export
 
-from accelmesh.errors import InvalidArgument, ResourceExhausted
+from accelmesh.errors import InvalidArgument, ResourceExhausted, quoted
 from accelmesh.programs import COMBINE_RULES, DTYPES, OutputSpec, Program, TensorSpec
+
+# Inputs, and outputs, an upload may have: each is listed in every ListPrograms answer and
+# checked on every job, and a function taking more is better uploaded with its arrays stacked.
+MAX_UPLOAD_TENSORS = 1024
 
 
 def program_from_export(name: str, version: str, data: bytes, outputs_combine: Sequence[str],
@@ -23,13 +27,18 @@ def program_from_export(name: str, version: str, data: bytes, outputs_combine: S
         raise InvalidArgument("name and version: both are required for an uploaded program")
     if len(data) > max_bytes:
         raise ResourceExhausted(f"exported: the artifact is {len(data)} bytes, over the upload limit of "
-                                f"{max_bytes} bytes; export a smaller function or pass weights as inputs")
+                                f"{max_bytes} bytes; export a smaller function or pass weights as inputs, or "
+                                "raise ACCELMESH_MAX_UPLOAD_BYTES")
     try:
         exp = export.deserialize(bytearray(data))
         in_avals, out_avals = tuple(exp.in_avals), tuple(exp.out_avals)
     except Exception as exc:  # the deserializer raises whatever its parser trips on
         raise InvalidArgument(f"exported: not a serialized jax.export artifact: {type(exc).__name__}: {exc}") from exc
 
+    for what, avals in (("inputs", in_avals), ("outputs", out_avals)):
+        if len(avals) > MAX_UPLOAD_TENSORS:
+            raise InvalidArgument(f"exported: the function has {len(avals)} {what}, over the {MAX_UPLOAD_TENSORS} "
+                                  "an upload may have; stack arrays of one shape into one")
     flat_args = jax.tree_util.tree_structure((tuple(range(len(in_avals))), {}))
     if exp.in_tree != flat_args:
         raise InvalidArgument(f"exported: the function must take only positional arrays, got argument "
@@ -38,7 +47,7 @@ def program_from_export(name: str, version: str, data: bytes, outputs_combine: S
     if len(names) != len(in_avals):
         raise InvalidArgument(f"input_names: {len(names)} names given, the artifact takes {len(in_avals)} inputs")
     if len(set(names)) != len(names):
-        raise InvalidArgument(f"input_names: names must be unique, got {names}")
+        raise InvalidArgument(f"input_names: names must be unique, got {quoted(names)}")
     if len(outputs_combine) != len(out_avals):
         raise InvalidArgument(f"outputs_combine: {len(outputs_combine)} rules given, the artifact returns "
                               f"{len(out_avals)} outputs")
@@ -46,7 +55,7 @@ def program_from_export(name: str, version: str, data: bytes, outputs_combine: S
     batch_symbols: set[str] = set()
     inputs = []
     for i, (input_name, aval) in enumerate(zip(names, in_avals)):
-        where = f"inputs[{i}] {input_name!r}"
+        where = f"inputs[{i}] {quoted(input_name)}"
         inputs.append(TensorSpec(input_name, _dtype(aval, where), _shape(aval, where, batch_symbols, None)))
     if len(batch_symbols) > 1:
         raise InvalidArgument(f"exported: inputs use several batch dimensions {sorted(batch_symbols)}; "

@@ -163,7 +163,7 @@ def test_a_deleted_upload_stays_deleted_after_a_restart(service, compile_config)
 
 @pytest.mark.parametrize("name, version, code, words", [
     ("mlp_classifier", "1", grpc.StatusCode.PERMISSION_DENIED, "only uploaded programs can be deleted"),
-    ("affine", "1", grpc.StatusCode.NOT_FOUND, "no uploaded program affine@1"),
+    ("affine", "1", grpc.StatusCode.NOT_FOUND, "no uploaded program 'affine@1'"),
     ("mlp_classifier", "999", grpc.StatusCode.PERMISSION_DENIED, "built-in"),
     ("affine", "", grpc.StatusCode.INVALID_ARGUMENT, "name and version are both required"),
     ("", "1", grpc.StatusCode.INVALID_ARGUMENT, "name and version are both required"),

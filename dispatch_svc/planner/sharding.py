@@ -6,6 +6,10 @@ so shard order is row order and results combine in shard order. A device whose s
 left out. With ``max_shard_rows`` a device's share is cut into consecutive shards that the device
 runs one after another, so its total time is unchanged: the cap bounds message and memory size
 and lets a failed shard be retried without redoing the device's whole share.
+
+With ``bucket_rungs`` every shard's row count comes from a small ladder fixed by the job's shape
+(``buckets``): shares are split in whole units of the ladder, so a program's jobs of one input
+size build the same few executables however the measured rates move.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from dispatch_svc.planner.apportion import equal_rows, makespan, min_makespan_rows, proportional_rows
+from dispatch_svc.planner.buckets import bucket_ladder
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ def plan_shards(
     max_shard_rows: int | None = None,
     min_shard_rows: int = 1,
     exact: bool = False,
+    bucket_rungs: int | None = None,
 ) -> ShardingPlan:
     """Split ``total_rows`` among ``devices`` by their rates.
 
@@ -69,20 +75,32 @@ def plan_shards(
     ``min_shard_rows`` above 1, only the fastest devices whose proportional share among
     themselves reaches it are used (slower ones would get slivers whose fixed costs dominate),
     unless the whole job is smaller, when the fastest device takes it all.
+
+    With ``bucket_rungs``, the same holds in whole units of the job's bucket ladder instead of
+    rows (``buckets.bucket_ladder``): each share is cut into the ladder's rungs, and the tail
+    (rows % unit) goes to the kept device that finishes earliest with it.
     """
     _check(total_rows, devices, max_shard_rows, min_shard_rows)
     rates = [device.rows_per_second for device in devices]
-    kept = _fastest_reaching(total_rows, rates, min_shard_rows) if min_shard_rows > 1 else range(len(devices))
+    ladder = None if bucket_rungs is None else bucket_ladder(total_rows, max_shard_rows, bucket_rungs)
+    unit = 1 if ladder is None else ladder.unit
+    units, min_units = total_rows // unit, -(-min_shard_rows // unit)
+    kept = _fastest_reaching(units, rates, min_units) if min_units > 1 else range(len(devices))
     kept_rates = [rates[i] for i in kept]
     split = min_makespan_rows if exact else proportional_rows
     rows = [0] * len(devices)
-    for i, n in zip(kept, split(total_rows, kept_rates)):
-        rows[i] = n
+    for i, n in zip(kept, split(units, kept_rates)):
+        rows[i] = n * unit
+    pieces = [_pieces(n, max_shard_rows) if ladder is None else ladder.pieces(n) for n in rows]
+    if ladder is not None and ladder.tail:
+        i = min(kept, key=lambda i: ((rows[i] + ladder.tail) / rates[i], i))
+        rows[i] += ladder.tail
+        pieces[i].append(ladder.tail)
 
     shards: list[Shard] = []
     first_row = 0
-    for device, n in zip(devices, rows):
-        for piece in _pieces(n, max_shard_rows):
+    for device, device_pieces in zip(devices, pieces):
+        for piece in device_pieces:
             shards.append(Shard(len(shards), device.device_id, device.target_type, first_row, piece,
                                 piece / device.rows_per_second))
             first_row += piece

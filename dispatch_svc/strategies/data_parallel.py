@@ -1,5 +1,8 @@
 """Data-parallel planning (MISSION A2, A5): the program built once per target type, the batch
 split into shards sized by each device's expected throughput, executables for the shard sizes.
+Shard sizes come from the job's bucket ladder (dispatch_svc.planner.buckets): the rates choose
+how many of each rung a device runs, never a new size, so a program's jobs of one input size
+reuse the same few executables instead of compiling one per rate-driven row count.
 
 `plan` answers PlanJob as well as SubmitJob; `start` then reserves the devices and hands the
 job to its strategy (inference or training), which streams the shards.
@@ -13,12 +16,15 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from dispatch_svc import records as m
 from dispatch_svc.interface import Build, JobDevice, Mesh
-from dispatch_svc.planner import PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
+from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, Target, ThroughputModel, flops_per_row, plan_shards
 from dispatch_svc.strategies import inference, training
 from dispatch_svc.strategies.context import JobContext, Limits
 from dispatch_svc.validation import check_inputs, check_program_kind
 
-MAX_EXECUTABLE_SIZES = 8  # distinct shard sizes worth a compiled executable each
+# Distinct shard sizes one job compiles executables for (within the compile service's default
+# 16 per call). A bucketed plan uses at most BUCKET_RUNGS + 1 (6), always compiled; a training job's
+# last, partial mini-batch adds its sizes only while the total stays within this.
+MAX_EXECUTABLE_SIZES = 8
 
 
 def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
@@ -39,11 +45,13 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
     devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]
     batch_rows = spec.training.batch_size if spec.kind == m.TRAINING else rows
     job_plan = _split(throughput, limits, program, spec, devices, by_type, min(batch_rows, rows))
-    sizes = sorted({s.rows for s in job_plan.shards})
+    sizes = {s.rows for s in job_plan.shards}  # the ladder's: at most BUCKET_RUNGS + 1
     if spec.kind == m.TRAINING and rows % batch_rows:
-        sizes = sorted(set(sizes) | {count for _, count, _ in training.plan_rows(job_plan, rows % batch_rows)})
+        last = {count for _, count, _ in training.plan_rows(job_plan, rows % batch_rows)}
+        if len(sizes | last) <= MAX_EXECUTABLE_SIZES:  # else the last mini-batch of an epoch runs portable
+            sizes |= last
     if len(sizes) <= MAX_EXECUTABLE_SIZES:
-        builds = mesh.compile(program, devices, sizes)  # portables come from the cache
+        builds = mesh.compile(program, devices, sorted(sizes))  # portables come from the cache
     return program, job_plan, builds, devices
 
 
@@ -75,8 +83,8 @@ def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: 
     rates = throughput.rates(program.ref, list(targets.values()), flops_per_row=flops_per_row(program))
     row_bytes = sum(int(np.prod(i.shape[1:], dtype=np.int64)) * np.dtype(i.dtype).itemsize for i in spec.inputs)
     max_rows = None if spec.kind == m.TRAINING else max(1, limits.max_shard_bytes // max(1, row_bytes))
-    sharding = plan_shards(rows, [PlannedDevice(d.id, d.target_type, rates[d.target_type].rows_per_second)
-                                  for d in devices], max_shard_rows=max_rows, exact=True)
+    pool = [PlannedDevice(d.id, d.target_type, rates[d.target_type].rows_per_second) for d in devices]
+    sharding = plan_shards(rows, pool, max_shard_rows=max_rows, exact=True, bucket_rungs=BUCKET_RUNGS)
     used = {s.device_id for s in sharding.shards}
     return m.Plan(
         targets=tuple(

@@ -1,5 +1,6 @@
-"""Folding shard outputs: sum / mean against one-device references, in any arrival order
-(concatenated outputs are written in place: tests/dispatch/test_strategies.py)."""
+"""Folding shard outputs: sum / mean against one-device references, in any arrival order, and
+over the bucketed shards the planner makes (concatenated outputs are written in place:
+tests/dispatch/test_strategies.py and tests/dispatch/test_buckets.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from dispatch_svc.combine import Accumulator
+from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
 
 SHARD_ROWS = [3, 1, 5, 2]  # uneven, as a throughput-weighted plan makes them
 
@@ -74,6 +76,58 @@ def test_any_arrival_order_gives_the_bits_of_shard_order(rule):
     naive = values[2] + values[0] + values[1] + values[3] if rule == "sum" else None
     if naive is not None:
         assert naive.tobytes() != reference.tobytes()  # a different order would have changed the bits
+
+
+# -- bucketed shards: split into ladder sizes, never padded -----------------------------------------
+
+RATES = (1.0, 2.5, 7.0)
+
+
+def shard_rows(total: int, cap: int, *, bucketed: bool) -> list[int]:
+    pool = [PlannedDevice(f"d{i}", "t", rate) for i, rate in enumerate(RATES)]
+    plan = plan_shards(total, pool, max_shard_rows=cap, exact=True, bucket_rungs=BUCKET_RUNGS if bucketed else None)
+    return [shard.rows for shard in plan.shards]
+
+
+@pytest.mark.parametrize("total", [1000, 1003])  # 1003: a 3-row tail off the ladder
+def test_bucketed_shards_sum_to_the_bits_of_the_unbucketed_and_whole_batch_sums(total):
+    # Integer-valued rows: every partial sum is exact, so any split that folds only real rows
+    # must give the whole batch's bits; a padded or dropped row would show.
+    batch = np.random.default_rng(3).integers(-1000, 1000, size=(total, 4)).astype(np.float32)
+    bucketed, free = shard_rows(total, 64, bucketed=True), shard_rows(total, 64, bucketed=False)
+    assert set(bucketed) <= set(bucket_ladder(total, 64).sizes) and bucketed != free
+    whole = batch.sum(axis=0)
+    for rows in (bucketed, free):
+        assert combine("sum", [s.sum(axis=0) for s in split(batch, rows)], rows).tobytes() == whole.tobytes()
+    counts = (batch > 0).sum(axis=1).astype(np.int32)  # an int32 per-row count, as mlp's "correct"
+    out = combine("sum", [np.int32(c.sum()) for c in split(counts, bucketed)], bucketed)
+    assert out.dtype == np.int32 and int(out) == int(counts.sum())
+
+
+def test_bucketed_means_weigh_real_rows_and_match_the_unbucketed_mean():
+    total = 1000  # cap 64: unit 4, rungs 4..64, all powers of two, no tail
+    batch = np.random.default_rng(4).integers(-1000, 1000, size=(total, 4)).astype(np.float64)
+    bucketed, free = shard_rows(total, 64, bucketed=True), shard_rows(total, 64, bucketed=False)
+    means = [s.mean(axis=0) for s in split(batch, bucketed)]
+    # Power-of-two shards: each shard mean and its weighting back are exact, so the bits are the
+    # whole batch's; an unbucketed split agrees to rounding.
+    assert combine("mean", means, bucketed).tobytes() == (batch.sum(axis=0) / total).tobytes()
+    np.testing.assert_allclose(combine("mean", [s.mean(axis=0) for s in split(batch, free)], free),
+                               batch.mean(axis=0), rtol=1e-12)
+    # Why shards are split, not padded: a tail padded up to a rung folds zero rows into its mean.
+    tail = batch[-6:]
+    padded = np.concatenate([tail, np.zeros((2, 4))]).mean(axis=0)
+    head = batch[:-6].mean(axis=0)
+    wrong = combine("mean", [head, padded], [total - 6, 6])
+    assert not np.allclose(wrong, batch.mean(axis=0), rtol=1e-6)
+
+
+def test_bucketed_shard_gradients_average_to_the_full_batch_gradient():
+    rng = np.random.default_rng(5)
+    x, y, w = rng.normal(size=(1003, 3)), rng.normal(size=1003), rng.normal(size=3)
+    rows = shard_rows(1003, 64, bucketed=True)
+    grads = [mse_gradient(w, xs, ys) for xs, ys in zip(split(x, rows), split(y, rows))]
+    np.testing.assert_allclose(combine("mean", grads, rows), mse_gradient(w, x, y), rtol=1e-12)
 
 
 def test_bf16_sums_accumulate_in_fp32_and_keep_their_dtype():

@@ -1,4 +1,5 @@
-"""Planner: throughput-weighted sharding and the throughput model behind it (pure domain, no server)."""
+"""Planner: throughput-weighted sharding, its bucketed shard sizes, and the throughput model behind
+it (pure domain, no server)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from accelmesh.hardware.catalog import resolve_type
 from accelmesh.programs import LayerInfo, Program
 from compile_svc.rules import load_rules
 from dispatch_svc.planner import (
+    BUCKET_RUNGS,
     PlannedDevice,
     Target,
     ThroughputModel,
+    bucket_ladder,
     flops_per_row,
     group_by_target_type,
     plan_shards,
@@ -145,6 +148,93 @@ def test_exact_mode_beats_rounding_when_a_slow_device_would_be_the_bottleneck():
     assert plan_shards(60, devices(*rates), exact=True).predicted_seconds == pytest.approx(0.6)
 
 
+# -- sharding: bucketed sizes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "total, cap, unit, rungs, tail",
+    [
+        (200, 64, 4, (4, 8, 16, 32, 64), 0),  # the fake mesh's AFFINE job: 64-row shards at most
+        (1000, None, 62, (62, 124, 248, 496, 992), 8),  # no cap: the largest shard is the job
+        (32768, 2048, 128, (128, 256, 512, 1024, 2048), 0),
+        (5, None, 1, (1, 2, 4), 0),  # fewer rows than the ladder is tall: rungs stop at the job
+        (1, 10, 1, (1,), 0),
+    ],
+)
+def test_the_ladder_depends_on_the_jobs_shape_alone(total, cap, unit, rungs, tail):
+    ladder = bucket_ladder(total, cap)
+    assert (ladder.unit, ladder.rungs, ladder.tail) == (unit, rungs, tail)
+    assert len(ladder.sizes) <= BUCKET_RUNGS + 1 and max(ladder.sizes) <= min(total, cap or total)
+
+
+def test_a_share_is_cut_into_top_rungs_then_its_binary_digits():
+    ladder = bucket_ladder(32768, 2048)
+    assert ladder.pieces(9000 // 128 * 128) == [2048] * 4 + [512, 256]  # 8960 rows
+    assert ladder.pieces(128 * 31) == [2048, 1024, 512, 256, 128]
+    assert ladder.pieces(0) == []
+    with pytest.raises(InvalidArgument, match="128-row units"):
+        ladder.pieces(100)
+
+
+def test_bucketed_plans_use_only_ladder_sizes_and_cover_every_row_once():
+    rng = random.Random(11)
+    for _ in range(400):
+        rates = [rng.choice([0.2, 1, 3, 15, 80]) * rng.uniform(0.5, 1.5) for _ in range(rng.randint(1, 9))]
+        total, cap = rng.randint(1, 5000), rng.choice([None, 1, 7, 64, 300, 2048])
+        exact = rng.random() < 0.5
+        plan = plan_shards(total, devices(*rates), max_shard_rows=cap, exact=exact, bucket_rungs=BUCKET_RUNGS)
+        ladder = bucket_ladder(total, cap)
+        row = 0
+        for shard in plan.shards:
+            assert shard.first_row == row and shard.rows in ladder.sizes
+            row += shard.rows
+        assert row == total
+        assert sum(s.rows == ladder.tail for s in plan.shards) == (1 if ladder.tail else 0)  # tail < unit
+        order = [int(s.device_id.rsplit(":", 1)[1]) for s in plan.shards]
+        assert order == sorted(order)  # a device's pieces are consecutive rows
+        # Balanced in whole units: proportional rounding's bound (one unit on any device past the
+        # LP optimum of the units), plus the tail on the device that finishes earliest with it.
+        whole = total - ladder.tail
+        bound = whole / sum(rates) + ladder.unit / min(rates) + ladder.tail / max(rates)
+        assert plan.predicted_seconds <= bound * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_bucketed_plans_are_the_best_split_into_whole_units(seed):
+    rng = random.Random(seed)
+    for _ in range(30):
+        rates = [rng.choice([0.3, 1, 2, 7, 40]) * rng.uniform(0.5, 1.5) for _ in range(rng.randint(2, 3))]
+        cap = rng.choice([1, 2, 5]) * 16
+        total = cap * rng.randint(1, 3) // 2  # a whole number of units: no tail
+        ladder = bucket_ladder(total, cap)
+        assert ladder.tail == 0
+        plan = plan_shards(total, devices(*rates), max_shard_rows=cap, exact=True, bucket_rungs=BUCKET_RUNGS)
+        # A unit of q rows on a device of rate r takes q / r: the brute force over units, at rate r / q.
+        best_units = brute_force_makespan(total // ladder.unit, [r / ladder.unit for r in rates])
+        assert plan.predicted_seconds == pytest.approx(best_units, rel=1e-12)
+        assert plan.predicted_seconds >= brute_force_makespan(total, rates) - 1e-12  # rows can only do better
+
+
+def test_bucketing_costs_little_balance_on_a_job_many_shards_long():
+    rng = random.Random(5)
+    for _ in range(50):
+        rates = [rng.uniform(1, 20) for _ in range(rng.randint(2, 8))]
+        pool = devices(*rates)
+        free = plan_shards(20000, pool, max_shard_rows=500, exact=True)
+        bucketed = plan_shards(20000, pool, max_shard_rows=500, exact=True, bucket_rungs=BUCKET_RUNGS)
+        assert bucketed.predicted_seconds <= free.predicted_seconds * 1.05
+        assert len({s.rows for s in bucketed.shards}) <= BUCKET_RUNGS + 1
+
+
+def test_the_faster_device_still_takes_the_larger_share():
+    plan = plan_shards(1600, devices(1, 3), max_shard_rows=128, exact=True, bucket_rungs=BUCKET_RUNGS)
+    assert plan.rows_by_device() == {"10.0.0.1/cuda:0": 400, "10.0.0.1/cuda:1": 1200}
+    assert [s.rows for s in plan.shards] == [128] * 3 + [16] + [128] * 9 + [32, 16]
+    plan = plan_shards(1000, devices(1, 3), exact=True, bucket_rungs=BUCKET_RUNGS)  # unit 62, tail 8
+    assert plan.rows_by_device() == {"10.0.0.1/cuda:0": 248, "10.0.0.1/cuda:1": 744 + 8}
+    assert [s.rows for s in plan.shards] == [248, 496, 248, 8]
+
+
 # -- sharding: errors ---------------------------------------------------------------------------------
 
 
@@ -163,6 +253,7 @@ def test_exact_mode_beats_rounding_when_a_slow_device_would_be_the_bottleneck():
         (10, devices(1), {"max_shard_rows": 0}, InvalidArgument),
         (10, devices(1), {"min_shard_rows": 0}, InvalidArgument),
         (10, devices(1), {"max_shard_rows": 10, "min_shard_rows": 6}, InvalidArgument),
+        (10, devices(1), {"bucket_rungs": 0}, InvalidArgument),
     ],
 )
 def test_bad_requests_raise_typed_errors(total, pool, options, error):

@@ -123,7 +123,15 @@ def split(
 
 
 class TensorAssembler:
-    """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow."""
+    """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow.
+
+    Memory follows the bytes that arrived, never the bytes a header declares: a peer can announce
+    a gigabyte in a 150-byte header and then send nothing (or go away). The buffer grows as chunks
+    come: CPython over-allocates a growing bytearray by about 1/8 (amortised appends) and glibc
+    grows a large one in place (mremap), so it holds the received bytes plus at most 1/8, and at
+    most about twice them while a reallocation copies. The result is a writable numpy view of the
+    buffer, not a copy (the 1/8 margin stays with it).
+    """
 
     def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
         self.name = header.name
@@ -137,32 +145,37 @@ class TensorAssembler:
                 f"{field} '{self.name}': total_bytes {header.total_bytes} does not match dtype {self.dtype} "
                 f"and shape {list(self.shape)} ({expected} bytes)"
             )
-        self._buffer = bytearray(expected)
-        self._received = 0
+        self.total_bytes = expected  # declared, checked against dtype and shape; nothing allocated for it
+        self._buffer = bytearray()
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes received so far, which is what this assembler holds (plus the growth margin)."""
+        return len(self._buffer)
 
     @property
     def complete(self) -> bool:
-        return self._received == len(self._buffer)
+        return len(self._buffer) == self.total_bytes
 
     def add(self, chunk: common_pb2.TensorChunk) -> None:
         if chunk.name != self.name:
             raise errors.InvalidArgument(f"{self.field}: chunk for '{chunk.name}' arrived while '{self.name}' is open")
-        if chunk.offset != self._received:
+        received = len(self._buffer)
+        if chunk.offset != received:
             raise errors.InvalidArgument(
-                f"{self.field} '{self.name}': chunk offset {chunk.offset}, expected {self._received}; send chunks in order"
+                f"{self.field} '{self.name}': chunk offset {chunk.offset}, expected {received}; send chunks in order"
             )
-        end = self._received + len(chunk.data)
-        if end > len(self._buffer):
+        data = chunk.data
+        if received + len(data) > self.total_bytes:
             raise errors.InvalidArgument(
-                f"{self.field} '{self.name}': chunks carry more than the declared {len(self._buffer)} bytes"
+                f"{self.field} '{self.name}': chunks carry more than the declared {self.total_bytes} bytes"
             )
-        self._buffer[self._received : end] = chunk.data
-        self._received = end
+        self._buffer += data
 
     def result(self) -> np.ndarray:
         if not self.complete:
             raise errors.InvalidArgument(
-                f"{self.field} '{self.name}': stream ended after {self._received} of {len(self._buffer)} bytes"
+                f"{self.field} '{self.name}': stream ended after {len(self._buffer)} of {self.total_bytes} bytes"
             )
         return np.frombuffer(self._buffer, dtype=self.dtype).reshape(self.shape)
 

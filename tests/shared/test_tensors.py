@@ -1,9 +1,11 @@
-"""The tensor codec: whole and chunked round trips over every DataType, and every bad input
-refused with InvalidArgument naming the tensor."""
+"""The tensor codec: whole and chunked round trips over every DataType, every bad input
+refused with InvalidArgument naming the tensor, and an assembler's memory following the bytes
+that arrived rather than the bytes a header declares."""
 
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import ml_dtypes
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
-from accelmesh.runtime.tensors import TensorAssembler, dtype_code, from_proto, split, to_proto
+from accelmesh.runtime.tensors import TensorAssembler, TensorCollector, dtype_code, from_proto, split, to_proto
 
 MIB = 1024 * 1024
 CHUNK_OVERHEAD_BYTES = 64  # name, offset and field tags around a chunk's data
@@ -234,8 +236,6 @@ def test_bad_input_is_invalid_argument_naming_the_tensor(action, fragments):
 
 
 def test_a_collector_rebuilds_interleaved_tensors_in_header_order():
-    from accelmesh.runtime.tensors import TensorCollector
-
     a, b = np.arange(10, dtype=np.float32), np.arange(6, dtype=np.int32).reshape(2, 3)
     (ha, ca), (hb, cb) = split("a", a, 8), split("b", b, 8)
     collector = TensorCollector("output")
@@ -255,3 +255,70 @@ def test_a_collector_rebuilds_interleaved_tensors_in_header_order():
         collector.header(ha)
     with pytest.raises(errors.InvalidArgument, match="before its header"):
         TensorCollector("output").chunk(chunks_a[0])
+
+
+# -- memory: what arrived, never what was declared ---------------------------------------------------
+
+GIB = 1024 * MIB
+GROWTH_CHUNKS = 16
+
+
+def _gib_header(name: str = NAME) -> common_pb2.TensorHeader:
+    return common_pb2.TensorHeader(name=name, dtype=common_pb2.DATA_TYPE_UINT8, shape=[GIB], total_bytes=GIB)
+
+
+def _traced(action) -> tuple[int, int]:
+    """Bytes `action` allocated and kept, and its peak, as tracemalloc counts them (deterministic)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        kept_alive = action()  # noqa: F841 - held while the memory is read
+        current, peak = tracemalloc.get_traced_memory()
+        return current - before, peak - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_header_declaring_a_gibibyte_allocates_nothing():
+    collector = TensorCollector("output")
+
+    def announce():
+        collector.header(_gib_header("big"))
+        return collector
+
+    assembler_kept, _ = _traced(lambda: TensorAssembler(_gib_header()))
+    collector_kept, _ = _traced(announce)
+    assert assembler_kept < 64 * 1024 and collector_kept < 64 * 1024  # bookkeeping only, not a GiB
+    assert TensorAssembler(_gib_header()).received_bytes == 0
+
+
+def test_an_assembler_grows_with_the_chunks_that_arrive_and_at_most_doubles_them():
+    chunks = [common_pb2.TensorChunk(name=NAME, offset=i * MIB, data=bytes(MIB)) for i in range(GROWTH_CHUNKS)]
+    assembler = TensorAssembler(_gib_header())
+
+    def receive():
+        for chunk in chunks:
+            assembler.add(chunk)
+        return assembler
+
+    kept, peak = _traced(receive)
+    received = GROWTH_CHUNKS * MIB
+    assert assembler.received_bytes == received and not assembler.complete
+    assert received <= kept <= received * 5 // 4, f"{kept} bytes held for {received} received"
+    assert peak <= 2 * received + 2 * MIB, f"peak {peak} bytes while receiving {received}"  # + a chunk in flight
+    with pytest.raises(errors.InvalidArgument, match=f"after {received} of {GIB} bytes"):
+        assembler.result()
+
+
+def test_a_complete_tensor_is_a_writable_view_of_the_received_bytes_not_a_copy():
+    original = np.arange(3 * MIB // 4, dtype=np.float32)
+    header, chunks = split(NAME, original, chunk_bytes=MIB // 2)
+    assembler = TensorAssembler(header)
+    for chunk in chunks:
+        assembler.add(chunk)
+    first = assembler.result()
+    kept, _ = _traced(assembler.result)
+    assert kept < 64 * 1024, "result() copied the buffer"
+    assert first.flags.writeable and np.shares_memory(first, assembler.result())
+    np.testing.assert_array_equal(first, original)

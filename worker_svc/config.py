@@ -12,6 +12,7 @@ from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_bool, env_float, env_int, env_str
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
+from worker_svc.held_tensors import MAX_HELD_TENSORS
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,15 @@ class WorkerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     artifact_dir: str = ".accelmesh/worker-artifacts"  # ACCELMESH_WORKER_ARTIFACT_DIR: fetched artifacts, verified
     max_input_bytes: int = 1024**3  # ACCELMESH_WORKER_MAX_INPUT_BYTES: largest total of one shard's inputs
+    # ACCELMESH_WORKER_MAX_INPUTS: most inputs (tensors and references) one shard may send; each
+    # costs memory whatever its size, so a stream of empty tensors is bounded too
+    max_inputs: int = 4096
     # ACCELMESH_WORKER_HELD_BYTES: host memory for tensors kept for a job's later shards (its
     # parameters, sent once); least recently used dropped first; 0 keeps none.
     held_bytes: int = 1024**3
+    # ACCELMESH_WORKER_HELD_TENSORS: most tensors held at once over all jobs, least recently used
+    # dropped first; a call asking to keep more than this is refused (RESOURCE_EXHAUSTED)
+    held_tensors: int = MAX_HELD_TENSORS
     held_idle_s: float = 600.0  # ACCELMESH_WORKER_HELD_IDLE_S: a job's held tensors dropped after this unused
     # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
@@ -103,7 +110,9 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, env, minimum=65536),
         artifact_dir=args.artifact_dir,
         max_input_bytes=env_int("ACCELMESH_WORKER_MAX_INPUT_BYTES", WorkerConfig.max_input_bytes, env, minimum=1),
+        max_inputs=env_int("ACCELMESH_WORKER_MAX_INPUTS", WorkerConfig.max_inputs, env, minimum=1),
         held_bytes=env_int("ACCELMESH_WORKER_HELD_BYTES", WorkerConfig.held_bytes, env, minimum=0),
+        held_tensors=env_int("ACCELMESH_WORKER_HELD_TENSORS", WorkerConfig.held_tensors, env, minimum=1),
         held_idle_s=env_float("ACCELMESH_WORKER_HELD_IDLE_S", WorkerConfig.held_idle_s, env, minimum=1.0),
     )
 

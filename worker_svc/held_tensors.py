@@ -2,10 +2,16 @@
 
 A dispatcher sends a job's parameters to a worker once and refers to them by a key of its own
 afterwards. They stay host numpy arrays: a device's memory belongs to the shard running on it,
-and every shard puts its inputs on the device anyway. Within a byte limit the least recently used
-go first; a job's tensors go once the job has used none of them for `idle_s`, because nothing
-tells a worker that a job ended. Only the dispatcher knows what a key means: the store trusts
-that the content under a key never changes within a job.
+and every shard puts its inputs on the device anyway. Within a byte limit and a count limit the
+least recently used go first; a job's tensors go once the job has used none of them for `idle_s`,
+because nothing tells a worker that a job ended. Only the dispatcher knows what a key means: the
+store trusts that the content under a key never changes within a job.
+
+Everything the store keeps is bounded: tensors by `max_bytes` (their data) and `max_tensors`
+(their entries, which cost memory even for empty tensors), jobs by the tensors (a job is known
+only while it holds one), keys and job ids by MAX_KEY_CHARS (checked where requests are read).
+A dropped tensor is no error here: the dispatcher's next reference to it is answered
+TENSOR_NOT_HELD and it sends the tensor in full (dispatch_svc/held_keys.py).
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Default for ACCELMESH_WORKER_HELD_TENSORS: tensors held at once, over all jobs. An entry costs
+# about a kilobyte beside its data (keys, bookkeeping, the array object), so this caps that part
+# near 16 MiB, far above a model's parameter count (a transformer has hundreds of leaves).
+MAX_HELD_TENSORS = 16384
+# Longest key or job id a tensor is held under (ShardHeader.keep_tensors[].key, ShardHeader.job_id):
+# the dispatcher's are "<job>:<parameter path>"; a longer one is refused, not stored.
+MAX_KEY_CHARS = 1024
+
 
 @dataclass(frozen=True)
 class HeldStats:
@@ -26,15 +40,18 @@ class HeldStats:
     kept: int  # tensors kept since the start
     used: int  # references answered
     missed: int  # references to a tensor not held
-    evicted: int  # dropped for the byte limit (a tensor larger than the limit counts here too)
+    evicted: int  # dropped for the byte or count limit (a tensor larger than the byte limit counts here too)
     expired: int  # dropped because their job went idle
+    jobs: int  # jobs holding at least one tensor now
 
 
 class HeldTensors:
     """Thread-safe: shards of several jobs keep and use tensors at once."""
 
-    def __init__(self, max_bytes: int, idle_s: float, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_bytes: int, idle_s: float, *, max_tensors: int = MAX_HELD_TENSORS,
+                 clock: Callable[[], float] = time.monotonic):
         self.max_bytes = max_bytes
+        self.max_tensors = max_tensors
         self.idle_s = idle_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -45,7 +62,8 @@ class HeldTensors:
         self._kept = self._used = self._missed = self._evicted = self._expired = 0
 
     def keep(self, job_id: str, key: str, array: np.ndarray) -> bool:
-        """Hold `array` under (job, key), replacing what was there; False if it is over the limit."""
+        """Hold `array` under (job, key), replacing what was there; False if it is over the byte limit.
+        Beyond either limit the least recently used tensors (of any job) are dropped."""
         with self._lock:
             now = self._clock()
             self._expire(now)
@@ -58,7 +76,7 @@ class HeldTensors:
             self._last_used[job_id] = now
             self._bytes += array.nbytes
             self._kept += 1
-            while self._bytes > self.max_bytes:
+            while self._bytes > self.max_bytes or len(self._tensors) > self.max_tensors:
                 oldest = next(iter(self._tensors))
                 self._drop(oldest)
                 self._evicted += 1
@@ -86,7 +104,7 @@ class HeldTensors:
     def stats(self) -> HeldStats:
         with self._lock:
             return HeldStats(len(self._tensors), self._bytes, self._kept, self._used, self._missed, self._evicted,
-                             self._expired)
+                             self._expired, len(self._jobs))
 
     def _expire(self, now: float) -> None:
         idle = [job for job, last in self._last_used.items() if now - last >= self.idle_s]

@@ -1,18 +1,24 @@
 """Reading an Execute request stream: the header, then each input in full (a TensorHeader and its
 chunks) or as a reference to a tensor held for the job; the inputs the header asks to keep are
-held before the shard is queued, so a later call may refer to them from SHARD_STAGE_QUEUED on."""
+held before the shard is queued, so a later call may refer to them from SHARD_STAGE_QUEUED on.
+
+What a call holds grows with the bytes that arrived, never with what its headers declare
+(TensorAssembler); `received` hears each chunk, for the servicer's InputLedger."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorAssembler
 from accelmesh.worker.v1 import worker_service_pb2 as pb
-from worker_svc.held_tensors import HeldTensors
+from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
 
+
+def _ignore(nbytes: int) -> None:
+    pass
 
 
 def read_header(requests: Iterator[pb.ExecuteRequest]) -> pb.ShardHeader:
@@ -23,33 +29,51 @@ def read_header(requests: Iterator[pb.ExecuteRequest]) -> pb.ShardHeader:
     return first.header
 
 
-def check_keep(head: pb.ShardHeader) -> dict[str, str]:
-    """header.keep_tensors as name -> key, refused before any input arrives if malformed."""
+def check_keep(head: pb.ShardHeader, max_tensors: int) -> dict[str, str]:
+    """header.keep_tensors as name -> key, refused before any input arrives if malformed or more
+    than the worker may hold at all (`max_tensors`, ACCELMESH_WORKER_HELD_TENSORS)."""
+    if len(head.keep_tensors) > max_tensors:
+        raise errors.ResourceExhausted(
+            f"header.keep_tensors lists {len(head.keep_tensors)} tensors but this worker holds at most {max_tensors} "
+            "(ACCELMESH_WORKER_HELD_TENSORS); raise that limit on the worker or keep fewer tensors per call")
     keep: dict[str, str] = {}
     keys: set[str] = set()
     for index, ref in enumerate(head.keep_tensors):
         field = f"header.keep_tensors[{index}]"
         if not ref.name or not ref.key:
             raise errors.InvalidArgument(f"{field}: name and key are both required")
+        if len(ref.key) > MAX_KEY_CHARS:
+            raise errors.InvalidArgument(f"{field}.key {errors.quoted(ref.key)} is longer than {MAX_KEY_CHARS} "
+                                         "characters; use a shorter key")
         if ref.name in keep or ref.key in keys:
-            raise errors.InvalidArgument(f"{field}: name '{ref.name}' or key '{ref.key}' is listed twice; "
-                                         "keep each input once, under one key")
+            raise errors.InvalidArgument(f"{field}: name {errors.quoted(ref.name)} or key {errors.quoted(ref.key)} "
+                                         "is listed twice; keep each input once, under one key")
         keep[ref.name] = ref.key
         keys.add(ref.key)
     if keep and not head.job_id:
         raise errors.InvalidArgument("header.job_id is required to keep tensors: they are held per job")
+    if keep and len(head.job_id) > MAX_KEY_CHARS:
+        raise errors.InvalidArgument(f"header.job_id {errors.quoted(head.job_id)} is longer than {MAX_KEY_CHARS} "
+                                     "characters, the most a job that keeps tensors may have; use a shorter id")
     return keep
 
 
 def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, held: HeldTensors,
-                max_bytes: int, holder: str) -> list[np.ndarray]:
+                max_bytes: int, holder: str, *, max_inputs: int,
+                received: Callable[[int], None] = _ignore) -> list[np.ndarray]:
     """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks.
+    `received` hears the size of each chunk as it arrives (CallInputs.received).
 
     Tensors are held for the job under `holder` (the calling dispatcher's identity) as well as the
     job id, so no other caller can use them, even one that names the job."""
-    keep = check_keep(head)
-    scope = f"{holder}|{head.job_id}"
     count = head.input_count
+    if count > max_inputs:
+        # Each input costs memory whatever its size (empty tensors too), so their number is bounded.
+        raise errors.ResourceExhausted(f"header.input_count is {count} but this worker takes at most {max_inputs} "
+                                       "inputs per shard (ACCELMESH_WORKER_MAX_INPUTS); raise that limit on the "
+                                       "worker or send fewer, larger inputs")
+    keep = check_keep(head, held.max_tensors)
+    scope = f"{holder}|{head.job_id}"
     inputs: list[TensorAssembler | np.ndarray] = []
     total = 0
     for message in requests:
@@ -60,7 +84,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
             if len(inputs) == count:
                 raise errors.InvalidArgument(f"header.input_count is {count} but more tensors follow")
             if part == "held":
-                inputs.append(_held(held, scope, message.held, len(inputs)))
+                inputs.append(_held(held, scope, head.job_id, message.held, len(inputs)))
                 continue
             total += message.tensor.total_bytes
             if total > max_bytes:
@@ -69,6 +93,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
             inputs.append(TensorAssembler(message.tensor, f"input {len(inputs)}"))
         elif part == "chunk" and inputs and isinstance(inputs[-1], TensorAssembler):
             inputs[-1].add(message.chunk)
+            received(len(message.chunk.data))
         else:
             raise errors.InvalidArgument(f"unexpected {part or 'empty message'} in the inputs: send a TensorHeader, "
                                          "then its chunks, or a held reference, for each input")
@@ -80,19 +105,21 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
     return arrays
 
 
-def _held(held: HeldTensors, job_id: str, ref: pb.TensorRef, index: int) -> np.ndarray:
+def _held(held: HeldTensors, scope: str, job_id: str, ref: pb.TensorRef, index: int) -> np.ndarray:
     if not ref.key:
         raise errors.InvalidArgument(f"input {index}: a held reference needs a key")
-    array = held.get(job_id, ref.key)
+    array = held.get(scope, ref.key)
     if array is None:
         raise errors.FailedPrecondition(
-            f"input {index} ('{ref.name}'): tensor '{ref.key}' of job {job_id or '(none)'} is not held by this worker "
-            "(never kept, evicted, expired or the worker restarted); send it in full",
+            f"input {index} ({errors.quoted(ref.name)}): tensor {errors.quoted(ref.key)} of job "
+            f"{errors.quoted(job_id) if job_id else '(none)'} is not held by this worker (never kept, dropped for "
+            "ACCELMESH_WORKER_HELD_BYTES or ACCELMESH_WORKER_HELD_TENSORS, idle past ACCELMESH_WORKER_HELD_IDLE_S, "
+            "or the worker restarted); send it in full",
             reason=errors.TENSOR_NOT_HELD, field=f"held[{ref.name}].key")
     return array
 
 
-def _keep(keep: dict[str, str], job_id: str, inputs: list, arrays: list[np.ndarray], held: HeldTensors) -> None:
+def _keep(keep: dict[str, str], scope: str, inputs: list, arrays: list[np.ndarray], held: HeldTensors) -> None:
     sent = [i.name if isinstance(i, TensorAssembler) else None for i in inputs]  # names of the inputs sent in full
     chosen = {}
     for name, key in keep.items():
@@ -103,4 +130,4 @@ def _keep(keep: dict[str, str], job_id: str, inputs: list, arrays: list[np.ndarr
                                          "name exactly one TensorHeader of the call")
         chosen[key] = arrays[matches[0]]
     for key, array in chosen.items():  # all checked first: a refused call keeps nothing
-        held.keep(job_id, key, array)
+        held.keep(scope, key, array)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from accelmesh.inventory.v1 import inventory_service_pb2, inventory_service_pb2_grpc
+from accelmesh.runtime.admission import Admission
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
@@ -23,8 +24,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
 ACCESS: Access = {"DescribeNode": roles(Role.INVENTORY), "Execute": roles(Role.DISPATCH)}
 REGISTER_TIMEOUT_S = 10.0
-# Each Execute call holds a server thread while its shard waits for, loads and runs on a device;
-# these threads stay free beyond that, so DescribeNode polls are answered while devices are busy.
+# Each Execute call holds a stream thread while its shard waits for, loads and runs on a device,
+# and the inputs it received: a worker runs CALLS_PER_DEVICE of them a device, plus spares (a
+# retry arriving while the failed call winds down); further calls wait for a thread, their
+# inputs not yet read. DescribeNode polls and health run on threads of their own beside them.
 SPARE_THREADS = 8
 CALLS_PER_DEVICE = 4
 
@@ -42,16 +45,17 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
                                           tracer_provider=tracer_provider)
     devices = {d.id: d for d in agent.describe().devices}
     executor = ShardExecutor(devices, agent.jax_devices, artifacts)
-    held = HeldTensors(config.held_bytes, config.held_idle_s)
+    held = HeldTensors(config.held_bytes, config.held_idle_s, max_tensors=config.held_tensors)
     servicer = WorkerServicer(agent, executor, held, Authenticator(config.security), max_input_bytes=config.max_input_bytes,
-                              max_message_bytes=config.max_message_bytes)
+                              max_inputs=config.max_inputs, max_message_bytes=config.max_message_bytes)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
         security=config.security,
         access=ACCESS,
         address=config.listen,
         health_listen=config.health_listen,
-        max_workers=SPARE_THREADS + CALLS_PER_DEVICE * len(devices),
+        max_workers=SPARE_THREADS,
+        admission=Admission.from_env(stream_threads=SPARE_THREADS + CALLS_PER_DEVICE * len(devices)),
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[store.close] if store is not None else [],

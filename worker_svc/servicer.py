@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 from importlib import metadata
 from queue import SimpleQueue
@@ -23,6 +26,7 @@ from worker_svc import executor as ex
 from worker_svc.agent import NodeAgent
 from worker_svc.held_tensors import HeldTensors
 from worker_svc.inputs import read_header, read_inputs
+from worker_svc.ledger import CallInputs, InputLedger
 
 try:
     VERSION = metadata.version("accelmesh")
@@ -39,6 +43,24 @@ def shard_from_proto(h: pb.ShardHeader) -> ex.Shard:
                     h.input_count, h.batch_size)
 
 
+def _ignore(stage: str) -> None:
+    pass
+
+
+def _run_apart(run: Callable[[], ex.ShardResult], outcome: Future, stages: SimpleQueue) -> None:
+    """The executor thread: `run`'s result or exception into `outcome`, then the end of `stages`.
+
+    The exception's traceback holds this frame; as concurrent.futures does, the frame lets go of
+    `outcome` (and of `run`, which holds the inputs) so that no cycle runs through the Future."""
+    try:
+        outcome.set_result(run())
+    except BaseException as exc:  # noqa: BLE001 - handed to the handler thread
+        outcome.set_exception(exc)
+    finally:
+        del run, outcome
+        stages.put(None)
+
+
 def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
     return pb.ShardTimings(receive_seconds=t.receive_seconds, queue_seconds=t.queue_seconds,
                            load_seconds=t.load_seconds, execute_seconds=t.execute_seconds,
@@ -47,12 +69,14 @@ def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, auth: Authenticator, *,
-                 max_input_bytes: int, max_message_bytes: int):
+                 max_input_bytes: int, max_inputs: int, max_message_bytes: int):
         self.agent = agent
         self._auth = auth
         self.executor = executor
-        self.held = held
+        self.held = held  # tensors kept for jobs between calls
+        self.inputs = InputLedger()  # what calls in flight hold
         self._max_input_bytes = max_input_bytes
+        self._max_inputs = max_inputs
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)  # room for the message framing
 
     def DescribeNode(self, request, context):
@@ -68,6 +92,21 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         )
 
     def Execute(self, request_iterator, context):
+        call = self.inputs.open()
+        try:
+            yield from self._execute(request_iterator, context, call)
+        except BaseException as exc:
+            # The error goes on to the interceptors and gRPC, which keep it a while; the frames of
+            # its traceback let go of their locals (what arrived) now. A log needs no locals.
+            traceback.clear_frames(exc.__traceback__)
+            raise
+        finally:
+            call.close()
+
+    def _execute(self, request_iterator, context, call: CallInputs):
+        # Nothing here may keep the inputs alive after the call ends (a cancel, an error): no frame
+        # that holds them may end up in a cycle with an exception, or they wait for a full garbage
+        # collection (gigabytes, for a worker that is called often).
         started = time.perf_counter()
         try:
             head = read_header(request_iterator)
@@ -77,8 +116,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             span.set_attribute(attr.DEVICE_ID, shard.device_id)
             self.executor.admit(shard)  # refuse before megabytes of inputs arrive
             inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
-                                 self._auth.principal(context).key)
-        except grpc.RpcError:  # the request stream broke: the caller cancelled or timed out
+                                 self._auth.principal(context).key, max_inputs=self._max_inputs,
+                                 received=call.received)
+        except grpc.RpcError as exc:  # the request stream broke: the caller cancelled or timed out
+            # gRPC keeps this error in the call's state, and its traceback holds gRPC's frames (which
+            # hold that state) and read_inputs' (which hold what arrived): a cycle that only a full
+            # garbage collection would free. The traceback tells nothing here.
+            exc.__traceback__ = None
             if context.is_active():
                 raise
             return
@@ -86,35 +130,36 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             # Nothing to stream while it runs: run right here, without a thread and a queue.
             try:
                 result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
-                                           on_stage=lambda stage: None, cancelled=lambda: not context.is_active())
+                                           on_stage=_ignore, cancelled=lambda: not context.is_active())
             except ex.ShardCancelled:
                 return
+            del inputs  # not kept while the caller reads the outputs
             yield from self._results(result)
             return
         # The executor runs on its own thread so its stages reach the caller as they happen; the
         # device lock is held there, never across a yield to a caller that might not read.
         stages: SimpleQueue[str | None] = SimpleQueue()
         outcome: Future[ex.ShardResult] = Future()
-
-        def run() -> None:
-            try:
-                outcome.set_result(self.executor.run(
-                    shard, inputs, receive_seconds=time.perf_counter() - started, on_stage=stages.put,
-                    cancelled=lambda: not context.is_active()))
-            except BaseException as exc:  # noqa: BLE001 - handed to the handler thread below
-                outcome.set_exception(exc)
-            finally:
-                stages.put(None)
-
+        run = functools.partial(self.executor.run, shard, inputs, receive_seconds=time.perf_counter() - started,
+                                on_stage=stages.put, cancelled=lambda: not context.is_active())
+        del inputs
         # The executor thread carries this call's context: the artifact fetch joins the job's trace.
-        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=f"shard-{shard.device_id}",
-                         daemon=True).start()
-        while (stage := stages.get()) is not None:
-            yield pb.ExecuteResponse(stage=STAGES[stage])
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(_run_apart, run, outcome, stages),
+                                  name=f"shard-{shard.device_id}", daemon=True)
+        del run
+        thread.start()
         try:
+            while (stage := stages.get()) is not None:
+                yield pb.ExecuteResponse(stage=STAGES[stage])
             result = outcome.result()
         except ex.ShardCancelled:
             return
+        finally:
+            # Also when gRPC closes this generator at a yield (the caller went away): the call ends
+            # once its shard's thread has (it stops at its next step), so nothing of the shard holds
+            # the inputs after it, and no more shards run than the server has threads for.
+            thread.join()
+            del outcome  # an exception's traceback holds this frame: no cycle through the Future
         yield from self._results(result)
 
     def _results(self, result: ex.ShardResult):

@@ -50,12 +50,16 @@ class Admission:
     max_streams: int = DEFAULT_MAX_STREAMS
     max_streams_per_client: int = DEFAULT_MAX_STREAMS_PER_CLIENT
     max_unary_in_flight: int = DEFAULT_MAX_UNARY_IN_FLIGHT
+    # Threads that run streams; 0: one for every stream admitted (plus spares), so none waits. A
+    # worker sets fewer: its Execute calls past them wait, unread, for a thread (HTTP/2 flow
+    # control holds their inputs back), so it holds the inputs of only that many calls at once.
+    stream_threads: int = 0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ, *, max_streams: int = DEFAULT_MAX_STREAMS) -> Admission:
-        """The limits the environment sets; ``max_streams`` is this service's default (a worker
-        takes only as many Execute streams as its devices have queue places)."""
-        return cls(max_streams=env_int(MAX_STREAMS_ENV, max_streams, env, minimum=1),
+    def from_env(cls, env: Mapping[str, str] = os.environ, *, stream_threads: int = 0) -> Admission:
+        """The limits the environment sets, with this service's number of stream threads."""
+        return cls(stream_threads=stream_threads,
+                   max_streams=env_int(MAX_STREAMS_ENV, DEFAULT_MAX_STREAMS, env, minimum=1),
                    max_streams_per_client=env_int(MAX_STREAMS_PER_CLIENT_ENV, DEFAULT_MAX_STREAMS_PER_CLIENT, env,
                                                   minimum=1),
                    max_unary_in_flight=env_int(MAX_UNARY_IN_FLIGHT_ENV, DEFAULT_MAX_UNARY_IN_FLIGHT, env, minimum=1))
@@ -113,8 +117,8 @@ class Pools:
 
     def __init__(self, admission: Admission, max_workers: int):
         self.work = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc")
-        self.stream = futures.ThreadPoolExecutor(max_workers=admission.max_streams + STREAM_POOL_SPARE,
-                                                 thread_name_prefix="grpc-stream")
+        threads = admission.stream_threads or admission.max_streams + STREAM_POOL_SPARE
+        self.stream = futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc-stream")
         self.health = futures.ThreadPoolExecutor(max_workers=HEALTH_THREADS, thread_name_prefix="grpc-health")
 
     def shutdown(self) -> None:

@@ -509,6 +509,8 @@ def seeds(facts: Facts) -> dict[str, list]:
                                      i.ScoreDevicesRequest(task=i.TaskProfile(kind=i.TASK_KIND_INFERENCE), filter="platform = cpu")]
     claim = i.DeviceClaim(device_id=dev.id, memory_bytes=1 << 20, compute_fraction=0.1)
     out["inventory.ReserveDevices"] = [i.ReserveDevicesRequest(job_id="fuzz-job", claims=[claim], ttl_seconds=5)]
+    out["inventory.RenewReservations"] = [i.RenewReservationsRequest(job_id="fuzz-job", ttl_seconds=5, device_ids=[dev.id]),
+                                          i.RenewReservationsRequest(job_id="fuzz-job")]
     out["inventory.ReleaseDevices"] = [i.ReleaseDevicesRequest(job_id="fuzz-job", device_ids=[dev.id])]
     out["inventory.ListReservations"] = [i.ListReservationsRequest(job_id="fuzz-job"),
                                          i.ListReservationsRequest(device_id=dev.id)]

@@ -39,8 +39,9 @@ def check_node_address(address: str) -> None:
         raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
 
 
-DEFAULT_RESERVATION_TTL_S = 300.0
-MAX_RESERVATION_TTL_S = 24 * 3600.0
+DEFAULT_RESERVATION_TTL_S = 300.0  # a lease asked for with ttl_seconds 0 (ReserveDevices, RenewReservations)
+MAX_RESERVATION_TTL_S = 24 * 3600.0  # the longest lease one call may ask for
+MAX_RENEWED_IDS = 10_000  # device ids one RenewReservations may name
 POLL_WORKERS = 32
 MAX_SCORED_IDS = 10_000  # device ids one ScoreDevices may name
 
@@ -223,9 +224,7 @@ class Inventory:
             raise errors.InvalidArgument("job_id is empty; name the job that holds the reservation")
         if not claims:
             raise errors.InvalidArgument("claims is empty; list at least one device to reserve")
-        ttl_s = ttl_s or DEFAULT_RESERVATION_TTL_S
-        if not 0 < ttl_s <= MAX_RESERVATION_TTL_S:
-            raise errors.InvalidArgument(f"ttl_seconds must be within 1..{int(MAX_RESERVATION_TTL_S)}, got {ttl_s}")
+        ttl_s = lease_seconds(ttl_s)
         for i, claim in enumerate(claims):
             self.get_device(claim.device_id)
             if claim.memory_bytes < 0:
@@ -237,6 +236,16 @@ class Inventory:
             job_id, [(c.device_id, c.memory_bytes, c.compute_fraction) for c in claims], ttl_s, now
         )
 
+    def renew(self, job_id: str, device_ids: Sequence[str], ttl_s: float) -> list[Reservation]:
+        """Extend a job's live leases (on `device_ids`, or all) to `ttl_s` from now, amounts
+        unchanged, all or none. A lease that lapsed or was released is NOT_FOUND, never revived."""
+        if not job_id:
+            raise errors.InvalidArgument("job_id is empty; name the job whose reservations to renew", field="job_id")
+        if len(device_ids) > MAX_RENEWED_IDS:
+            raise errors.InvalidArgument(f"device_ids lists {len(device_ids)} devices; renew at most {MAX_RENEWED_IDS} "
+                                         "at a time, or leave it empty to renew all of the job's", field="device_ids")
+        return self.store.renew(job_id, list(device_ids) or None, lease_seconds(ttl_s), self._clock())
+
     def release(self, job_id: str, device_ids: Sequence[str]) -> int:
         if not job_id:
             raise errors.InvalidArgument("job_id is empty; name the job whose reservations end")
@@ -245,6 +254,15 @@ class Inventory:
     def reservations(self, job_id: str = "", device_id: str = "") -> list[Reservation]:
         self.store.expire_reservations(self._clock())
         return self.store.reservations(device_id=device_id or None, job_id=job_id or None)
+
+
+def lease_seconds(ttl_s: float) -> float:
+    """The lease a request's ttl_seconds asks for: 0 means the default, the rest 1..MAX."""
+    ttl_s = ttl_s or DEFAULT_RESERVATION_TTL_S
+    if not 0 < ttl_s <= MAX_RESERVATION_TTL_S:
+        raise errors.InvalidArgument(f"ttl_seconds must be within 1..{int(MAX_RESERVATION_TTL_S)}, got {ttl_s:g}; "
+                                     "use 0 for the default", field="ttl_seconds")
+    return ttl_s
 
 
 def explain_weights(profile: TaskProfile, weights: Weights) -> str:

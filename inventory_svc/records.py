@@ -66,7 +66,7 @@ class Reservation:
     memory_bytes: int
     compute_fraction: float
     created_at: float
-    expires_at: float  # the lease: renew by reserving again, or it lapses with its job
+    expires_at: float  # the lease: renewed (RenewReservations, or reserving again) or it lapses with its job
 
 
 class DeviceChange(NamedTuple):

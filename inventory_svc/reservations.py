@@ -1,5 +1,6 @@
 """Reservations: the rule that a job may claim only memory no other job holds, applied inside the
-store's transaction so that two jobs claiming the same bytes cannot both succeed (MISSION B5).
+store's transaction so that two jobs claiming the same bytes cannot both succeed (MISSION B5);
+and the renewal of a job's leases, which extends what it holds and never claims anything anew.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import math
 import sqlite3
 from collections.abc import Sequence
 
-from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from accelmesh.hardware.model import free_memory_bytes
 from inventory_svc.records import Reservation
 from inventory_svc.rows import DEVICE_SELECT, device_record
@@ -63,6 +64,34 @@ def reserve_one(
     return Reservation(*row)
 
 
+def renew_leases(
+    conn: sqlite3.Connection, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float,
+) -> list[Reservation]:
+    """Move the end of `job_id`'s live leases (those on `device_ids`, or all) to `now + ttl_s`,
+    amounts unchanged; all the named devices or none.
+
+    Only a lease still live at `now` is renewed: one that lapsed or was released has had its
+    memory free for other jobs, so handing it back silently could double-book the device. The
+    caller learns it is gone (NOT_FOUND) and may reserve again, through the free-memory check."""
+    rows = conn.execute(
+        f"SELECT {RESERVATION_COLUMNS} FROM reservations WHERE job_id = ? AND expires_at > ? ORDER BY device_id",
+        (job_id, now),
+    ).fetchall()
+    held = {row[1]: row for row in rows}
+    if not held:
+        raise NotFound(f"job {quoted(job_id)} holds no live reservation: it expired or was released; "
+                       "reserve the devices again with ReserveDevices", field="job_id")
+    wanted = sorted(set(device_ids)) if device_ids else sorted(held)
+    missing = [device for device in wanted if device not in held]
+    if missing:
+        raise NotFound(f"device_ids: job {quoted(job_id)} holds no live reservation on {quoted(missing)} "
+                       "(expired or released), so nothing was renewed; reserve those devices again with "
+                       "ReserveDevices", field="device_ids")
+    conn.executemany("UPDATE reservations SET expires_at = ? WHERE job_id = ? AND device_id = ?",
+                     [(now + ttl_s, job_id, device) for device in wanted])
+    return [Reservation(*held[device][:5], now + ttl_s) for device in wanted]
+
+
 def _check_claim(job_id: str, memory_bytes: int, compute_fraction: float, ttl_s: float) -> None:
     if not job_id:
         raise InvalidArgument("job_id must not be empty; pass the id of the job that holds the reservation")
@@ -70,5 +99,9 @@ def _check_claim(job_id: str, memory_bytes: int, compute_fraction: float, ttl_s:
         raise InvalidArgument(f"memory_bytes must be a whole number >= 0, got {memory_bytes!r}")
     if not (isinstance(compute_fraction, (int, float)) and 0.0 <= compute_fraction <= 1.0):
         raise InvalidArgument(f"compute_fraction must be between 0 and 1, got {compute_fraction!r}")
+    check_ttl(ttl_s)
+
+
+def check_ttl(ttl_s: float) -> None:
     if not (isinstance(ttl_s, (int, float)) and math.isfinite(ttl_s) and ttl_s > 0):
         raise InvalidArgument(f"ttl_s must be a finite number of seconds > 0, got {ttl_s!r}")

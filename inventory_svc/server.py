@@ -27,6 +27,7 @@ ACCESS: Access = {
     "ScoreDevices": _READERS,
     "RefreshDevices": roles(Role.DISPATCH, Role.OPERATOR),
     "ReserveDevices": roles(Role.DISPATCH),
+    "RenewReservations": roles(Role.DISPATCH),  # the dispatcher, while the job holding them runs
     "ReleaseDevices": roles(Role.DISPATCH),
     "ListReservations": roles(Role.DISPATCH, Role.OPERATOR),
 }

@@ -195,6 +195,10 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
         reservations = self.inventory.reserve(request.job_id, claims, float(request.ttl_seconds))
         return pb.ReserveDevicesResponse(reservations=[reservation_proto(r) for r in reservations])
 
+    def RenewReservations(self, request, context):
+        renewed = self.inventory.renew(request.job_id, list(request.device_ids), float(request.ttl_seconds))
+        return pb.RenewReservationsResponse(renewed_count=len(renewed), expire_time=timestamp(renewed[0].expires_at))
+
     def ReleaseDevices(self, request, context):
         count = self.inventory.release(request.job_id, list(request.device_ids))
         return pb.ReleaseDevicesResponse(released_count=count)

@@ -21,7 +21,7 @@ from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.migrations import apply_migrations
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
-from inventory_svc.reservations import RESERVATION_COLUMNS, check_claims, reserve_one
+from inventory_svc.reservations import RESERVATION_COLUMNS, check_claims, check_ttl, renew_leases, reserve_one
 from inventory_svc.rows import (
     DEVICE_SELECT, NODE_SELECT, SAMPLE_COLUMNS, SPEC_COLUMNS, device_record, pushdown, sample, spec_values,
 )
@@ -50,6 +50,9 @@ class Store(Protocol):
     ) -> Reservation: ...
     def reserve_many(
         self, job_id: str, claims: Sequence[tuple[str, int, float]], ttl_s: float, now: float
+    ) -> list[Reservation]: ...
+    def renew(
+        self, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float
     ) -> list[Reservation]: ...
     def release(self, job_id: str, device_ids: Sequence[str] | None = None) -> int: ...
     def reservations(
@@ -258,6 +261,16 @@ class SqliteStore:
         check_claims(job_id, claims, ttl_s)
         with self._tx() as conn:
             return [reserve_one(conn, job_id, *claim, ttl_s, now) for claim in claims]
+
+    def renew(
+        self, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float
+    ) -> list[Reservation]:
+        """Extend the job's live leases (on ``device_ids``, or all) to ``now + ttl_s``; all or none."""
+        if not job_id:
+            raise InvalidArgument("job_id must not be empty; pass the id of the job whose reservations to renew")
+        check_ttl(ttl_s)
+        with self._tx() as conn:
+            return renew_leases(conn, job_id, device_ids, ttl_s, now)
 
     def release(self, job_id: str, device_ids: Sequence[str] | None = None) -> int:
         with self._tx() as conn:

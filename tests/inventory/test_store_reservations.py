@@ -1,4 +1,5 @@
-"""SqliteStore reservations: leases, free memory after other jobs' claims, all-or-nothing claims."""
+"""SqliteStore reservations: leases, free memory after other jobs' claims, all-or-nothing claims,
+and renewals (the job's own live leases only, all or none, never reviving a lapsed one)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,59 @@ def test_reserve_many_is_all_or_nothing(store):
     assert [(r.device_id, r.memory_bytes) for r in made] == [(a.id, 10 * GB), (b.id, 10 * GB)]
     with pytest.raises(InvalidArgument, match="more than once"):
         store.reserve_many("job-2", [(a.id, GB, 0.1), (a.id, GB, 0.1)], ttl_s=60, now=1.0)
+
+
+@pytest.fixture
+def two_devices(store):
+    store.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
+    devices = spec(index=0), spec(index=1)
+    store.record_poll_success(NODE, report(devices), now=0.0)
+    return devices
+
+
+def test_renewing_moves_only_the_jobs_own_leases_and_keeps_what_they_hold(store, two_devices):
+    a, b = two_devices
+    store.reserve_many("job-1", [(a.id, 10 * GB, 0.5), (b.id, 20 * GB, 0.25)], ttl_s=10, now=0.0)
+    store.reserve("job-2", a.id, 5 * GB, 0.1, ttl_s=10, now=0.0)
+    renewed = store.renew("job-1", None, ttl_s=30, now=8.0)
+    assert [(r.device_id, r.memory_bytes, r.compute_fraction, r.created_at, r.expires_at) for r in renewed] == [
+        (a.id, 10 * GB, 0.5, 0.0, 38.0), (b.id, 20 * GB, 0.25, 0.0, 38.0)]
+    assert [r.expires_at for r in store.reservations(job_id="job-2")] == [10.0]
+    # Past the first lease the renewed job still holds its memory; the other job's lease lapsed.
+    assert store.get_device(a.id, now=20.0).reserved_memory_bytes == 10 * GB
+    assert store.renew("job-1", [b.id], ttl_s=5, now=20.0)[0].expires_at == 25.0  # one device, shorter
+    assert {r.device_id: r.expires_at for r in store.reservations(job_id="job-1")} == {a.id: 38.0, b.id: 25.0}
+
+
+def test_a_lapsed_or_released_lease_is_not_found_and_never_revived(store, one_device):
+    a = one_device
+    store.reserve("job-1", a.id, 10 * GB, 0.5, ttl_s=10, now=0.0)
+    with pytest.raises(NotFound, match=r"job 'job-1' holds no live reservation: it expired or was released"):
+        store.renew("job-1", None, ttl_s=10, now=10.0)  # lapsed, though the sweep has not deleted it yet
+    assert store.get_device(a.id, now=10.0).reserved_memory_bytes == 0
+    store.reserve("job-2", a.id, 10 * GB, 0.5, ttl_s=10, now=11.0)
+    store.release("job-2")
+    with pytest.raises(NotFound, match="job-2"):
+        store.renew("job-2", [a.id], ttl_s=10, now=12.0)
+    with pytest.raises(NotFound, match="no-such-job"):
+        store.renew("no-such-job", None, ttl_s=10, now=12.0)
+
+
+def test_renewing_named_devices_is_all_or_none(store, two_devices):
+    a, b = two_devices
+    store.reserve("job-1", a.id, 10 * GB, 0.5, ttl_s=10, now=0.0)
+    with pytest.raises(NotFound, match=rf"no live reservation on \['{b.id}'\] .* nothing was renewed") as info:
+        store.renew("job-1", [a.id, b.id], ttl_s=60, now=1.0)
+    assert info.value.field == "device_ids"
+    assert [r.expires_at for r in store.reservations(job_id="job-1")] == [10.0]
+
+
+@pytest.mark.parametrize("job, ttl, field", [("", 10, "job_id"), ("j", 0, "ttl_s"), ("j", float("inf"), "ttl_s")])
+def test_bad_renewal_arguments_name_the_field(store, one_device, job, ttl, field):
+    store.reserve("j", one_device.id, GB, 0.1, ttl_s=10, now=0.0)
+    with pytest.raises(InvalidArgument, match=field):
+        store.renew(job, None, ttl_s=ttl, now=1.0)
+    assert [r.expires_at for r in store.reservations(job_id="j")] == [10.0]
 
 
 def test_missing_parent_directory_is_created(tmp_path):

@@ -260,6 +260,24 @@ class ReserveDevicesResponse(_message.Message):
     reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
     def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
 
+class RenewReservationsRequest(_message.Message):
+    __slots__ = ("job_id", "ttl_seconds", "device_ids")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    ttl_seconds: int
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RenewReservationsResponse(_message.Message):
+    __slots__ = ("renewed_count", "expire_time")
+    RENEWED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    renewed_count: int
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, renewed_count: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class ReleaseDevicesRequest(_message.Message):
     __slots__ = ("job_id", "device_ids")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

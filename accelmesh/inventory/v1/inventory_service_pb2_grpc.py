@@ -76,6 +76,11 @@ class InventoryServiceStub:
                 request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesResponse.FromString,
                 _registered_method=True)
+        self.RenewReservations = channel.unary_unary(
+                '/accelmesh.inventory.v1.InventoryService/RenewReservations',
+                request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsResponse.FromString,
+                _registered_method=True)
         self.ReleaseDevices = channel.unary_unary(
                 '/accelmesh.inventory.v1.InventoryService/ReleaseDevices',
                 request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReleaseDevicesRequest.SerializeToString,
@@ -149,6 +154,15 @@ class InventoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewReservations(self, request, context):
+        """Extends the lease of a job's live reservations, all or none, without changing what they hold;
+        never creates one: a reservation that lapsed or was released is NOT_FOUND. The dispatcher
+        calls it while a job runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseDevices(self, request, context):
         """Releases a job's reservations.
         """
@@ -205,6 +219,11 @@ def add_InventoryServiceServicer_to_server(servicer, server):
                     servicer.ReserveDevices,
                     request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesRequest.FromString,
                     response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesResponse.SerializeToString,
+            ),
+            'RenewReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewReservations,
+                    request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsRequest.FromString,
+                    response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsResponse.SerializeToString,
             ),
             'ReleaseDevices': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseDevices,
@@ -435,6 +454,33 @@ class InventoryService:
             '/accelmesh.inventory.v1.InventoryService/ReserveDevices',
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesRequest.SerializeToString,
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ReserveDevicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.inventory.v1.InventoryService/RenewReservations',
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsRequest.SerializeToString,
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RenewReservationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

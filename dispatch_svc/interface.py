@@ -14,7 +14,14 @@ from accelmesh.programs import Program
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import CancelScope, DevicePool
 
-RESERVATION_TTL_S = 120
+# A job's reservations are a lease the inventory ends unless it is renewed: a dispatcher that dies
+# frees its jobs' devices within one lease, a running job renews it (strategies.context.LeaseKeeper).
+RESERVATION_TTL_S = 120  # lease length asked for, seconds; the dispatcher's ACCELMESH_RESERVATION_TTL_S
+MIN_RESERVATION_TTL_S, MAX_RESERVATION_TTL_S = 1, 24 * 3600  # what the inventory grants
+RENEW_FRACTION = 1 / 3  # renewed every third of the lease: two renewals may fail before it lapses
+# An inventory that did not answer is asked again at half the lease left, between these bounds;
+# the lease lapses only once it ran out with no answer.
+RENEW_RETRY_S, RENEW_RETRY_MIN_S = 1.0, 0.05
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,9 @@ class Mesh(Protocol):
                       batch_sizes: Sequence[int] = ()) -> tuple[Program, list[Build]]: ...
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]: ...
     def reserve(self, job_id: str, claims: Sequence[tuple[str, int]], ttl_s: int) -> None: ...
+    # Moves the end of the job's leases on `device_ids` to `ttl_s` from now, all or none, within
+    # `timeout_s`: NotFound when one lapsed or was released, Unavailable when the inventory did not answer.
+    def renew(self, job_id: str, device_ids: Sequence[str], ttl_s: int, timeout_s: float) -> None: ...
     def release(self, job_id: str) -> None: ...
     # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
     # a key never changes during the job); a worker gets such an input in full once, then by key.
@@ -130,4 +140,13 @@ class LiveJob:
     error: BaseException | None = None
     failure: BaseException | None = None  # a shard that finally failed while inputs still arrive
     pool: DevicePool | None = None  # the job's devices, once it runs
+    lease: Any = None  # its strategies.context.LeaseKeeper, once it reserved: `lapse` says why it stopped
     done: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Raise why the job must stop now: its lapsed lease, or Cancelled when it was cancelled.
+        A lapse is raised as a copy: the one the keeper holds gathers no caller's frames."""
+        lapse = self.lease.lapse if self.lease is not None else None
+        if lapse is not None:
+            raise type(lapse)(str(lapse), reason=lapse.reason, field=lapse.field)
+        self.scope.check()

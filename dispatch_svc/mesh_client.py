@@ -144,6 +144,17 @@ class GrpcMesh:
             job_id=job_id, ttl_seconds=ttl_s,
             claims=[inv_pb.DeviceClaim(device_id=d, memory_bytes=b, compute_fraction=1.0) for d, b in claims]))
 
+    def renew(self, job_id: str, device_ids: Sequence[str], ttl_s: int, timeout_s: float) -> None:
+        try:
+            self.inventory.RenewReservations(inv_pb.RenewReservationsRequest(
+                job_id=job_id, ttl_seconds=ttl_s, device_ids=list(device_ids)), timeout=min(timeout_s, CALL_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # retrying cannot help: say what would
+                raise errors.FailedPrecondition(
+                    f"the inventory at {self.inventory_address} cannot renew reservations (no RenewReservations): "
+                    "upgrade the inventory before the dispatcher") from None
+            raise error_from_rpc(exc, "inventory renew") from None
+
     def release(self, job_id: str) -> None:
         self.held.forget_job(job_id)  # the job's shards are over: no call refers to its tensors again
         self._call("inventory release", self.inventory.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))

@@ -290,6 +290,8 @@ def decode_page_token(token: str, filter_text: str) -> str:
         raise errors.InvalidArgument("page_token is not a token this service issued; omit it to start over") from None
     if digest != _digest(filter_text):
         raise errors.InvalidArgument("page_token was issued for a different filter; repeat the same filter or start over")
+    if not isinstance(after, str):  # crafted: the tokens this service issues name the last id of a page
+        raise errors.InvalidArgument("page_token is not a token this service issued; omit it to start over")
     return after
 
 

@@ -51,6 +51,7 @@ class FakeMesh:
         self.started, self.let_go = threading.Event(), threading.Event()
         self.reserved: dict[str, list] = {}
         self.released: list[str] = []
+        self.renewed: list[str] = []
         self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
         self._lock = threading.Lock()
         self._running_bytes = 0
@@ -81,6 +82,9 @@ class FakeMesh:
 
     def reserve(self, job_id, claims, ttl_s):
         self.reserved[job_id] = list(claims)
+
+    def renew(self, job_id, device_ids, ttl_s, timeout_s):
+        self.renewed.append(job_id)
 
     def release(self, job_id):
         self.released.append(job_id)

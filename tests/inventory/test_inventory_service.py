@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import grpc
 import pytest
 
@@ -102,6 +105,17 @@ def test_page_token_is_bound_to_its_filter(inventory_stub, worker):
     token = inventory_stub.ListDevices(pb.ListDevicesRequest(page_size=1)).next_page_token
     error = rpc_error(inventory_stub.ListDevices, pb.ListDevicesRequest(page_size=1, page_token=token, filter="capabilities:bf16"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "different filter" in error.details()
+
+
+@pytest.mark.parametrize("after", [{"x": 1}, 7, ["a"], None])
+def test_a_crafted_page_token_is_refused_naming_the_field(inventory_stub, worker, after):
+    """A token that decodes and names the right filter, but whose page end is not an id."""
+    register(inventory_stub, worker)
+    token = inventory_stub.ListDevices(pb.ListDevicesRequest(page_size=1)).next_page_token
+    payload = json.loads(base64.urlsafe_b64decode(token))
+    crafted = base64.urlsafe_b64encode(json.dumps({**payload, "after": after}).encode()).decode()
+    error = rpc_error(inventory_stub.ListDevices, pb.ListDevicesRequest(page_size=1, page_token=crafted))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in error.details()
 
 
 def test_get_device_returns_status_history_newest_first(inventory, inventory_stub, worker):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-import threading
+import sys
 import time
 
 from accelmesh.cli.compile import DEFAULT_COMPILE
@@ -11,6 +11,7 @@ from accelmesh.cli.inventory import DEFAULT_INVENTORY, inventory_stub, list_all_
 from accelmesh.cli.tables import format_devices
 from accelmesh.embedded import DEFAULT_DATA_DIR, DEFAULT_EMULATE, EmbeddedMesh, start_embedded_mesh
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.launcher import StopGuard
 
 
 DEFAULT_DISPATCH = "127.0.0.1:50071"
@@ -28,7 +29,11 @@ def _start(args) -> EmbeddedMesh:
 
 
 def cmd_up(args) -> int:
-    with _start(args) as mesh:
+    """Serve until a signal (exit 0, every child stopped), or until a child exits on its own (the
+    rest are stopped, exit 1: half a mesh would only fail later and further from the cause)."""
+    # Before the first child starts: a signal at any moment of start-up stops every child begun.
+    with StopGuard() as guard:
+        mesh = _start(args)
         print(f"inventory  {mesh.inventory.address}\ncompile    {mesh.compile.address}\n"
               f"dispatch   {mesh.dispatch.address}\nworker     {mesh.workers[0].address}")
         if mesh.credentials is not None:
@@ -39,12 +44,12 @@ def cmd_up(args) -> int:
         with open_channel(mesh.inventory.address, security=mesh.client) as channel:
             print(format_devices(list_all_devices(inventory_stub(channel))))
         print("mesh is up; Ctrl-C stops it", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        ended = guard.children.wait_for_exit()
+        # The launcher has logged its exit code and last output; leaving the guard stops the rest.
+        print(f"accelmesh: {ended.name} {ended.exit_status()}: stopping the rest of the mesh",
+              file=sys.stderr, flush=True)
+        return 1
+    print(f"accelmesh: {signal.Signals(guard.signum).name}: mesh stopped", file=sys.stderr, flush=True)
     return 0
 
 
@@ -71,7 +76,8 @@ def add_commands(sub) -> None:
         p.add_argument("--insecure", action="store_true",
                        help="plaintext without certificates or tokens (development only; every port is loopback)")
 
-    up = sub.add_parser("up", help="run inventory, compile and a worker on this machine until Ctrl-C")
+    up = sub.add_parser("up", help="run inventory, compile, dispatch and a worker on this machine until Ctrl-C or "
+                                   "SIGTERM (or until one of them exits: then the rest stop too, exit 1)")
     mesh_flags(up)
     # `up` serves on the well-known ports, so the other commands' defaults find it.
     up.set_defaults(func=cmd_up, inventory_listen=DEFAULT_INVENTORY, compile_listen=DEFAULT_COMPILE,

@@ -10,8 +10,62 @@ from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
+from dispatch_svc.interface import RESERVATION_TTL_S
+from dispatch_svc.planner.placement_types import MAX_LAYERS
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What one job may declare. Each costs the dispatcher memory or time before a byte of input
+    arrives (planning makes an object per shard, a record keeps every name), so a spec over any
+    of them is refused before it is planned, compiled or reserved, naming the variable to raise."""
+
+    max_rows: int = 1 << 26  # ACCELMESH_MAX_JOB_ROWS: rows of a job's inputs (67,108,864)
+    max_bytes: int = 16 * GIB  # ACCELMESH_MAX_JOB_BYTES: a job's declared input bytes plus its client parameters
+    # ACCELMESH_MAX_JOB_SHARDS: shards a job's size needs (ACCELMESH_MAX_SHARD_BYTES each); a
+    # pipeline's micro-batches, and once placed its micro-batches x stages
+    max_shards: int = 4096
+    max_training_bytes: int = 2 * GIB  # ACCELMESH_MAX_TRAINING_BYTES: a training job's inputs, held whole
+    max_training_steps: int = 100_000  # ACCELMESH_MAX_TRAINING_STEPS: epochs x mini-batches (a loss each)
+    max_layers: int = MAX_LAYERS  # ACCELMESH_MAX_MODEL_LAYERS: rows of spec.placement.layers (1,024 at most)
+    max_spec_entries: int = 64  # ACCELMESH_MAX_SPEC_ENTRIES: inputs, platforms or capabilities one spec lists
+    max_parameter_tensors: int = 4096  # ACCELMESH_MAX_PARAMETER_TENSORS: client parameter tensors (gpt2_xl: 772)
+    # ACCELMESH_MAX_NAME_CHARS: a job id, program, version, job, input, parameter, layer or capability name
+    max_name_chars: int = 256
+    max_filter_chars: int = 4096  # ACCELMESH_MAX_FILTER_CHARS: spec.constraints.filter
+
+    @staticmethod
+    def variable(name: str) -> str:
+        """The environment variable that sets limit `name`: what a refusal tells the operator to raise."""
+        return LIMIT_VARIABLES[name]
+
+
+LIMIT_VARIABLES = {
+    "max_rows": "ACCELMESH_MAX_JOB_ROWS",
+    "max_bytes": "ACCELMESH_MAX_JOB_BYTES",
+    "max_shards": "ACCELMESH_MAX_JOB_SHARDS",
+    "max_training_bytes": "ACCELMESH_MAX_TRAINING_BYTES",
+    "max_training_steps": "ACCELMESH_MAX_TRAINING_STEPS",
+    "max_layers": "ACCELMESH_MAX_MODEL_LAYERS",
+    "max_spec_entries": "ACCELMESH_MAX_SPEC_ENTRIES",
+    "max_parameter_tensors": "ACCELMESH_MAX_PARAMETER_TENSORS",
+    "max_name_chars": "ACCELMESH_MAX_NAME_CHARS",
+    "max_filter_chars": "ACCELMESH_MAX_FILTER_CHARS",
+}
+# The smallest value each may be set to: a job id is 16 characters, a program has a few inputs.
+LIMIT_MINIMUMS = {"max_name_chars": 32, "max_spec_entries": 4, "max_filter_chars": 64}
+
+
+def limits_from_env(env=os.environ) -> JobLimits:
+    values = {name: env_int(variable, getattr(JobLimits, name), env, minimum=LIMIT_MINIMUMS.get(name, 1))
+              for name, variable in LIMIT_VARIABLES.items()}
+    if values["max_layers"] > MAX_LAYERS:
+        raise errors.InvalidArgument(f"ACCELMESH_MAX_MODEL_LAYERS={values['max_layers']} is above the "
+                                     f"{MAX_LAYERS} layers the planner places; set it to at most that")
+    return JobLimits(**values)
 
 
 @dataclass(frozen=True)
@@ -23,9 +77,12 @@ class DispatchConfig:
     result_retention_s: float = 24 * 3600.0  # ACCELMESH_RESULT_RETENTION_S: results deleted after this
     max_shard_bytes: int = 16 * MIB  # ACCELMESH_MAX_SHARD_BYTES: inputs of one shard, at most
     inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
+    # ACCELMESH_RESERVATION_TTL_S: lease of a job's reservations, renewed every third of it while it runs
+    reservation_ttl_s: int = RESERVATION_TTL_S
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
     max_client_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
+    limits: JobLimits = JobLimits()  # ACCELMESH_MAX_JOB_ROWS, _JOB_BYTES, ...: see JobLimits
     # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.DISPATCH))
@@ -51,10 +108,12 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         result_retention_s=env_float("ACCELMESH_RESULT_RETENTION_S", d.result_retention_s, env, minimum=1),
         max_shard_bytes=env_int("ACCELMESH_MAX_SHARD_BYTES", d.max_shard_bytes, env, minimum=1024),
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),
+        reservation_ttl_s=env_int("ACCELMESH_RESERVATION_TTL_S", d.reservation_ttl_s, env, minimum=1),
         chunk_bytes=env_int("ACCELMESH_CHUNK_BYTES", d.chunk_bytes, env, minimum=1024),
         max_client_parameter_bytes=env_int("ACCELMESH_MAX_CLIENT_PARAMETER_BYTES", d.max_client_parameter_bytes, env,
                                            minimum=1024),
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
+        limits=limits_from_env(env),
     )
     if config.chunk_bytes + 4096 > config.max_message_bytes:
         raise errors.InvalidArgument("ACCELMESH_CHUNK_BYTES must leave room under ACCELMESH_MAX_MESSAGE_BYTES")

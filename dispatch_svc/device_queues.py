@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ class ShardFailed(Exception):
 
 
 class Cancelled(Exception):
-    """The job was cancelled."""
+    """The job was cancelled; the message, when there is one, says why (the job's record keeps it)."""
 
 
 @dataclass
@@ -71,6 +72,7 @@ class CancelScope:
         self._lock = threading.Lock()
         self._cancels: set = set()
         self.cancelled = threading.Event()
+        self.reason = ""  # why, from the first cancel that gave one ("" reads as "cancelled")
 
     def register(self, cancel: Callable[[], object]) -> Callable[[], None]:
         with self._lock:
@@ -83,8 +85,10 @@ class CancelScope:
         with self._lock:
             self._cancels.discard(cancel)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "") -> None:
         with self._lock:
+            if not self.cancelled.is_set():
+                self.reason = reason
             self.cancelled.set()
             cancels = list(self._cancels)
         for cancel in cancels:
@@ -92,7 +96,11 @@ class CancelScope:
 
     def check(self) -> None:
         if self.cancelled.is_set():
-            raise Cancelled()
+            raise Cancelled(self.reason)
+
+
+def _closed(attempt: Attempt) -> None:
+    raise Cancelled("the job's devices were closed")
 
 
 class DevicePool:
@@ -142,6 +150,10 @@ class DevicePool:
                 q.put(None)
         for thread in self._threads:
             thread.join()
+        # The threads refer to this pool and `run` to the job (its parameters among what it closes
+        # over): dropped now, so they go with the job instead of waiting for the cycle collector.
+        self._threads = []
+        self._run, self._on_retry = _closed, lambda attempt, cause: None
 
     def _enqueue(self, pending: _Pending, device_id: str) -> None:
         with self._lock:
@@ -179,8 +191,14 @@ class DevicePool:
             self._reroute(pending, device_id, exc.cause)
             return
         except BaseException as exc:  # noqa: BLE001 - a bug fails the shard, never the thread
-            log.exception("shard %s crashed on %s", getattr(pending.shard, "index", "?"), device_id)
-            self._fail(pending, exc)
+            # The traceback goes into the log as text and leaves the error: its frames (the shard's
+            # inputs and parameters among their locals and closures, and this frame, which holds
+            # `pending`, which will hold the error) would keep all that alive, here and in any log
+            # record a handler keeps.
+            log.error("shard %s crashed on %s\n%s", getattr(pending.shard, "index", "?"), device_id,
+                      "".join(traceback.format_exception(exc)).rstrip())
+            traceback.clear_frames(exc.__traceback__)
+            self._fail(pending, exc.with_traceback(None))
             return
         pending.done.set()
 

@@ -4,12 +4,18 @@ slab at a time so no result is ever held whole in the dispatcher's memory.
 
 `JobBook` is the one place job state changes: every change is written through, and watchers
 wait on a condition for new events instead of polling.
+
+A record stays small whatever its job declared: a plan's shards are stored as runs of equal,
+consecutive shards (a device's share is a few sizes), and a record read back longer than
+MAX_RECORD_CHARS (one written before the limits existed) is read without its plan, shard
+records and losses, with a log line, so it can never make GetJob or ListJobs fail for everyone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -24,8 +30,11 @@ import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
 import numpy as np
 
 from accelmesh import errors
+from accelmesh.errors import quoted
 from dispatch_svc import records as m
 from dispatch_svc.planner.placement import LayerCost
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -37,6 +46,62 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 """
 RESTART_ERROR = "the dispatcher restarted while the job was running; submit it again"
+# A stored record or event longer than this is read without its plan, shards and losses: a
+# Job message about half as long (JSON is the wordier), far below the 16 MiB message limit. A job
+# within the dispatcher's limits (config.JobLimits) stays well under it.
+MAX_RECORD_CHARS = 4 * 1024 * 1024
+# Records longer than this are trimmed by SQLite for a listing, which shows no per-shard lists:
+# the dispatcher then parses kilobytes per listed job, not megabytes.
+LISTING_TRIM_CHARS = 64 * 1024
+_LISTING_DROPS = ("$.shards", "$.losses", "$.plan.shards", "$.plan.shard_runs", "$.plan.placement.layers")
+_OVERSIZE_DROPS = ("$.plan", "$.shards", "$.losses")  # what a record too long to read is read without
+OVERSIZED_ERROR = "this job's stored record was too large to read in full; its plan and shard records are left out"
+UNREADABLE_ERROR = "this job's stored record could not be read; only its state and times are known"
+
+
+def _runs(shards: tuple[m.ShardPlan, ...]) -> list[list]:
+    """Shard plans as runs [index, device_id, target_type, first_row, rows, predicted_seconds, count]
+    of consecutive shards alike but for their rows' place."""
+    runs: list[list] = []
+    last = None
+    for s in shards:
+        if (last is not None and last[1] == s.device_id and last[2] == s.target_type and last[4] == s.rows
+                and last[5] == s.predicted_seconds and last[0] + last[6] == s.index
+                and last[3] + last[4] * last[6] == s.first_row):
+            last[6] += 1
+        else:
+            last = [s.index, s.device_id, s.target_type, s.first_row, s.rows, s.predicted_seconds, 1]
+            runs.append(last)
+    return runs
+
+
+def _shards_from(d: dict) -> tuple[m.ShardPlan, ...]:
+    if "shards" in d:  # written before runs
+        return tuple(m.ShardPlan(**s) for s in d["shards"])
+    return tuple(m.ShardPlan(index + k, device, target, first + k * rows, rows, seconds)
+                 for index, device, target, first, rows, seconds, count in d.get("shard_runs", ())
+                 for k in range(count))
+
+
+def _plan_dict(plan: m.Plan | None) -> dict | None:
+    if plan is None:
+        return None
+    d = dataclasses.asdict(dataclasses.replace(plan, shards=()))
+    del d["shards"]
+    d["shard_runs"] = _runs(plan.shards)
+    return d
+
+
+def record_text(job: m.JobRecord) -> str:
+    d = dataclasses.asdict(dataclasses.replace(job, plan=None))
+    d["plan"] = _plan_dict(job.plan)
+    return json.dumps(d)
+
+
+def event_text(event: m.Event) -> str:
+    d = dataclasses.asdict(dataclasses.replace(event, plan=None))
+    d["plan"] = _plan_dict(event.plan)
+    return json.dumps(d)
 
 
 def _plan_from(d: dict | None) -> m.Plan | None:
@@ -44,7 +109,7 @@ def _plan_from(d: dict | None) -> m.Plan | None:
         return None
     return m.Plan(
         targets=tuple(m.TargetPlan(**{**t, "device_ids": tuple(t["device_ids"])}) for t in d["targets"]),
-        shards=tuple(m.ShardPlan(**s) for s in d["shards"]),
+        shards=_shards_from(d),
         predicted_seconds=d["predicted_seconds"],
         equal_split_predicted_seconds=d["equal_split_predicted_seconds"],
         placement=_placement_from(d.get("placement")),
@@ -56,7 +121,7 @@ def _placement_from(d: dict | None) -> m.PlacementPlan | None:
         return None
     return m.PlacementPlan(**{
         **d,
-        "layers": tuple(m.LayerPlacement(**x) for x in d["layers"]),
+        "layers": tuple(m.LayerPlacement(**x) for x in d.get("layers", ())),
         "stages": tuple(m.StagePlan(**x) for x in d["stages"]),
         "devices": tuple(_load_from(x) for x in d["devices"]),
         "weights": tuple(d["weights"]),
@@ -94,8 +159,9 @@ def record_from(d: dict) -> m.JobRecord:
         **{
             **d,
             "spec": _spec_from(d["spec"]),
-            "plan": _plan_from(d["plan"]),
-            "shards": [m.ShardRecord(**s) for s in d["shards"]],
+            "plan": _plan_from(d.get("plan")),
+            "shards": [m.ShardRecord(**s) for s in d.get("shards", ())],
+            "losses": list(d.get("losses", ())),
         }
     )
 
@@ -105,7 +171,7 @@ def event_from(d: dict) -> m.Event:
 
 
 def job_not_found(job_id: str) -> errors.NotFound:
-    return errors.NotFound(f"job {job_id!r} does not exist (or its results expired); ListJobs shows the jobs kept")
+    return errors.NotFound(f"job {quoted(job_id)} does not exist (or its results expired); ListJobs shows the jobs kept")
 
 
 @dataclass(frozen=True)
@@ -243,9 +309,7 @@ class JobBook:
             self._event_counts[job.job_id] = count + 1
             event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
             self._db.execute(
-                "INSERT INTO events (job_id, idx, event) VALUES (?, ?, ?)",
-                (job.job_id, count, json.dumps(dataclasses.asdict(event))),
-            )
+                "INSERT INTO events (job_id, idx, event) VALUES (?, ?, ?)", (job.job_id, count, event_text(event)))
             self._changed.notify_all()
             return event
 
@@ -254,7 +318,7 @@ class JobBook:
             "INSERT INTO jobs (job_id, created, state, record, expires, owner) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(job_id) DO UPDATE SET state = excluded.state, record = excluded.record, "
             "expires = excluded.expires",
-            (job.job_id, job.created, job.state, json.dumps(dataclasses.asdict(job)), job.expires, job.owner),
+            (job.job_id, job.created, job.state, record_text(job), job.expires, job.owner),
         )
 
     def _add_columns(self) -> None:
@@ -272,12 +336,13 @@ class JobBook:
 
     def _fail_interrupted_jobs(self) -> list[str]:
         rows = self._db.execute(
-            "SELECT record FROM jobs WHERE state NOT IN (?, ?, ?)", m.FINAL_STATES
+            "SELECT job_id FROM jobs WHERE state NOT IN (?, ?, ?)", m.FINAL_STATES
         ).fetchall()
         interrupted = []
-        for (text,) in rows:
-            job = record_from(json.loads(text))
+        for (job_id,) in rows:
+            job = self.get(job_id)  # an oversized one is saved back summarised
             self.finish(job, m.FAILED, RESTART_ERROR)
+            self._event_counts.pop(job_id, None)  # final: nothing more is logged for it
             interrupted.append(job.job_id)
         return interrupted
 
@@ -301,20 +366,65 @@ class JobBook:
         with self._lock:
             if job_id in self._live:
                 return self._live[job_id]
-            row = self._db.execute("SELECT record FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            row = self._db.execute("SELECT CASE WHEN length(record) <= ? THEN record END FROM jobs WHERE job_id = ?",
+                                   (MAX_RECORD_CHARS, job_id)).fetchone()
         if row is None:
             raise job_not_found(job_id)
-        return record_from(json.loads(row[0]))
+        return self._parsed(job_id, row[0])
+
+    def _parsed(self, job_id: str, text: str | None) -> m.JobRecord:
+        """`text` as a record (parsed outside the lock, as it may be long). None, too long to read:
+        the record without its plan, shard records and losses; a record that does not parse: what
+        its columns say. So one bad record never breaks a read, or a listing of everyone's."""
+        if text is not None:
+            try:
+                return record_from(json.loads(text))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("job %s: its stored record does not parse (%s); read from its columns", job_id, exc)
+                return self._minimal(job_id, UNREADABLE_ERROR)
+        drops = ", ".join("?" * len(_OVERSIZE_DROPS))
+        with self._lock:
+            size, trimmed = self._db.execute(
+                f"SELECT length(record), CASE WHEN json_valid(record) THEN json_remove(record, {drops}) END "
+                "FROM jobs WHERE job_id = ?", (*_OVERSIZE_DROPS, job_id)).fetchone()
+        log.warning("job %s: its stored record is %d characters, over %d: read without its plan, shard records and "
+                    "losses", job_id, size, MAX_RECORD_CHARS)
+        if trimmed is None or len(trimmed) > MAX_RECORD_CHARS:
+            return self._minimal(job_id, OVERSIZED_ERROR)
+        try:
+            record = record_from(json.loads(trimmed))
+        except (ValueError, TypeError, KeyError):
+            return self._minimal(job_id, UNREADABLE_ERROR)
+        record.error = record.error or OVERSIZED_ERROR
+        return record
+
+    def _minimal(self, job_id: str, why: str) -> m.JobRecord:
+        with self._lock:
+            created, state, expires, owner, program = self._db.execute(
+                "SELECT created, state, expires, owner, CASE WHEN json_valid(record) THEN "
+                "substr(json_extract(record, '$.spec.program'), 1, 256) END FROM jobs WHERE job_id = ?",
+                (job_id,)).fetchone()
+        return m.JobRecord(job_id=job_id, spec=m.JobSpec(program=program or ""), created=created, state=state,
+                           error=why, expires=expires, owner=owner)
 
     def list(self, limit: int, owner: str | None = None) -> list[m.JobRecord]:
-        """The newest ``limit`` jobs; with ``owner``, only that owner's."""
+        """The newest ``limit`` jobs; with ``owner``, only that owner's. A stored record over
+        LISTING_TRIM_CHARS comes without its per-shard lists (SQLite trims them), which a listing
+        leaves out anyway; one still too long (or not JSON) comes as NULL, read as `_parsed` says."""
+        drops = ", ".join("?" * len(_LISTING_DROPS))
+        select = (f"SELECT job_id, CASE WHEN length(record) <= ? THEN record WHEN json_valid(record) THEN "
+                  f"json_remove(record, {drops}) END FROM jobs")
+        args = (LISTING_TRIM_CHARS, *_LISTING_DROPS)
         with self._lock:
             if owner is None:
-                rows = self._db.execute("SELECT job_id FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+                rows = self._db.execute(f"{select} ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
             else:
-                rows = self._db.execute("SELECT job_id FROM jobs WHERE owner = ? ORDER BY created DESC LIMIT ?",
-                                        (owner, limit)).fetchall()
-        return [self.get(job_id) for (job_id,) in rows]
+                rows = self._db.execute(f"{select} WHERE owner = ? ORDER BY created DESC LIMIT ?",
+                                        (*args, owner, limit)).fetchall()
+            live = {job_id: self._live[job_id] for job_id, _ in rows if job_id in self._live}
+        return [live[job_id] if job_id in live else
+                self._parsed(job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
+                for job_id, text in rows]
 
     def events(self, job_id: str, from_index: int = 0) -> Iterator[m.Event]:
         """Every event from `from_index` on; blocks for new ones until the job is final."""
@@ -322,18 +432,30 @@ class JobBook:
         index = from_index
         while True:
             with self._lock:
+                # An event too long to send (an old plan event of a huge job) comes without its plan.
                 rows = self._db.execute(
-                    "SELECT event FROM events WHERE job_id = ? AND idx >= ? ORDER BY idx", (job_id, index)
-                ).fetchall()
+                    "SELECT idx, CASE WHEN length(event) <= ? THEN event WHEN json_valid(event) THEN "
+                    "json_remove(event, '$.plan') END FROM events WHERE job_id = ? AND idx >= ? ORDER BY idx",
+                    (MAX_RECORD_CHARS, job_id, index)).fetchall()
                 if not rows:
                     if self.get(job_id).final:
                         return
                     self._changed.wait()
                     continue
-            for (text,) in rows:
-                event = event_from(json.loads(text))
-                index = event.index + 1
+            for idx, text in rows:
+                index = idx + 1
+                try:
+                    event = event_from(json.loads(text))
+                except (ValueError, TypeError, KeyError) as exc:
+                    log.warning("job %s: event %d does not parse (%s); skipped", job_id, idx, exc)
+                    continue
                 yield event
+
+    @property
+    def live_count(self) -> int:
+        """Jobs this book holds in memory (records, event counts): the running ones only."""
+        with self._lock:
+            return len(self._live.keys() | self._event_counts.keys())
 
     def forget_live(self, job_id: str) -> None:
         """A final job: read from the database from now on (its event count too, if ever needed)."""

@@ -12,33 +12,63 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import traceback
 
 from opentelemetry import trace
 
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
+from accelmesh.runtime.errors import bounded
 from dispatch_svc import records as m
+from dispatch_svc.config import JobLimits
 from dispatch_svc.device_queues import Cancelled, DevicePool
-from dispatch_svc.interface import Build, InputFeed, JobDevice, LiveJob, Mesh
+from dispatch_svc.interface import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.strategies.context import JobContext, Limits
+from dispatch_svc.validation import check_limits
 
 log = logging.getLogger(__name__)
 
+# A failed job's error as its record keeps it: an aggregate of shard failures can grow long, and
+# the record is read by every GetJob and ListJobs.
+MAX_ERROR_BYTES = 4096
+
 
 class JobRunner:
+    """Starts, runs and ends jobs. `_live` holds running jobs only: a job leaves it (and the
+    book's own live map) when it ends, and takes nothing of its inputs, parameters or exception
+    with it into the record, which keeps the error as text."""
+
     def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
-                 max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None):
+                 max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None,
+                 job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S):
         self.mesh = mesh
         self._tracer = tracer or trace.NoOpTracer()
         self.book = book
         self.throughput = throughput
-        self.limits = Limits(max_shard_bytes, inflight_bytes)
+        self.limits = Limits(max_shard_bytes, inflight_bytes, reservation_ttl_s)
+        self.job_limits = job_limits or JobLimits()
         self._live: dict[str, LiveJob] = {}
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
+
+    def check(self, spec: m.JobSpec, *, running: bool = True) -> None:
+        """The spec within the dispatcher's limits; raises before anything is planned."""
+        check_limits(spec, self.job_limits, self.limits.max_shard_bytes, running=running)
+
+    @property
+    def running(self) -> int:
+        """Jobs started and not yet ended."""
+        with self._lock:
+            return len(self._live)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Whether every job started has ended (and let go of all it held) within `timeout_s`."""
+        with self._ended:
+            return self._ended.wait_for(lambda: not self._live, timeout_s)
 
     def live(self, job_id: str) -> LiveJob | None:
         with self._lock:
@@ -48,17 +78,19 @@ class JobRunner:
         job = self.book.get(job_id)
         live = self.live(job_id)
         if live is not None and not job.final:
-            live.scope.cancel()
+            live.scope.cancel("cancelled by CancelJob")
         return job
 
     def plan(self, spec: m.JobSpec) -> tuple[Program | None, m.Plan, list[Build], list[JobDevice]]:
         """What PlanJob answers: the plan the job's strategy would run, nothing reserved or run."""
+        self.check(spec, running=False)
         if spec.placement is not None:
             program, placed = pipeline.place(self.mesh, spec)
             return program, placed.plan, [], list(placed.devices.values())
         return data_parallel.plan(self.mesh, self.throughput, self.limits, spec)
 
     def start(self, spec: m.JobSpec, owner: str = "") -> tuple[m.JobRecord, LiveJob]:
+        self.check(spec)  # before the record: a spec over the limits is never stored
         self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
         job = self.book.create(spec, owner)
         live = LiveJob()
@@ -75,28 +107,34 @@ class JobRunner:
         token.__enter__()  # everything this job does, on any thread, is part of its trace
         try:
             ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer)
-            work = strategy_for(job.spec)(ctx)
+            work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
         except BaseException as exc:
-            self._end(job, live, live.pool, exc)
+            self._end(job, live, live.pool, exc, feed)
             raise
         finally:
             context = contextvars.copy_context()
             token.__exit__(None, None, None)
         if background:
-            threading.Thread(target=context.run, args=(self._collect, job, live, live.pool, work), daemon=True,
+            threading.Thread(target=context.run, args=(self._collect, job, live, live.pool, work, feed), daemon=True,
                              name=f"job-{job.job_id}").start()
         else:
-            context.run(self._collect, job, live, live.pool, work)
+            context.run(self._collect, job, live, live.pool, work, feed)
 
-    def _collect(self, job, live, pool, work) -> None:
+    def _collect(self, job, live, pool, work, feed) -> None:
         try:
             work()
         except BaseException as exc:  # noqa: BLE001 - recorded on the job, never lost
-            self._end(job, live, pool, exc)
+            self._end(job, live, pool, exc, feed)
             return
-        self._end(job, live, pool, None)
+        self._end(job, live, pool, None, feed)
 
-    def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None) -> None:
+    def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None,
+             feed: InputFeed | None = None) -> None:
+        lease = live.lease
+        if lease is not None:
+            lease.stop()  # no renewal from here on: the release below is the last word
+            if exc is not None and lease.lapse is not None:
+                exc = lease.lapse  # a lapsed lease stopped the job: FAILED with why, not CANCELLED
         # Decided before this method cancels the scope itself: only a cancel from outside (CancelJob,
         # the client's deadline or disconnect) makes the job CANCELLED; a bug stays a failure.
         cancelled = isinstance(exc, Cancelled) or (
@@ -112,19 +150,49 @@ class JobRunner:
         if exc is None:
             self.book.finish(job, m.SUCCEEDED, message="done")
         elif cancelled:
-            self.book.finish(job, m.CANCELLED, error="cancelled")
+            self.book.finish(job, m.CANCELLED, error=bounded(
+                (str(exc) if isinstance(exc, Cancelled) else "") or live.scope.reason or "cancelled", MAX_ERROR_BYTES))
         else:
-            if not isinstance(exc, errors.AccelmeshError):
-                log.error("job %s failed", job.job_id, exc_info=exc)
-            live.error = exc
-            self.book.finish(job, m.FAILED, error=str(exc) or type(exc).__name__)
+            if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see _let_go)
+                log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())
+            live.error = detached(exc)
+            self.book.finish(job, m.FAILED, error=bounded(str(exc) or type(exc).__name__, MAX_ERROR_BYTES))
         if live.span is not None:
             if exc is not None:
-                live.span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
             live.span.end()
-        live.done.set()
+        _let_go(live, feed, exc)
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
-        with self._lock:
-            self._live.pop(job.job_id, None)
         self.book.forget_live(job.job_id)
+        with self._ended:
+            self._live.pop(job.job_id, None)
+            self._ended.notify_all()
+        live.done.set()  # last: whoever waits for the job's end finds it out of every map
+
+
+def detached(exc: BaseException) -> BaseException:
+    """A job's error as RunJob re-raises it after the job ended: the same status and message, and
+    no traceback, so no frame (and none of the parameters or inputs its locals held) outlives
+    the job through it. A bug stays a bug (INTERNAL), its traceback logged when it happened."""
+    kind = next((k for k in type(exc).__mro__ if k.__module__ == errors.__name__), None)
+    if kind is None or not issubclass(kind, errors.AccelmeshError):
+        return RuntimeError(f"job failed: {type(exc).__name__}")
+    return kind(str(exc), reason=getattr(exc, "reason", ""), field=getattr(exc, "field", ""))
+
+
+def _let_go(live: LiveJob, feed: InputFeed | None, exc: BaseException | None) -> None:
+    """Drop what an ended job held. A live job may outlive its run (RunJob still streams its
+    results): its pool's closures hold the parameters. The exception's frames hold the strategy's
+    locals (parameters, input blocks) and refer back to the job, a cycle that only the garbage
+    collector would free, maybe much later: cleared here, so they go as soon as the call ends."""
+    live.pool = None
+    live.failure = None
+    close = getattr(feed, "close", None)  # the request stream (StreamFeed): its held block, its iterator
+    if close is not None:
+        close()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # frames still running (the caller's) are skipped
+        exc = exc.__cause__ or exc.__context__

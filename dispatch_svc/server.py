@@ -38,8 +38,11 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         except errors.AccelmeshError as exc:  # inventory down: the leases lapse on their own
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
-                       inflight_bytes=config.inflight_bytes, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
-    servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes, max_parameter_bytes=config.max_client_parameter_bytes)
+                       inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
+                       job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
+    servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
+                                max_parameter_bytes=config.max_client_parameter_bytes,
+                                max_message_bytes=config.max_message_bytes)
 
     def shutdown():
         mesh.close()

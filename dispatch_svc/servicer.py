@@ -7,6 +7,8 @@ operators see every job.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from accelmesh import errors
@@ -14,16 +16,25 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import dtype_code, split
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc import delivery
 from dispatch_svc import records as m
 from dispatch_svc import translate as tr
+from dispatch_svc.config import JobLimits
+from dispatch_svc.device_queues import Cancelled
 from dispatch_svc.jobs import job_not_found
 from dispatch_svc.runner import JobRunner
+from dispatch_svc.validation import check_job_id
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LIST = 50
 MAX_LIST = 1000  # a larger page_size is read as this (AIP-158): each listed job is read and parsed
+# A ListJobs page stops before its jobs pass this share of the message limit, whatever page_size
+# asked: listed jobs are summaries (translate.job_to_proto), so only specs near the limits fill it.
+LIST_MESSAGE_SHARE = 0.5
 
 
 def _first_spec(requests) -> job_pb.JobSpec:
@@ -34,12 +45,15 @@ def _first_spec(requests) -> job_pb.JobSpec:
 
 
 class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
-    def __init__(self, runner: JobRunner, auth: Authenticator, *, chunk_bytes: int, max_parameter_bytes: int):
+    def __init__(self, runner: JobRunner, auth: Authenticator, *, chunk_bytes: int, max_parameter_bytes: int,
+                 limits: JobLimits | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.runner = runner
         self._auth = auth
         self.book = runner.book
         self._chunk_bytes = chunk_bytes
         self._max_parameter_bytes = max_parameter_bytes
+        self._limits = limits or runner.job_limits
+        self._list_bytes = int(max_message_bytes * LIST_MESSAGE_SHARE)
 
     def PlanJob(self, request, context):
         if not request.HasField("spec"):
@@ -49,6 +63,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 
     def _job(self, job_id: str, context) -> m.JobRecord:
         """The job, if the caller may see it; NOT_FOUND (the same as for no such job) otherwise."""
+        check_job_id(job_id, self._limits)
         job = self.book.get(job_id)
         principal = self._auth.principal(context)
         if job.owner != principal.key and not sees_everything(principal):
@@ -56,19 +71,31 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return job
 
     def _start(self, requests, context):
+        """The job of a SubmitJob or RunJob stream, once its spec is within the limits and its
+        parameters and first block fit: all checked before the job is recorded or planned."""
         spec = tr.spec_from_proto(_first_spec(requests))
-        job, live = self.runner.start(spec, self._auth.principal(context).key)
-        return job, live, tr.StreamFeed(requests, spec, self._max_parameter_bytes)
+        owner = self._auth.principal(context).key
+        self.runner.check(spec)
+        feed = tr.StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
+        try:
+            feed.read_ahead()
+        except Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
+            raise errors.Unavailable(f"{exc}; no job was started") from None
+        job, live = self.runner.start(spec, owner)
+        return job, live, feed
 
     def SubmitJob(self, request_iterator, context):
         job, live, feed = self._start(request_iterator, context)
-        self.runner.run(job, live, feed)
+        try:
+            self.runner.run(job, live, feed)
+        except Cancelled:  # CancelJob or a disconnect while the input arrived: GetJob says which
+            pass
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
         job, live, feed = self._start(request_iterator, context)
         # The client's deadline or disconnect stops the job (its shards and reservations).
-        context.add_callback(lambda: None if job.final else live.scope.cancel())
+        context.add_callback(lambda: None if job.final else live.scope.cancel(feed.gone()))
         for piece in delivery.run(self.runner, job, live, feed, self._chunk_bytes):
             if isinstance(piece, delivery.EventOut):
                 yield pb.RunJobResponse(event=tr.event_to_proto(piece.event))
@@ -105,7 +132,16 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         principal = self._auth.principal(context)
         jobs = self.book.list(min(request.page_size or DEFAULT_LIST, MAX_LIST),
                               None if sees_everything(principal) else principal.key)
-        return pb.ListJobsResponse(jobs=[tr.job_to_proto(j, with_shards=False) for j in jobs])
+        listed, size = [], 0
+        for job in jobs:
+            message = tr.job_to_proto(job, with_shards=False)
+            size += message.ByteSize() + 8  # the field's tag and length
+            if size > self._list_bytes and listed:
+                log.warning("ListJobs: %d of %d jobs left off, past %d bytes", len(jobs) - len(listed), len(jobs),
+                            self._list_bytes)
+                break
+            listed.append(message)
+        return pb.ListJobsResponse(jobs=listed)
 
     def CancelJob(self, request, context):
         self._job(request.job_id, context)

@@ -14,6 +14,7 @@ the in-flight budget) is in `context.py`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from dispatch_svc import records as m
@@ -23,5 +24,9 @@ from dispatch_svc.strategies.context import JobContext
 Work = Callable[[], None]
 
 
-def strategy_for(spec: m.JobSpec) -> Callable[[JobContext], Work]:
-    return pipeline.start if spec.placement is not None else data_parallel.start
+def strategy_for(spec: m.JobSpec, max_shards: int | None = None) -> Callable[[JobContext], Work]:
+    """`max_shards`: a pipeline's micro-batches x stages at most (ACCELMESH_MAX_JOB_SHARDS), known
+    only once it is placed; a data-parallel job's shards were checked before it was planned."""
+    if spec.placement is not None:
+        return functools.partial(pipeline.start, max_shards=max_shards)
+    return data_parallel.start

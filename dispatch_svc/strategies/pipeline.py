@@ -43,9 +43,10 @@ def place(mesh: Mesh, spec: m.JobSpec) -> tuple[Program | None, PlacedJob]:
     return program, plan_placement(mesh, spec, program, rows)
 
 
-def start(ctx: JobContext):
+def start(ctx: JobContext, max_shards: int | None = None):
     """Place the layers, build one artifact per stage for its device's rule, reserve what the
-    placement needs on each device; returns the work that streams micro-batches through."""
+    placement needs on each device; returns the work that streams micro-batches through.
+    `max_shards`: micro-batches x stages at most, each a shard record of the job."""
     job, spec = ctx.job, ctx.spec
     if spec.placement.layers:
         raise errors.InvalidArgument(
@@ -57,6 +58,12 @@ def start(ctx: JobContext):
             "data-parallel with a training_step program when spec.placement is unset")
     program, placed = place(ctx.mesh, spec)
     placement = placed.plan.placement
+    shards = placement.micro_batches * len(placement.stages)
+    if max_shards is not None and shards > max_shards:  # before anything is built or reserved
+        raise errors.ResourceExhausted(
+            f"the job's {placement.micro_batches:,} micro-batches through {len(placement.stages)} stages are {shards:,} "
+            f"shards; this dispatcher takes at most {max_shards:,} (raise ACCELMESH_MAX_JOB_SHARDS to allow more, "
+            "or send larger spec.placement.micro_batch_rows)")
     if ctx.live.span is not None:
         ctx.live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
     rows, micro = spec.inputs[0].rows, placement.micro_batch_rows

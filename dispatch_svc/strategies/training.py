@@ -13,7 +13,7 @@ from dispatch_svc import records as m
 from dispatch_svc.device_queues import DevicePool
 from dispatch_svc.interface import ShardWork
 from dispatch_svc.strategies.context import JobContext
-from dispatch_svc.training import minibatches
+from dispatch_svc.training import minibatches, steps_per_epoch
 
 
 def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray]):
@@ -24,7 +24,10 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np
     optimizer = options.optimizer()
     grad_outputs = [i for i, o in enumerate(program.outputs) if o.name.startswith("grad/")]
     loss_output = next(i for i, o in enumerate(program.outputs) if o.name == "loss")
-    steps = list(minibatches(job.spec.inputs[0].rows, options.batch_size, options.epochs, options.shuffle_seed))
+    rows = job.spec.inputs[0].rows
+    # Drawn a step at a time: a list of every step's row indices would hold epochs x rows of them.
+    steps = minibatches(rows, options.batch_size, options.epochs, options.shuffle_seed)
+    total_steps = options.epochs * steps_per_epoch(rows, options.batch_size)
     names = [p.name for p in program.parameters]
     splits: dict[int, list[tuple[int, int, str]]] = {}
 
@@ -50,7 +53,7 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np
             ctx.live.scope.check()
             params, loss = step(batch, params)
             job.losses.append(loss)
-            job.progress = batch.step / len(steps)
+            job.progress = batch.step / total_steps
             ctx.book.emit(job, m.TRAINING_STEP, step=batch.step, loss=loss, message=f"epoch {batch.epoch}")
         for spec, value in zip(program.parameters, params):
             ctx.book.results.save(job.job_id, spec.name, np.asarray(value, np.dtype(spec.dtype)))

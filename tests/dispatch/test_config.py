@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.security.identity import Role
 from conftest import CREDENTIALS
-from dispatch_svc.config import parse_args
+from dispatch_svc.config import LIMIT_VARIABLES, JobLimits, parse_args
 
 CREDENTIAL_ENV = CREDENTIALS.env(Role.DISPATCH)  # a dispatcher starts only with its credentials
 
@@ -22,3 +25,30 @@ def test_dispatch_reads_its_client_parameter_limit_not_the_compile_services():
 def test_a_client_parameter_limit_below_the_minimum_is_refused_naming_the_variable():
     with pytest.raises(InvalidArgument, match="ACCELMESH_MAX_CLIENT_PARAMETER_BYTES=10 is below the minimum"):
         parse_args([], env={**CREDENTIAL_ENV, "ACCELMESH_MAX_CLIENT_PARAMETER_BYTES": "10"})
+
+
+def test_the_job_limits_are_read_from_their_variables():
+    env = {**CREDENTIAL_ENV, "ACCELMESH_MAX_JOB_ROWS": "5000", "ACCELMESH_MAX_JOB_SHARDS": "16",
+           "ACCELMESH_MAX_NAME_CHARS": "64"}
+    limits = parse_args([], env=env).limits
+    assert (limits.max_rows, limits.max_shards, limits.max_name_chars) == (5000, 16, 64)
+    assert limits.max_bytes == JobLimits.max_bytes  # the others keep their defaults
+
+
+def test_every_job_limit_has_its_own_variable():
+    names = {f.name for f in dataclasses.fields(JobLimits)}
+    assert names == set(LIMIT_VARIABLES) and len(set(LIMIT_VARIABLES.values())) == len(names)
+    for name in names:
+        value = getattr(JobLimits, name) - 1
+        assert getattr(parse_args([], env={**CREDENTIAL_ENV, JobLimits.variable(name): str(value)}).limits, name) == value
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("ACCELMESH_MAX_JOB_ROWS", "0", "ACCELMESH_MAX_JOB_ROWS=0 is below the minimum 1"),
+    ("ACCELMESH_MAX_NAME_CHARS", "8", "ACCELMESH_MAX_NAME_CHARS=8 is below the minimum 32"),
+    ("ACCELMESH_MAX_JOB_BYTES", "lots", "ACCELMESH_MAX_JOB_BYTES='lots' is not an integer"),
+    ("ACCELMESH_MAX_MODEL_LAYERS", "5000", "ACCELMESH_MAX_MODEL_LAYERS=5000 is above"),
+])
+def test_a_bad_job_limit_is_refused_naming_its_variable(variable, value, words):
+    with pytest.raises(InvalidArgument, match=re.escape(words)):
+        parse_args([], env={**CREDENTIAL_ENV, variable: value})

@@ -100,3 +100,81 @@ def test_a_book_from_before_the_expires_column_still_expires_its_jobs(tmp_path):
     reopened = JobBook(tmp_path, retention_s=30, clock=clock)  # opening sweeps expired jobs
     with pytest.raises(errors.NotFound):
         reopened.get(job.job_id)
+
+
+def plan_of(shards: int) -> m.Plan:
+    """`shards` shards over two devices, each device's share in at most two sizes, larger first
+    (as the planner cuts them)."""
+    half, out, first = shards // 2, [], 0
+    for i in range(shards):
+        device, rows = (0, 8) if i < half else (1, 5 if i < half + half // 2 else 4)  # larger pieces first
+        out.append(m.ShardPlan(i, f"10.0.0.1/cuda:{device}", f"type{device}", first, rows,
+                               rows * 0.01))
+        first += rows
+    target = m.TargetPlan("type0", "cuda-fp32", "fp32", "p", ("10.0.0.1/cuda:0",), 10.0, "catalog")
+    return m.Plan((target,), tuple(out), 1.0, 1.0)
+
+
+def test_a_plan_of_many_equal_shards_is_stored_as_runs_and_read_back_whole(tmp_path):
+    book = JobBook(tmp_path, retention_s=60)
+    job = book.create(SPEC)
+    plan = plan_of(20_000)
+    book.update(job, plan=plan, state=m.COMPILING)
+    book.emit(job, m.PLANNED, plan=plan)
+    book.finish(job, m.SUCCEEDED)
+    book.close()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        (record,) = db.execute("SELECT length(record) FROM jobs").fetchone()
+        (event,) = db.execute("SELECT max(length(event)) FROM events").fetchone()
+    assert record < 4096 and event < 4096  # 20,000 shards spelled out would be ~2 MB
+    again = JobBook(tmp_path, retention_s=60)
+    assert again.get(job.job_id).plan == plan
+    assert next(again.events(job.job_id)).plan == plan
+
+
+def store_old_record(book_dir, shards: int) -> str:
+    """A finished job as a dispatcher before the limits stored it: every shard spelled out."""
+    import dataclasses
+    import json
+    import sqlite3
+
+    book = JobBook(book_dir, retention_s=3600)
+    job = book.create(SPEC)
+    book.finish(job, m.SUCCEEDED)
+    book.close()
+    old = dataclasses.asdict(job)
+    old["plan"] = {"targets": [], "predicted_seconds": 1.0, "equal_split_predicted_seconds": 1.0, "placement": None,
+                   "shards": [{"index": i, "device_id": "10.0.0.1/cuda:0", "target_type": "t", "first_row": i,
+                               "rows": 1, "predicted_seconds": i * 1e-6} for i in range(shards)]}
+    with sqlite3.connect(book_dir / "jobs.db") as db:
+        db.execute("UPDATE jobs SET record = ? WHERE job_id = ?", (json.dumps(old), job.job_id))
+    return job.job_id
+
+
+def test_an_oversized_record_from_before_the_limits_is_read_without_its_plan(tmp_path, caplog):
+    old = store_old_record(tmp_path, shards=50_000)  # ~6 MB of JSON
+    book = JobBook(tmp_path, retention_s=3600)
+    newer = book.create(SPEC)
+    book.finish(newer, m.SUCCEEDED)
+    record = book.get(old)
+    assert record.state == m.SUCCEEDED and record.spec == SPEC and record.plan is None
+    assert "too large" in record.error and f"job {old}" in caplog.text
+    assert [j.job_id for j in book.list(10)] == [newer.job_id, old]
+    assert [j.job_id for j in book.list(1)] == [newer.job_id]
+
+
+def test_a_record_that_does_not_parse_is_read_from_its_columns(tmp_path, caplog):
+    import sqlite3
+
+    book = JobBook(tmp_path, retention_s=3600)
+    job = book.create(SPEC)
+    book.finish(job, m.FAILED, error="boom")
+    book.close()
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        db.execute("UPDATE jobs SET record = ? WHERE job_id = ?", ('{"job_id": "x", "spec": 3', job.job_id))
+    again = JobBook(tmp_path, retention_s=3600)
+    (listed,) = again.list(5)
+    assert listed.job_id == job.job_id and listed.state == m.FAILED and "does not parse" in caplog.text
+    assert again.get(job.job_id).job_id == job.job_id

@@ -63,10 +63,7 @@ def dispatcher(tmp_path_factory):
                                       nvml=False, artifact_dir=root / "worker-artifacts"))
         server, runner = build_dispatch(DispatchConfig(
             listen="127.0.0.1:0", inventory=inventory, compile=compile_.address, data_dir=str(root / "dispatch"),
-            max_shard_bytes=SHARD_ROWS * IDENTITY_WIDTH * 4))
-        # A short lease. DispatchConfig has no field for it yet; once it does (ACCELMESH_RESERVATION_TTL_S,
-        # passed on to JobRunner), set it there instead.
-        runner.limits = dataclasses.replace(runner.limits, reservation_ttl_s=LEASE_TTL_S)
+            max_shard_bytes=SHARD_ROWS * IDENTITY_WIDTH * 4, reservation_ttl_s=LEASE_TTL_S))  # a short lease
         server.start()
         try:
             yield Dispatcher(f"127.0.0.1:{server.port}", runner,

@@ -62,7 +62,10 @@ def test_inference_across_mixed_devices_matches_one_device(client, mesh):
     a100 = [t for t in plan.targets if "a100-80gb" in t.target_type]
     assert len(a100) == 1 and len(a100[0].device_ids) == 2  # two devices of one type: one artifact
     assert {s.device_id for s in shards if "a100" in s.target_type} == set(a100[0].device_ids)
-    assert {t.rule for t in plan.targets} >= {"cuda-bf16", "cuda-fp32"}
+    # The A100s' bf16 build serves them; a device with under 1/16 of the pool's rate gets no unit of
+    # a job that fits one shard (planner/buckets.py), and every device that got rows has its build.
+    assert "cuda-bf16" in {t.rule for t in plan.targets}
+    assert {s.device_id for s in shards} <= {d for t in plan.targets for d in t.device_ids}
     types = [e.type for e in result.events]
     assert types[0] == job_pb.JOB_EVENT_TYPE_PLANNED and types[-1] == job_pb.JOB_EVENT_TYPE_SUCCEEDED
     assert types.count(job_pb.JOB_EVENT_TYPE_SHARD_FINISHED) == len(shards)
@@ -115,7 +118,7 @@ def test_training_across_devices_learns_the_digits(client):
 
 
 def test_one_training_step_equals_the_single_device_update(client):
-    """Uneven shards on two fp32 devices: only the size-weighted gradient mean gives this update."""
+    """Shards of different sizes on two fp32 devices: only the size-weighted gradient mean gives this update."""
     import jax
 
     x, y = load_digits()
@@ -123,7 +126,7 @@ def test_one_training_step_equals_the_single_device_update(client):
     options = job_pb.TrainingOptions(epochs=1, batch_size=301, learning_rate=0.5, momentum=0.0)
     trained = client.run("mlp_train_step", {"x": x, "y": y}, training=options, filter=FP32_ONLY)
     rows = [s.rows for s in trained.job.shards]
-    assert len(rows) == 2 and rows[0] != rows[1]
+    assert len({s.device_id for s in trained.job.shards}) == 2 and len(set(rows)) > 1
     program = default_registry().get("mlp_train_step")
     params = program.init_params(0)
     outputs = jax.jit(program.fn)(*params, x, y)

@@ -30,12 +30,19 @@ SHARDS_IN_FLIGHT_PER_DEVICE = 2
 RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
 
 
-class ShardFailed(Exception):
-    """A shard's attempt failed on a device; `cause` says why in the worker's words."""
+# Worker statuses that say the request itself is wrong (the artifact does not load, an input
+# does not fit): another device of the job would answer the same, so retries only delay the news.
+NOT_RETRYABLE_CODES = frozenset({"FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "UNIMPLEMENTED",
+                                 "OUT_OF_RANGE"})
 
-    def __init__(self, cause: str):
+
+class ShardFailed(Exception):
+    """A shard's attempt failed on a device; `cause` says why in the worker's words, `code` the
+    worker's status name when it answered with one."""
+
+    def __init__(self, cause: str, code: str = ""):
         super().__init__(cause)
-        self.cause = cause
+        self.cause, self.code = cause, code
 
 
 class Cancelled(Exception):
@@ -60,6 +67,7 @@ class _Pending:
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
     tried: list[str] = field(default_factory=list)  # device ids
     failures: list[str] = field(default_factory=list)
+    causes: list[tuple[str, str]] = field(default_factory=list)  # (status name, cause) of each failure
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -186,6 +194,7 @@ class DevicePool:
                 self._fail(pending, Cancelled())
                 return
             pending.failures.append(f"{device_id}: {exc.cause}")
+            pending.causes.append((exc.code, exc.cause))
             with self._lock:
                 self._failed.add(device_id)
             self._reroute(pending, device_id, exc.cause)
@@ -212,6 +221,13 @@ class DevicePool:
         target = self._next_device(pending, self._devices[device_id].target_type)
         if target is None or len(pending.tried) >= self._max_attempts:
             index = getattr(pending.shard, "index", "?")
+            if len(set(pending.causes)) == 1 and pending.causes[0][0] in NOT_RETRYABLE_CODES:
+                # The same refusal from every device tried: a fault of the job, not of the devices.
+                devices = ", ".join(pending.tried)
+                self._fail(pending, errors.FailedPrecondition(
+                    f"shard {index} failed the same way on every device it was tried on ({devices}): "
+                    f"{pending.causes[0][1]}; retrying will not help"))
+                return
             self._fail(pending, errors.Unavailable(
                 f"shard {index} could not run: {'; '.join(pending.failures) or 'no device left'}"
                 + ("" if target else "; no other device can take it")

@@ -288,7 +288,7 @@ class GrpcMesh:
                 self._forget_worker(address)
             if code == grpc.StatusCode.FAILED_PRECONDITION and refs and error_reason(exc) == errors.TENSOR_NOT_HELD:
                 raise _NotHeld(f"{code.name}: {details}") from None
-            raise ShardFailed(f"{code.name}: {details}") from None
+            raise ShardFailed(f"{code.name}: {details}", code.name) from None
         except errors.InvalidArgument as exc:
             raise ShardFailed(f"worker sent a malformed result: {exc}") from None
         finally:

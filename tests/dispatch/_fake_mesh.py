@@ -52,6 +52,7 @@ class FakeMesh:
         self.reserved: dict[str, list] = {}
         self.released: list[str] = []
         self.renewed: list[str] = []
+        self.refuse = ""  # set: every device refuses every shard with FAILED_PRECONDITION and this text
         self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
         self._lock = threading.Lock()
         self._running_bytes = 0
@@ -106,7 +107,9 @@ class FakeMesh:
             if self.crash:
                 raise RuntimeError("a bug in the shard path")
             if remaining:
-                raise ShardFailed("UNAVAILABLE: the worker went away")
+                raise ShardFailed("UNAVAILABLE: the worker went away", "UNAVAILABLE")
+            if self.refuse:  # what every worker answers when the artifact itself is broken
+                raise ShardFailed(f"FAILED_PRECONDITION: {self.refuse}", "FAILED_PRECONDITION")
             outputs = self.run(dict(arrays))
             forge = self.forge.get(device.id)
             return ShardOutput(forge(outputs) if forge else outputs, 0.0, 0.0, 0.001, "executable")

@@ -61,6 +61,20 @@ def test_a_shard_that_fails_on_every_device_fails_the_job_naming_every_cause(tmp
     assert mesh.released == [job.job_id]
 
 
+def test_a_shard_refused_the_same_way_everywhere_fails_the_job_as_not_retryable(tmp_path):
+    """An artifact that does not load fails identically on every device: the job says retrying
+    will not help (FAILED_PRECONDITION), not that the devices were unavailable."""
+    mesh = FakeMesh(AFFINE)
+    mesh.refuse = "the artifact did not load: unsupported instruction set"
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
+    assert job.state == m.FAILED
+    assert re.fullmatch(r"shard \d+ failed the same way on every device it was tried on \(10\.0\.0\.1/cuda:\d"
+                        r"(, 10\.0\.0\.1/cuda:\d)*\): FAILED_PRECONDITION: the artifact did not load: "
+                        r"unsupported instruction set; retrying will not help", job.error), job.error
+    assert mesh.released == [job.job_id]
+
+
 def test_a_cancel_while_shards_run_stops_the_job_and_releases_its_devices(tmp_path):
     mesh = FakeMesh(AFFINE)
     mesh.hold = True

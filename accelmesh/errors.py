@@ -78,3 +78,7 @@ class Unauthenticated(AccelmeshError):
 
 class PermissionDenied(AccelmeshError):
     """The caller is known but its role may not do this: maps to PERMISSION_DENIED."""
+
+
+class Cancelled(AccelmeshError):
+    """The work was cancelled (CancelJob, the client's deadline or disconnect): maps to CANCELLED."""

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from accelmesh import errors
 from dispatch_svc import records as m
+from dispatch_svc.device_queues import Cancelled
 from dispatch_svc.interface import InputFeed, LiveJob
 from dispatch_svc.jobs import JobBook, ResultEntry
 from dispatch_svc.runner import JobRunner
@@ -95,7 +97,10 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
             if entry.name not in live.concat_names:
                 yield from whole(entry, slab_bytes)
     elif live.error is not None or failure:
-        raise live.error or failure[0]
+        error = live.error or failure[0]
+        if isinstance(error, Cancelled):  # a status, not a bug: CANCELLED with the job's reason
+            raise errors.Cancelled(str(error) or final.error or "the job was cancelled") from None
+        raise error
     yield JobOut(final)
 
 

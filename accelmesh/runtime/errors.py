@@ -34,6 +34,7 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Cancelled: grpc.StatusCode.CANCELLED,
 }
 
 

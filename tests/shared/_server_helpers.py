@@ -49,6 +49,7 @@ class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
             errors.AlreadyExists,
             errors.Unauthenticated,
             errors.PermissionDenied,
+            errors.Cancelled,
         )
     }
 

@@ -42,6 +42,7 @@ def test_ok_call_returns_the_servicer_response(channel):
         ("AlreadyExists", grpc.StatusCode.ALREADY_EXISTS),
         ("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED),
         ("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED),
+        ("Cancelled", grpc.StatusCode.CANCELLED),
     ],
 )
 def test_typed_error_maps_to_status_with_its_message(channel, error_name, code):

@@ -78,7 +78,7 @@ def _little_endian(array) -> np.ndarray:
 
 def _expected_bytes(dtype: np.dtype, shape, field: str) -> int:
     if any(d < 0 for d in shape):
-        raise errors.InvalidArgument(f"{field}.shape {list(shape)} has a negative dimension")
+        raise errors.InvalidArgument(f"{field}.shape {errors.quoted(list(shape))} has a negative dimension")
     # Python ints: numpy's int64 product wraps silently, letting a huge shape pass as 0 bytes.
     return math.prod(int(d) for d in shape) * dtype.itemsize
 
@@ -93,7 +93,8 @@ def from_proto(tensor: common_pb2.Tensor, field: str = "tensor") -> np.ndarray:
     expected = _expected_bytes(dtype, tensor.shape, field)
     if len(tensor.data) != expected:
         raise errors.InvalidArgument(
-            f"{field}.data has {len(tensor.data)} bytes but dtype {dtype} and shape {list(tensor.shape)} need {expected}"
+            f"{field}.data has {len(tensor.data)} bytes but dtype {dtype} and shape "
+            f"{errors.quoted(list(tensor.shape))} need {expected}"
         )
     return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
 
@@ -126,11 +127,11 @@ class TensorAssembler:
     """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow.
 
     Memory follows the bytes that arrived, never the bytes a header declares: a peer can announce
-    a gigabyte in a 150-byte header and then send nothing (or go away). The buffer grows as chunks
-    come: CPython over-allocates a growing bytearray by about 1/8 (amortised appends) and glibc
-    grows a large one in place (mremap), so it holds the received bytes plus at most 1/8, and at
-    most about twice them while a reallocation copies. The result is a writable numpy view of the
-    buffer, not a copy (the 1/8 margin stays with it).
+    a gigabyte in a 150-byte header and then send nothing (or go away). The chunks' bytes are kept
+    as they came (no copy) until the tensor is complete, then copied once into a buffer of exactly
+    its size, so the received bytes are held while receiving and twice them for the moment of
+    that copy, and a finished tensor (which a worker may hold for a job's later shards) carries
+    no growth margin. The result is a writable numpy view of that buffer.
     """
 
     def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
@@ -143,24 +144,21 @@ class TensorAssembler:
         if header.total_bytes != expected:
             raise errors.InvalidArgument(
                 f"{field} '{self.name}': total_bytes {header.total_bytes} does not match dtype {self.dtype} "
-                f"and shape {list(self.shape)} ({expected} bytes)"
+                f"and shape {errors.quoted(list(self.shape))} ({expected} bytes)"
             )
         self.total_bytes = expected  # declared, checked against dtype and shape; nothing allocated for it
-        self._buffer = bytearray()
-
-    @property
-    def received_bytes(self) -> int:
-        """Bytes received so far, which is what this assembler holds (plus the growth margin)."""
-        return len(self._buffer)
+        self._chunks: list[bytes] = []
+        self._whole: bytearray | None = None  # the chunks copied into one buffer, at the first result()
+        self.received_bytes = 0  # what this assembler holds
 
     @property
     def complete(self) -> bool:
-        return len(self._buffer) == self.total_bytes
+        return self.received_bytes == self.total_bytes
 
     def add(self, chunk: common_pb2.TensorChunk) -> None:
         if chunk.name != self.name:
             raise errors.InvalidArgument(f"{self.field}: chunk for '{chunk.name}' arrived while '{self.name}' is open")
-        received = len(self._buffer)
+        received = self.received_bytes
         if chunk.offset != received:
             raise errors.InvalidArgument(
                 f"{self.field} '{self.name}': chunk offset {chunk.offset}, expected {received}; send chunks in order"
@@ -170,14 +168,23 @@ class TensorAssembler:
             raise errors.InvalidArgument(
                 f"{self.field} '{self.name}': chunks carry more than the declared {self.total_bytes} bytes"
             )
-        self._buffer += data
+        if data:
+            self._chunks.append(data)
+            self.received_bytes += len(data)
 
     def result(self) -> np.ndarray:
         if not self.complete:
             raise errors.InvalidArgument(
-                f"{self.field} '{self.name}': stream ended after {len(self._buffer)} of {self.total_bytes} bytes"
+                f"{self.field} '{self.name}': stream ended after {self.received_bytes} of {self.total_bytes} bytes"
             )
-        return np.frombuffer(self._buffer, dtype=self.dtype).reshape(self.shape)
+        if self._whole is None:
+            self._whole = bytearray(self.total_bytes)
+            view, at = memoryview(self._whole), 0
+            for data in self._chunks:
+                view[at:at + len(data)] = data
+                at += len(data)
+            self._chunks = []  # the one copy holds them now
+        return np.frombuffer(self._whole, dtype=self.dtype).reshape(self.shape)
 
 
 class TensorCollector:

@@ -294,12 +294,11 @@ def test_a_header_declaring_a_gibibyte_allocates_nothing():
 
 
 def test_an_assembler_grows_with_the_chunks_that_arrive_and_at_most_doubles_them():
-    chunks = [common_pb2.TensorChunk(name=NAME, offset=i * MIB, data=bytes(MIB)) for i in range(GROWTH_CHUNKS)]
     assembler = TensorAssembler(_gib_header())
 
-    def receive():
-        for chunk in chunks:
-            assembler.add(chunk)
+    def receive():  # each chunk a message of its own, as a stream delivers them
+        for i in range(GROWTH_CHUNKS):
+            assembler.add(common_pb2.TensorChunk(name=NAME, offset=i * MIB, data=bytes(MIB)))
         return assembler
 
     kept, peak = _traced(receive)
@@ -311,7 +310,7 @@ def test_an_assembler_grows_with_the_chunks_that_arrive_and_at_most_doubles_them
         assembler.result()
 
 
-def test_a_complete_tensor_is_a_writable_view_of_the_received_bytes_not_a_copy():
+def test_a_complete_tensor_is_one_writable_buffer_made_once():
     original = np.arange(3 * MIB // 4, dtype=np.float32)
     header, chunks = split(NAME, original, chunk_bytes=MIB // 2)
     assembler = TensorAssembler(header)

@@ -178,3 +178,11 @@ def peak_rss_bytes(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM in /proc status")
+
+
+def reset_peak_rss(pid: int) -> int:
+    """Start a new peak for a process of this user (proc(5): writing 5 to clear_refs sets VmHWM
+    to VmRSS); returns that resident memory, the new peak's baseline."""
+    with open(f"/proc/{pid}/clear_refs", "w") as clear:
+        clear.write("5")
+    return peak_rss_bytes(pid)

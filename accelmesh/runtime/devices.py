@@ -103,9 +103,9 @@ def device_from_proto(msg: common_pb2.Device, field: str = "device") -> tuple[De
     except ValueError as exc:
         raise errors.InvalidArgument(f"{field}.id: {exc}") from None
     if msg.platform not in PLATFORM_FROM_PROTO or PLATFORM_FROM_PROTO[msg.platform] != platform:
-        raise errors.InvalidArgument(f"{field}.platform does not match the platform in id {msg.id!r}")
+        raise errors.InvalidArgument(f"{field}.platform does not match the platform in id {errors.quoted(msg.id)}")
     if msg.node_ip != ip or msg.local_index != index:
-        raise errors.InvalidArgument(f"{field}: node_ip/local_index disagree with id {msg.id!r}")
+        raise errors.InvalidArgument(f"{field}: node_ip/local_index disagree with id {errors.quoted(msg.id)}")
     perf = msg.performance
     spec = DeviceSpec(
         id=msg.id,

@@ -17,7 +17,8 @@ from accelmesh import errors
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import Cancelled
 from dispatch_svc.interface import InputFeed, LiveJob
-from dispatch_svc.jobs import JobBook, ResultEntry
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.results import ResultEntry
 from dispatch_svc.runner import JobRunner
 
 

@@ -1,38 +1,32 @@
 """Jobs and their event logs, kept in SQLite so a client can reconnect (and a restart loses no
-finished result); results live as raw arrays on disk next to the database, written and read a
-slab at a time so no result is ever held whole in the dispatcher's memory.
+finished result); results live as raw arrays on disk next to the database (results.py). A record
+and an event are stored as the JSON of job_codec.py.
 
 `JobBook` is the one place job state changes: every change is written through, and watchers
 wait on a condition for new events instead of polling.
 
-A record stays small whatever its job declared: a plan's shards are stored as runs of equal,
-consecutive shards (a device's share is a few sizes), and a record read back longer than
-MAX_RECORD_CHARS (one written before the limits existed) is read without its plan, shard
-records and losses, with a log line, so it can never make GetJob or ListJobs fail for everyone.
+A record stays small whatever its job declared (job_codec.py stores a plan's shards as runs), and
+a record read back longer than MAX_RECORD_CHARS (one written before the limits existed) is read
+without its plan, shard records and losses, with a log line, so it can never make GetJob or
+ListJobs fail for everyone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
-import shutil
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-
-import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
-import numpy as np
 
 from accelmesh import errors
 from accelmesh.errors import quoted
 from dispatch_svc import records as m
-from dispatch_svc.planner.placement import LayerCost
+from dispatch_svc.job_codec import event_from, event_text, record_from, record_text
+from dispatch_svc.results import ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -59,196 +53,8 @@ OVERSIZED_ERROR = "this job's stored record was too large to read in full; its p
 UNREADABLE_ERROR = "this job's stored record could not be read; only its state and times are known"
 
 
-def _runs(shards: tuple[m.ShardPlan, ...]) -> list[list]:
-    """Shard plans as runs [index, device_id, target_type, first_row, rows, predicted_seconds, count]
-    of consecutive shards alike but for their rows' place."""
-    runs: list[list] = []
-    last = None
-    for s in shards:
-        if (last is not None and last[1] == s.device_id and last[2] == s.target_type and last[4] == s.rows
-                and last[5] == s.predicted_seconds and last[0] + last[6] == s.index
-                and last[3] + last[4] * last[6] == s.first_row):
-            last[6] += 1
-        else:
-            last = [s.index, s.device_id, s.target_type, s.first_row, s.rows, s.predicted_seconds, 1]
-            runs.append(last)
-    return runs
-
-
-def _shards_from(d: dict) -> tuple[m.ShardPlan, ...]:
-    if "shards" in d:  # written before runs
-        return tuple(m.ShardPlan(**s) for s in d["shards"])
-    return tuple(m.ShardPlan(index + k, device, target, first + k * rows, rows, seconds)
-                 for index, device, target, first, rows, seconds, count in d.get("shard_runs", ())
-                 for k in range(count))
-
-
-def _plan_dict(plan: m.Plan | None) -> dict | None:
-    if plan is None:
-        return None
-    d = dataclasses.asdict(dataclasses.replace(plan, shards=()))
-    del d["shards"]
-    d["shard_runs"] = _runs(plan.shards)
-    return d
-
-
-def record_text(job: m.JobRecord) -> str:
-    d = dataclasses.asdict(dataclasses.replace(job, plan=None))
-    d["plan"] = _plan_dict(job.plan)
-    return json.dumps(d)
-
-
-def event_text(event: m.Event) -> str:
-    d = dataclasses.asdict(dataclasses.replace(event, plan=None))
-    d["plan"] = _plan_dict(event.plan)
-    return json.dumps(d)
-
-
-def _plan_from(d: dict | None) -> m.Plan | None:
-    if d is None:
-        return None
-    return m.Plan(
-        targets=tuple(m.TargetPlan(**{**t, "device_ids": tuple(t["device_ids"])}) for t in d["targets"]),
-        shards=_shards_from(d),
-        predicted_seconds=d["predicted_seconds"],
-        equal_split_predicted_seconds=d["equal_split_predicted_seconds"],
-        placement=_placement_from(d.get("placement")),
-    )
-
-
-def _placement_from(d: dict | None) -> m.PlacementPlan | None:
-    if d is None:
-        return None
-    return m.PlacementPlan(**{
-        **d,
-        "layers": tuple(m.LayerPlacement(**x) for x in d.get("layers", ())),
-        "stages": tuple(m.StagePlan(**x) for x in d["stages"]),
-        "devices": tuple(_load_from(x) for x in d["devices"]),
-        "weights": tuple(d["weights"]),
-        "candidates": tuple(m.PlacementSummary(**{**x, "devices": tuple(_load_from(y) for y in x.get("devices", ()))})
-                            for x in d["candidates"]),
-        "explain": tuple(d["explain"]),
-    })
-
-
-def _load_from(d: dict) -> m.DeviceLoad:
-    return m.DeviceLoad(**{**d, "layers": tuple(d["layers"])})
-
-
-def _placement_spec_from(d: dict | None) -> m.PlacementSpec | None:
-    if d is None:
-        return None
-    return m.PlacementSpec(**{**d, "weights": tuple(d["weights"]) if d["weights"] else None,
-                              "layers": tuple(LayerCost(**x) for x in d["layers"])})
-
-
-def _spec_from(d: dict) -> m.JobSpec:
-    return m.JobSpec(
-        **{
-            **d,
-            "constraints": m.Constraints(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["constraints"].items()}),
-            "inputs": tuple(m.InputDecl(i["name"], i["dtype"], tuple(i["shape"])) for i in d["inputs"]),
-            "training": m.TrainingOptions(**d["training"]) if d["training"] else None,
-            "placement": _placement_spec_from(d.get("placement")),
-        }
-    )
-
-
-def record_from(d: dict) -> m.JobRecord:
-    return m.JobRecord(
-        **{
-            **d,
-            "spec": _spec_from(d["spec"]),
-            "plan": _plan_from(d.get("plan")),
-            "shards": [m.ShardRecord(**s) for s in d.get("shards", ())],
-            "losses": list(d.get("losses", ())),
-        }
-    )
-
-
-def event_from(d: dict) -> m.Event:
-    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None})
-
-
 def job_not_found(job_id: str) -> errors.NotFound:
     return errors.NotFound(f"job {quoted(job_id)} does not exist (or its results expired); ListJobs shows the jobs kept")
-
-
-@dataclass(frozen=True)
-class ResultEntry:
-    """One result tensor on disk: raw little-endian rows, read a slab at a time."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    path: Path
-
-    @property
-    def row_bytes(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize if self.shape else self.dtype.itemsize
-
-    def read_rows(self, first: int, last: int) -> np.ndarray:
-        if not self.shape:
-            return np.fromfile(self.path, dtype=self.dtype, count=1).reshape(())
-        count = (last - first) * int(np.prod(self.shape[1:], dtype=np.int64))
-        data = np.fromfile(self.path, dtype=self.dtype, count=count, offset=first * self.row_bytes)
-        return data.reshape((last - first, *self.shape[1:]))
-
-    def read(self) -> np.ndarray:
-        return self.read_rows(0, self.shape[0] if self.shape else 1)
-
-
-class ResultWriter:
-    """Writes rows in place (pwrite, not a memory map: written results never count against the
-    dispatcher's memory)."""
-
-    def __init__(self, entry: ResultEntry):
-        self.entry = entry
-        self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
-
-    def write_rows(self, first_row: int, rows: np.ndarray) -> None:
-        data = np.ascontiguousarray(rows, dtype=self.entry.dtype).tobytes()
-        os.pwrite(self._fd, data, first_row * self.entry.row_bytes)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-class ResultStore:
-    """Each result tensor is a raw file plus a manifest entry, written as shards finish."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _dir(self, job_id: str) -> Path:
-        return self.root / job_id
-
-    def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:
-        folder = self._dir(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        manifest = self._manifest(job_id)
-        manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
-        (folder / "manifest.json").write_text(json.dumps(manifest))
-        return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
-
-    def save(self, job_id: str, name: str, value: np.ndarray) -> None:
-        writer = self.create(job_id, name, str(value.dtype), value.shape)
-        writer.write_rows(0, value)
-        writer.close()
-
-    def _manifest(self, job_id: str) -> list[dict]:
-        path = self._dir(job_id) / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else []
-
-    def _entry(self, job_id: str, index: int, item: dict) -> ResultEntry:
-        return ResultEntry(item["name"], np.dtype(item["dtype"]), tuple(item["shape"]), self._dir(job_id) / f"{index}.bin")
-
-    def entries(self, job_id: str) -> list[ResultEntry]:
-        return [self._entry(job_id, i, item) for i, item in enumerate(self._manifest(job_id))]
-
-    def delete(self, job_id: str) -> None:
-        shutil.rmtree(self._dir(job_id), ignore_errors=True)
 
 
 class JobBook:

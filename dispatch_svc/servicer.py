@@ -26,6 +26,7 @@ from dispatch_svc.config import JobLimits
 from dispatch_svc.device_queues import Cancelled
 from dispatch_svc.jobs import job_not_found
 from dispatch_svc.runner import JobRunner
+from dispatch_svc.stream_feed import StreamFeed
 from dispatch_svc.validation import check_job_id
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         spec = tr.spec_from_proto(_first_spec(requests))
         owner = self._auth.principal(context).key
         self.runner.check(spec)
-        feed = tr.StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
+        feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
         try:
             feed.read_ahead()
         except Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer

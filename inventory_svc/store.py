@@ -1,8 +1,10 @@
 """The inventory database: nodes, their devices, status samples and reservations (MISSION A1, A2, B1, B5).
 
 ``Store`` is the narrow interface the servicer, poller and planner use; ``SqliteStore`` is the
-one implementation today. Everything crossing the interface is a plain dataclass, and every
-method that depends on the clock takes ``now`` so callers (and tests) decide what time it is.
+one implementation today, applying within its transactions the rules of ``reservations.py`` (what
+a job may claim) and ``polls.py`` (what a node's report writes). Everything crossing the interface
+is a plain dataclass, and every method that depends on the clock takes ``now`` so callers (and
+tests) decide what time it is.
 """
 
 from __future__ import annotations
@@ -17,14 +19,13 @@ from pathlib import Path
 from typing import Protocol
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
-from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription
+from accelmesh.hardware.model import DeviceSample, NodeDescription
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.migrations import apply_migrations
+from inventory_svc.polls import node_record, prune_samples, upsert_device
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
 from inventory_svc.reservations import RESERVATION_COLUMNS, check_claims, check_ttl, renew_leases, reserve_one
-from inventory_svc.rows import (
-    DEVICE_SELECT, NODE_SELECT, SAMPLE_COLUMNS, SPEC_COLUMNS, device_record, pushdown, sample, spec_values,
-)
+from inventory_svc.rows import DEVICE_SELECT, NODE_SELECT, SAMPLE_COLUMNS, device_record, pushdown, sample
 
 MAX_SAMPLES_PER_DEVICE = 720  # one hour at a 5 s poll interval
 SAMPLE_RETENTION_S = 3600.0
@@ -119,11 +120,11 @@ class SqliteStore:
                 "ON CONFLICT(address) DO UPDATE SET ip = excluded.ip, hostname = excluded.hostname",
                 (address, ip, hostname, now),
             )
-            return self._node(conn, address)
+            return node_record(conn, address)
 
     def get_node(self, address: str) -> NodeRecord:
         with self._lock:
-            return self._node(self._conn, address)
+            return node_record(self._conn, address)
 
     def list_nodes(self) -> list[NodeRecord]:
         with self._lock:
@@ -133,7 +134,7 @@ class SqliteStore:
         """Store what a node reported; return what changed. Devices it no longer reports become lost."""
         changes: list[DeviceChange] = []
         with self._tx() as conn:
-            self._node(conn, address)
+            node_record(conn, address)
             conn.execute(
                 "UPDATE nodes SET ip = ?, hostname = ?, state = 'active', last_seen_at = ?, missed_polls = 0, "
                 "last_error = '' WHERE address = ?",
@@ -141,7 +142,7 @@ class SqliteStore:
             )
             reported = {spec.id for spec in description.devices}
             for spec in description.devices:
-                changes.extend(self._upsert_device(conn, address, spec, now))
+                changes.extend(upsert_device(conn, address, spec, now))
             for (gone,) in conn.execute(
                 "SELECT id FROM devices WHERE node_address = ? AND health = 'healthy' ORDER BY id", (address,)
             ).fetchall():
@@ -158,7 +159,7 @@ class SqliteStore:
                     )
                     sampled.add(sample.device_id)
             for device in sampled:
-                self._prune_samples(conn, device, now)
+                prune_samples(conn, device, cutoff=now - self._retention_s, keep=self._max_samples)
         return changes
 
     def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]:
@@ -166,7 +167,7 @@ class SqliteStore:
         if lost_after < 1:
             raise InvalidArgument(f"lost_after must be >= 1, got {lost_after}")
         with self._tx() as conn:
-            self._node(conn, address)
+            node_record(conn, address)
             conn.execute(
                 "UPDATE nodes SET missed_polls = missed_polls + 1, last_error = ? WHERE address = ?", (error, address)
             )
@@ -303,59 +304,6 @@ class SqliteStore:
     def expire_reservations(self, now: float) -> int:
         with self._tx() as conn:
             return conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,)).rowcount
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _node(self, conn: sqlite3.Connection, address: str) -> NodeRecord:
-        row = conn.execute(NODE_SELECT + " WHERE address = ?", (address,)).fetchone()
-        if row is None:
-            raise NotFound(f"node {address!r} is not registered; register the node before reporting on it")
-        return NodeRecord(*row)
-
-    def _upsert_device(
-        self, conn: sqlite3.Connection, address: str, spec: DeviceSpec, now: float
-    ) -> list[DeviceChange]:
-        values = spec_values(spec)
-        row = conn.execute(
-            f"SELECT {', '.join(SPEC_COLUMNS)}, node_address, health FROM devices WHERE id = ?", (spec.id,)
-        ).fetchone()
-        assignments = ", ".join(f"{column} = ?" for column in SPEC_COLUMNS)
-        if row is None:
-            conn.execute(
-                f"INSERT INTO devices (id, node_address, {', '.join(SPEC_COLUMNS)}, first_seen_at, updated_at) "
-                f"VALUES (?, ?, {', '.join('?' * len(SPEC_COLUMNS))}, ?, ?)",
-                (spec.id, address, *values, now, now),
-            )
-            return [DeviceChange("added", spec.id)]
-        owner = row[-2]
-        if owner != address and self._node(conn, owner).state == "active":
-            # Two live workers claiming one id would flip the row between them on every poll.
-            raise FailedPrecondition(
-                f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
-                f"or give this worker its own IP with --advertise-ip"
-            )
-        changes = []
-        if tuple(row[: len(SPEC_COLUMNS)]) != values or owner != address:
-            conn.execute(
-                f"UPDATE devices SET {assignments}, node_address = ?, updated_at = ? WHERE id = ?",
-                (*values, address, now, spec.id),
-            )
-            changes.append(DeviceChange("updated", spec.id))
-        if row[-1] != "healthy":
-            conn.execute("UPDATE devices SET health = 'healthy', updated_at = ? WHERE id = ?", (now, spec.id))
-            changes.append(DeviceChange("recovered", spec.id))
-        return changes
-
-    def _prune_samples(self, conn: sqlite3.Connection, device_id: str, now: float) -> None:
-        # Seeks on the (device_id, ts) key only: the age cut-off, and the ts of the Nth newest
-        # sample (NULL while a device has fewer than N, which deletes nothing). The newest
-        # sample always stays: it is the device's current status, even from a skewed clock.
-        conn.execute(
-            "DELETE FROM status_samples WHERE device_id = :d "
-            "AND ts < (SELECT MAX(ts) FROM status_samples WHERE device_id = :d) AND (ts < :cutoff OR ts < ("
-            "SELECT ts FROM status_samples WHERE device_id = :d ORDER BY ts DESC LIMIT 1 OFFSET :keep))",
-            {"d": device_id, "cutoff": now - self._retention_s, "keep": self._max_samples - 1},
-        )
 
 
 def _now(now: float | None) -> float:

@@ -11,7 +11,7 @@ from accelmesh.cli.inventory import DEFAULT_INVENTORY, inventory_stub, list_all_
 from accelmesh.cli.tables import format_devices
 from accelmesh.embedded import DEFAULT_DATA_DIR, DEFAULT_EMULATE, EmbeddedMesh, start_embedded_mesh
 from accelmesh.runtime.channels import open_channel
-from accelmesh.runtime.launcher import StopGuard
+from accelmesh.runtime.stopping import StopGuard
 
 
 DEFAULT_DISPATCH = "127.0.0.1:50071"

@@ -8,14 +8,13 @@ with replacement characters, never fatal), so a child never blocks on a full pip
 tail is kept, for error messages. A child that exits after its ready line without being asked to
 is logged with its exit code and output tail, and the ServiceGroups holding it hear of it.
 
-While a StopGuard is active (`accelmesh up`), SIGTERM, SIGINT or SIGHUP at any moment stops every
-child started meanwhile: each is recorded the moment it exists, and a signal arriving while a
-child is being spawned waits until it is recorded. As a backstop should the launcher itself be
-SIGKILLed, a child started from the main thread gets PR_SET_PDEATHSIG (Linux), so the kernel sends
-it SIGTERM when the launcher dies; such a child also runs in its own process group, so a terminal's
-Ctrl-C reaches only the launcher, which stops the children in order. (PDEATHSIG fires when the
-*thread* that spawned the child ends, so a child spawned from another thread gets neither and stays
-in the launcher's group, where the terminal's signals still reach it.)
+While a StopGuard (stopping.py) is active, as in `accelmesh up`, a stop signal at any moment stops
+every child started meanwhile. As a backstop should the launcher itself be SIGKILLed, a child
+started from the main thread gets PR_SET_PDEATHSIG (Linux), so the kernel sends it SIGTERM when
+the launcher dies; such a child also runs in its own process group, so a terminal's Ctrl-C
+reaches only the launcher, which stops the children in order. (PDEATHSIG fires when the *thread*
+that spawned the child ends, so a child spawned from another thread gets neither and stays in the
+launcher's group, where the terminal's signals still reach it.)
 """
 
 from __future__ import annotations
@@ -28,45 +27,32 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 from accelmesh import errors
+from accelmesh.runtime.stopping import (
+    STOP_GRACE_S,
+    record_child,
+    spawning_region,
+    wait_event,
+)
 
 log = logging.getLogger(__name__)
 
 READY = re.compile(r"accelmesh: (?P<name>[\w-]+) listening on (?P<address>\S+)")
 START_TIMEOUT_S = 60.0
-STOP_GRACE_S = 10.0
 # Lines of a child's output kept for error messages (older ones are dropped, so a long-lived
 # mesh does not grow): enough for a few tracebacks and the log lines around an incident id.
 OUTPUT_TAIL_LINES = 1000
 # A longer line is kept as several: bounds the tail at OUTPUT_TAIL_LINES * MAX_LINE_BYTES a child.
 MAX_LINE_BYTES = 8192
 ERROR_TAIL_LINES = 20  # lines of the tail an error message quotes
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# The longest the main thread sleeps in one go while waiting for a child. A signal can land on
-# another thread, or just before the main thread goes to sleep; CPython then runs the handler only
-# when the main thread next wakes, so an unbounded wait may never see it (seen under load:
-# `accelmesh up` sat out a SIGINT in Event.wait()).
-SIGNAL_CHECK_S = 0.2
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def ready_line(name: str, host: str, port: int) -> str:
     return f"accelmesh: {name} listening on {host}:{port}"
-
-
-def _wait(event: threading.Event, timeout_s: float | None) -> bool:
-    """`event.wait(timeout_s)` in slices of SIGNAL_CHECK_S, so pending signal handlers run between them."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        remaining = SIGNAL_CHECK_S if deadline is None else min(SIGNAL_CHECK_S, deadline - time.monotonic())
-        if remaining <= 0:
-            return event.is_set()
-        if event.wait(remaining):
-            return True
 
 
 class ServiceProcess:
@@ -151,7 +137,7 @@ class ServiceProcess:
                     os.kill(self.process.pid, signal.SIGKILL)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        if not _wait(self._ready, timeout_s) or not self.address:
+        if not wait_event(self._ready, timeout_s) or not self.address:
             self.kill()
             raise errors.Unavailable(f"{self.name} did not start (exit code {self.process.returncode}); "
                                      f"its output:\n{self.tail()}")
@@ -187,137 +173,6 @@ class ServiceProcess:
             self._ready.set()
 
 
-class ServiceGroup:
-    """Children started together: stopped together (newest first), and which of them ended unasked."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._children: list[ServiceProcess] = []
-        self._ended: list[ServiceProcess] = []
-        self._ended_event = threading.Event()
-
-    @property
-    def children(self) -> list[ServiceProcess]:
-        return list(self._children)
-
-    def add(self, service: ServiceProcess) -> None:
-        with self._lock:
-            self._children.append(service)
-        service.on_exit(self._note_exit)
-
-    def wait_for_exit(self, timeout: float | None = None) -> ServiceProcess | None:
-        """The first child that exited without being asked to; blocks until one does (or `timeout`)."""
-        _wait(self._ended_event, timeout)
-        with self._lock:
-            return self._ended[0] if self._ended else None
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        for service in reversed(self.children):
-            service.terminate(grace_s)
-
-    def kill_now(self) -> None:
-        """SIGKILL to every child, waiting for none. Takes no lock, so a signal handler may call it."""
-        for service in list(self._children):
-            service.kill_now()
-
-    def _note_exit(self, service: ServiceProcess) -> None:
-        if not service.stop_requested:
-            with self._lock:
-                self._ended.append(service)
-            self._ended_event.set()
-
-
-class StopSignal(BaseException):
-    """Raised in the main thread by the first stop signal a StopGuard receives. A BaseException, like
-    KeyboardInterrupt, so that `except Exception` does not swallow it."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-_active_guard: StopGuard | None = None
-
-
-class StopGuard:
-    """While active, every child that start_service starts (from any thread) is in `children`, and
-    the first SIGTERM, SIGINT or SIGHUP (unless ignored already) raises StopSignal in the main
-    thread. On leaving, every child is stopped (newest first, `grace_s` each before SIGKILL),
-    whatever the reason; a StopSignal is swallowed there (`signum` says which). Once stopping
-    (from the first signal, or on leaving for any other reason), a signal does not raise (that
-    would cut the stop short) but SIGKILLs every child at once: a second Ctrl-C means now.
-
-    Enter it in the main thread before the first child starts (until then the default handlers
-    run, and SIGTERM would end the launcher there and then); one use per guard.
-    """
-
-    def __init__(self, grace_s: float = STOP_GRACE_S):
-        self.children = ServiceGroup()
-        self.grace_s = grace_s  # each child's, on leaving, between SIGTERM and SIGKILL
-        self.signum: int | None = None  # the signal that ended the guarded block, if one did
-        self._stopping = False
-        self._deferring = 0
-        self._pending: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> StopGuard:
-        global _active_guard
-        if _active_guard is not None:
-            raise RuntimeError("a StopGuard is active already; children would be stopped twice")
-        # An ignored signal stays ignored: `nohup accelmesh up` must outlive its terminal.
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS
-                          if signal.getsignal(signum) is not signal.SIG_IGN}
-        _active_guard = self
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        global _active_guard
-        self._stopping = True
-        try:
-            self.children.stop(self.grace_s)
-        finally:
-            _active_guard = None
-            for signum, handler in self._previous.items():
-                if handler is not None:  # None: set outside Python, cannot be put back
-                    signal.signal(signum, handler)
-        return isinstance(exc, StopSignal)
-
-    @contextlib.contextmanager
-    def deferred(self):
-        """A stop signal arriving inside is raised when it ends, e.g. once a new child is recorded."""
-        self._deferring += 1
-        try:
-            yield
-        finally:
-            self._deferring -= 1
-            pending = None if self._deferring else self._pending
-            if pending is not None:
-                self._pending = None
-                if not self._stopping:
-                    self._raise(pending)  # also over an exception the region raised: the stop was asked first
-
-    def _handle(self, signum: int, _frame) -> None:
-        if self._stopping:
-            self.children.kill_now()
-        elif self._deferring:
-            self._pending = self._pending or signum
-        else:
-            self._raise(signum)
-
-    def _raise(self, signum: int) -> None:
-        self._stopping, self.signum = True, signum
-        raise StopSignal(signum)
-
-
-def _spawning_region():
-    """Where a new child is spawned and recorded, a stop signal must wait (else it leaks); only the
-    main thread runs signal handlers, so only it needs to defer them."""
-    guard = _active_guard
-    if guard is None or threading.current_thread() is not threading.main_thread():
-        return contextlib.nullcontext()
-    return guard.deferred()
-
-
 # Run as `python -I -S -c _DIE_WITH_PARENT <parent pid> <command...>`: asks the kernel for SIGTERM
 # when the parent dies (PR_SET_PDEATHSIG, kept across exec), then execs the command in place, so
 # the pid is the service's. A separate step, not a preexec_fn: that would fork the launcher without
@@ -349,7 +204,7 @@ def start_service(
         command = [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
     service = None
     try:
-        with _spawning_region():
+        with spawning_region():
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -359,9 +214,7 @@ def start_service(
                 process_group=0 if die_with_us else None,
             )
             service = ServiceProcess(name, process, own_group=die_with_us, echo=echo)
-            guard = _active_guard
-            if guard is not None:
-                guard.children.add(service)
+            record_child(service)
         service._wait_ready(START_TIMEOUT_S)
     except BaseException:
         if service is not None:

@@ -80,7 +80,8 @@ def run_child(argv: list[str]) -> int:
 
 
 def run_launch(argv: list[str]) -> int:
-    from accelmesh.runtime.launcher import StopGuard, start_service
+    from accelmesh.runtime.launcher import start_service
+    from accelmesh.runtime.stopping import StopGuard
 
     parser = argparse.ArgumentParser(prog="launch")
     parser.add_argument("tag")

@@ -1,4 +1,4 @@
-"""The launcher (accelmesh/runtime/launcher.py) and `accelmesh up`, as real processes: a child's
+"""The launcher (accelmesh/runtime/launcher.py, stopping.py) and `accelmesh up`, as real processes: a child's
 output is drained whatever its bytes and only a tail is kept; a child that exits after start-up is
 reported; a signal at any moment of start-up or running stops every child, leaving no process and
 no listening port behind.
@@ -26,12 +26,8 @@ from pathlib import Path
 import pytest
 from _launcher_children import MODULE, NOT_UTF8, child_env
 
-from accelmesh.runtime.launcher import (
-    MAX_LINE_BYTES,
-    OUTPUT_TAIL_LINES,
-    ServiceGroup,
-    start_service,
-)
+from accelmesh.runtime.launcher import MAX_LINE_BYTES, OUTPUT_TAIL_LINES, start_service
+from accelmesh.runtime.stopping import ServiceGroup
 
 DEADLINE_S = 60.0  # generous: a deadline for what must happen, not a pause
 # The real mesh starts four services one after another, each allowed START_TIMEOUT_S (60 s).

@@ -1,0 +1,91 @@
+"""A job's results on disk, next to the job book's database: each result tensor a raw file of
+little-endian rows plus an entry in the job's manifest, written as shards finish and read a slab
+at a time, so no result is ever held whole in the dispatcher's memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ResultEntry:
+    """One result tensor on disk: raw little-endian rows, read a slab at a time."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    path: Path
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize if self.shape else self.dtype.itemsize
+
+    def read_rows(self, first: int, last: int) -> np.ndarray:
+        if not self.shape:
+            return np.fromfile(self.path, dtype=self.dtype, count=1).reshape(())
+        count = (last - first) * int(np.prod(self.shape[1:], dtype=np.int64))
+        data = np.fromfile(self.path, dtype=self.dtype, count=count, offset=first * self.row_bytes)
+        return data.reshape((last - first, *self.shape[1:]))
+
+    def read(self) -> np.ndarray:
+        return self.read_rows(0, self.shape[0] if self.shape else 1)
+
+
+class ResultWriter:
+    """Writes rows in place (pwrite, not a memory map: written results never count against the
+    dispatcher's memory)."""
+
+    def __init__(self, entry: ResultEntry):
+        self.entry = entry
+        self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write_rows(self, first_row: int, rows: np.ndarray) -> None:
+        data = np.ascontiguousarray(rows, dtype=self.entry.dtype).tobytes()
+        os.pwrite(self._fd, data, first_row * self.entry.row_bytes)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class ResultStore:
+    """Each result tensor is a raw file plus a manifest entry, written as shards finish."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:
+        folder = self._dir(job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = self._manifest(job_id)
+        manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
+
+    def save(self, job_id: str, name: str, value: np.ndarray) -> None:
+        writer = self.create(job_id, name, str(value.dtype), value.shape)
+        writer.write_rows(0, value)
+        writer.close()
+
+    def _manifest(self, job_id: str) -> list[dict]:
+        path = self._dir(job_id) / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def _entry(self, job_id: str, index: int, item: dict) -> ResultEntry:
+        return ResultEntry(item["name"], np.dtype(item["dtype"]), tuple(item["shape"]), self._dir(job_id) / f"{index}.bin")
+
+    def entries(self, job_id: str) -> list[ResultEntry]:
+        return [self._entry(job_id, i, item) for i, item in enumerate(self._manifest(job_id))]
+
+    def delete(self, job_id: str) -> None:
+        shutil.rmtree(self._dir(job_id), ignore_errors=True)

@@ -1,122 +1,37 @@
-"""The dispatcher's limits and what it keeps of a job: a spec over any limit, parameters over
-theirs and a block that cannot fit are refused before anything is planned, compiled or
-reserved (the fake mesh records every call); ids and names are quoted short; a client that goes
-away mid-stream leaves its job CANCELLED with how much arrived; an ended job leaves nothing of
-itself in the live maps and no reference to its buffers. Through a real in-process server on
-port 0 over the fake mesh of _fake_mesh.py, plus the runner alone where no stream is needed."""
+"""The dispatcher's limits: a spec over any limit, parameters over theirs and a block that cannot
+fit are refused before anything is planned, compiled or reserved (the fake mesh records every
+call); ids and names are quoted short. Through a real in-process server on port 0 over the fake
+mesh of _fake_mesh.py (_limits_helpers.py), plus the runner alone where no stream is needed. What
+a job leaves behind once it ends, or once its client goes, is in test_job_footprint.py."""
 
 from __future__ import annotations
-
-import gc
-import threading
-import time
-import tracemalloc
-import weakref
-from contextlib import contextmanager
 
 import grpc
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, CHAIN, WAIT_S, FakeMesh, FakePipelineMesh, Feed, X, runner_for, spec_for
-from conftest import CREDENTIALS, rpc_error
+from _fake_mesh import AFFINE, CHAIN, WAIT_S, FakeMesh, FakePipelineMesh, Feed, X, spec_for
+from _limits_helpers import LIMITS, run_job, serving, submit
+from conftest import rpc_error
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
-from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.errors import InvalidArgument, ResourceExhausted
-from accelmesh.runtime.channels import open_channel
-from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import dtype_code, to_proto
-from accelmesh.security.access import Authenticator
-from accelmesh.security.identity import Role
 from dispatch_svc import records as m
 from dispatch_svc.config import JobLimits
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.runner import JobRunner
-from dispatch_svc.server import ACCESS, SERVICE_NAME
-from dispatch_svc.servicer import DispatchServicer
 
-LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_training_bytes=4096, max_training_steps=50,
-                   max_layers=4, max_spec_entries=4, max_parameter_tensors=2, max_name_chars=40, max_filter_chars=100)
-MAX_SHARD_BYTES = 1024  # 64 rows of AFFINE's 4 float32 a shard: 1000 rows need 16
 SHORT_MESSAGE = 400  # a refusal quoting client input stays this short, whatever the input's size
-
-
-class RecordingMesh(FakeMesh):
-    """The fake mesh, noting every call that plans, compiles, reserves or fetches for a job."""
-
-    def __init__(self):
-        super().__init__(AFFINE)
-        self.calls: list[str] = []
-        self.reserving = threading.Event()
-
-    def describe_program(self, name, version):
-        self.calls.append("describe_program")
-        return super().describe_program(name, version)
-
-    def candidate_devices(self, constraints):
-        self.calls.append("candidate_devices")
-        return super().candidate_devices(constraints)
-
-    def compile(self, program, devices, batch_sizes):
-        self.calls.append("compile")
-        return super().compile(program, devices, batch_sizes)
-
-    def reserve(self, job_id, claims, ttl_s):
-        self.calls.append("reserve")
-        super().reserve(job_id, claims, ttl_s)
-        self.reserving.set()
-
-
-class Dispatcher:
-    def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20):
-        self.mesh = RecordingMesh()
-        self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600), ThroughputModel(),
-                                max_shard_bytes=MAX_SHARD_BYTES, inflight_bytes=1 << 20, job_limits=limits)
-        security = CREDENTIALS.service(Role.DISPATCH)
-        servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,
-                                    max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)
-        self.server = create_server([Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server,
-                                             servicer)], security=security, access=ACCESS,
-                                    max_message_bytes=max_message_bytes).start()
-        self.channel = open_channel(f"127.0.0.1:{self.server.port}", security=CREDENTIALS.client(),
-                                    max_message_bytes=max_message_bytes)
-        self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self.channel)
-
-    def close(self):
-        self.channel.close()
-        self.server.stop(0)
-        self.runner.book.close()
-
-
-@contextmanager
-def serving(tmp_path, **kwargs):
-    dispatcher = Dispatcher(tmp_path, **kwargs)
-    try:
-        yield dispatcher
-    finally:
-        dispatcher.close()
 
 
 @pytest.fixture
 def dispatcher(tmp_path):
     with serving(tmp_path) as d:
         yield d
-
-
-def requests(parts, kind=pb.SubmitJobRequest):
-    return (kind(**{field: message}) for field, message in parts)
-
-
-def submit(stub, parts):
-    return stub.SubmitJob(requests(parts), timeout=WAIT_S)
-
-
-def run_job(stub, parts):
-    return list(stub.RunJob(requests(parts, pb.RunJobRequest), timeout=WAIT_S))
 
 
 def spec(program="affine", rows=16, cols=4, **options) -> job_pb.JobSpec:
@@ -281,155 +196,6 @@ def test_an_unknown_job_id_within_the_limit_is_not_found_and_quoted_short(tmp_pa
     assert "q" * 100 not in error.details() and "(256 chars)" in error.details()
 
 
-# -- a client that goes away -------------------------------------------------------------------
-
-
-def stalled_parts(gate: threading.Event, x: np.ndarray):
-    """The spec and the first block, then nothing until `gate` is set (the client never sets it)."""
-    parts = list(request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1024))
-    yield from parts[:2]
-    gate.wait(WAIT_S)
-
-
-@pytest.mark.parametrize("method", ["SubmitJob", "RunJob"])
-def test_a_client_gone_mid_stream_leaves_its_job_cancelled_saying_how_much_arrived(dispatcher, method, caplog):
-    x = X[:128]  # 2 KiB in 1 KiB blocks: one of them sent
-    gate = threading.Event()
-    kind = pb.SubmitJobRequest if method == "SubmitJob" else pb.RunJobRequest
-    stream = (kind(**{field: message}) for field, message in stalled_parts(gate, x))
-    if method == "SubmitJob":
-        call = dispatcher.stub.SubmitJob.future(stream, timeout=WAIT_S)
-    else:
-        call = dispatcher.stub.RunJob(stream, timeout=WAIT_S)
-    try:
-        assert dispatcher.mesh.reserving.wait(WAIT_S)  # planned and reserved: the input is being read
-        (job,) = dispatcher.runner.book.list(1)
-        live = dispatcher.runner.live(job.job_id)
-        call.cancel()
-        assert live.done.wait(WAIT_S)
-    finally:
-        gate.set()
-    job = dispatcher.runner.book.get(job.job_id)
-    assert job.state == m.CANCELLED and list(dispatcher.runner.book.events(job.job_id))[-1].type == "cancelled"
-    assert job.error == f"the client disconnected while sending input (1,024 of {x.nbytes:,} bytes received)"
-    assert dispatcher.mesh.released == [job.job_id]
-    assert dispatcher.runner.running == 0 and dispatcher.runner.book.live_count == 0
-    # The call's handler has ended (admission lets go of a stream once its status is made): the
-    # cancel was a CANCELLED status for nobody, never logged as a bug with an incident id.
-    deadline = time.monotonic() + WAIT_S
-    while dispatcher.server.streams.open and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert dispatcher.server.streams.open == 0
-    assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
-
-
-# -- nothing of an ended job stays -------------------------------------------------------------
-
-
-class ParameterFeed(Feed):
-    def __init__(self, arrays, parameters):
-        super().__init__(arrays)
-        self._parameters = parameters
-
-    def parameters(self):
-        given, self._parameters = self._parameters, None
-        return given
-
-
-@pytest.mark.parametrize("failure", ["wrong-parameters", "shard-crash", "short-input", "succeeded"])
-def test_an_ended_client_parameter_job_keeps_no_reference_to_its_buffer(tmp_path, failure):
-    mesh = FakeMesh(AFFINE)
-    mesh.crash = failure == "shard-crash"
-    runner = runner_for(mesh, tmp_path)
-    buffer = np.ones((5,) if failure == "wrong-parameters" else (4,), np.float32)
-    alive = weakref.ref(buffer)
-    feed = ParameterFeed([X[:64]], [("b", buffer)])
-    feed.end_early = 32 if failure == "short-input" else None
-    del buffer
-    gc.collect()
-    gc.disable()  # only references may free it, never the cycle collector
-    try:
-        job, live = runner.start(spec_for(AFFINE, [X[:64]], client_parameters=True))
-        try:
-            runner.run(job, live, feed, background=False)
-        except InvalidArgument:  # the caller's copy of the error, dropped with this handler
-            pass
-        state = runner.book.get(job.job_id).state
-        assert state == (m.SUCCEEDED if failure == "succeeded" else m.FAILED)
-        assert live.pool is None and (live.error is None or live.error.__traceback__ is None)
-        del live, feed
-        assert alive() is None, gc.get_referrers(alive())
-    finally:
-        gc.enable()
-    assert runner.running == 0 and runner.book.live_count == 0
-
-
-PARAMETER_BYTES = 8 << 20
-
-
-def test_failed_parameter_jobs_through_the_server_hold_no_memory_once_answered(tmp_path):
-    """Four jobs, each with 8 MiB of parameters of the wrong shape (refused once the program is
-    known): with the cycle collector off, Python holds none of their parameters afterwards."""
-    with serving(tmp_path, limits=JobLimits(), max_parameter_bytes=64 << 20) as d:
-        x = X[:64]
-        parts = list(request_parts(job_spec("affine", {"x": x}, client_parameters=True), {"x": x},
-                                   [("b", np.ones(PARAMETER_BYTES // 4, np.float32))], 1 << 16))
-        gc.collect()
-        gc.disable()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for _ in range(4):
-                error = rpc_error(submit, d.stub, parts)
-                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "expects float32[4]" in error.details()
-            assert d.runner.wait_idle(WAIT_S)
-            held = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
-            gc.enable()
-        assert held < PARAMETER_BYTES // 2, f"{held / 2**20:.1f} MiB still held"
-        assert d.runner.book.live_count == 0
-
-
-def test_the_live_maps_are_empty_once_jobs_end(dispatcher):
-    x = X[:64]
-    ok = request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)
-    submit(dispatcher.stub, ok)
-    run_job(dispatcher.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16))
-    dispatcher.mesh.crash = True
-    failed = submit(dispatcher.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)).job_id
-    assert list(dispatcher.runner.book.events(failed))[-1].type == "failed"
-    short = [("spec", job_spec("affine", {"x": x})), ("block", pb.InputBlock(first_row=0, tensors=[to_proto(x[:8])]))]
-    rpc_error(submit, dispatcher.stub, short)
-    assert dispatcher.runner.wait_idle(WAIT_S)
-    assert [j.state for j in dispatcher.runner.book.list(10)] == [m.FAILED, m.FAILED, m.SUCCEEDED, m.SUCCEEDED]
-    assert dispatcher.runner.running == 0 and dispatcher.runner.book.live_count == 0
-
-
-# -- listings stay small -----------------------------------------------------------------------
-
-
-def test_a_listing_leaves_out_the_per_shard_lists_and_stops_short_of_the_message_limit(tmp_path):
-    with serving(tmp_path, max_message_bytes=65536) as d:  # a page of at most 32 KiB
-        x = X[:256]  # 4 KiB: shards of at most 1 KiB
-
-        def one(i):
-            return submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=f"job-{i}"), {"x": x}, None, 1 << 16))
-
-        first = one(0).job_id
-        assert d.runner.wait_idle(WAIT_S)
-        full = d.stub.GetJob(pb.GetJobRequest(job_id=first), timeout=WAIT_S).job
-        assert len(full.shards) == len(full.plan.shards) >= 4
-        listed = d.stub.ListJobs(pb.ListJobsRequest(page_size=1), timeout=WAIT_S).jobs[0]
-        assert not listed.shards and not listed.plan.shards and listed.plan.targets and listed.spec.name == "job-0"
-        count = 32768 // listed.ByteSize() + 5
-        for i in range(1, count):
-            one(i)
-        response = d.stub.ListJobs(pb.ListJobsRequest(page_size=1000), timeout=WAIT_S)
-        assert 0 < len(response.jobs) < count and response.ByteSize() <= 32768
-        assert response.jobs[0].spec.name == f"job-{count - 1}"  # newest first
-
-
 def test_names_under_the_limit_pass_and_over_it_are_refused_in_domain_code(tmp_path):
     runner = JobRunner(FakeMesh(AFFINE), JobBook(tmp_path, retention_s=60), ThroughputModel(), max_shard_bytes=1024,
                        inflight_bytes=1 << 20, job_limits=LIMITS)
@@ -438,7 +204,7 @@ def test_names_under_the_limit_pass_and_over_it_are_refused_in_domain_code(tmp_p
         runner.check(spec_for(AFFINE, [X[:8]], name="n" * 41))
 
 
-# -- a huge job, declared or stored ------------------------------------------------------------
+# -- a huge job, declared ----------------------------------------------------------------------
 
 
 def test_a_spec_only_job_of_2_34_rows_is_refused_at_once_with_the_default_limits(tmp_path):
@@ -449,40 +215,6 @@ def test_a_spec_only_job_of_2_34_rows_is_refused_at_once_with_the_default_limits
         assert d.mesh.calls == [] and d.runner.book.list(10) == []
         error = rpc_error(d.stub.PlanJob, pb.PlanJobRequest(spec=spec(rows=2**34, cols=64)), timeout=WAIT_S)
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and d.mesh.calls == []
-
-
-def store_oversized_record(book_dir) -> str:
-    """A job as a dispatcher before the limits stored a huge one: ~6 MB, every shard spelled out."""
-    import dataclasses
-    import json
-    import sqlite3
-
-    book = JobBook(book_dir, retention_s=3600)
-    job = book.create(m.JobSpec(program="affine", inputs=(m.InputDecl("x", "float32", (2**34, 64)),)))
-    book.finish(job, m.CANCELLED, error="cancelled")
-    book.close()
-    old = dataclasses.asdict(job)
-    old["plan"] = {"targets": [], "predicted_seconds": 1.0, "equal_split_predicted_seconds": 1.0, "placement": None,
-                   "shards": [{"index": i, "device_id": "10.0.0.1/cuda:0", "target_type": "t", "first_row": i << 16,
-                               "rows": 1 << 16, "predicted_seconds": i * 1e-6} for i in range(50_000)]}
-    with sqlite3.connect(book_dir / "jobs.db") as db:
-        db.execute("UPDATE jobs SET record = ? WHERE job_id = ?", (json.dumps(old), job.job_id))
-    return job.job_id
-
-
-def test_list_and_get_still_work_with_an_oversized_stored_record_present(tmp_path):
-    huge = store_oversized_record(tmp_path)
-    with serving(tmp_path, max_message_bytes=1 << 20) as d:  # its shards alone would be a 2 MB message
-        x = X[:64]
-        newer = submit(d.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)).job_id
-        assert d.runner.wait_idle(WAIT_S)
-        (first,) = d.stub.ListJobs(pb.ListJobsRequest(page_size=1), timeout=WAIT_S).jobs
-        assert first.job_id == newer
-        both = d.stub.ListJobs(pb.ListJobsRequest(page_size=2), timeout=WAIT_S)
-        assert [j.job_id for j in both.jobs] == [newer, huge] and both.ByteSize() < 16384
-        job = d.stub.GetJob(pb.GetJobRequest(job_id=huge), timeout=WAIT_S).job
-        assert job.state == job_pb.JOB_STATE_CANCELLED and not job.plan.shards and job.ByteSize() < 16384
-        assert d.stub.GetJob(pb.GetJobRequest(job_id=newer), timeout=WAIT_S).job.state == job_pb.JOB_STATE_SUCCEEDED
 
 
 def test_a_pipeline_of_more_micro_batches_x_stages_than_the_shard_limit_is_refused_before_building(tmp_path):
@@ -505,4 +237,3 @@ def test_a_block_of_scalars_is_invalid_not_a_crash(dispatcher):
     error = rpc_error(submit, dispatcher.stub, [("spec", spec), ("block", pb.InputBlock(
         first_row=0, tensors=[to_proto(np.float32(1))]))])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "input 'x' is float32[]" in error.details()
-

@@ -1,0 +1,96 @@
+"""What tests/dispatch/test_limits.py and test_job_footprint.py share: a dispatcher with small
+limits served on port 0 over a fake mesh that records every call that plans, compiles, reserves
+or fetches for a job, and the calls that stream a job's request parts to it."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from _fake_mesh import AFFINE, WAIT_S, FakeMesh
+from conftest import CREDENTIALS
+
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.server import Service, create_server
+from accelmesh.security.access import Authenticator
+from accelmesh.security.identity import Role
+from dispatch_svc.config import JobLimits
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.runner import JobRunner
+from dispatch_svc.server import ACCESS, SERVICE_NAME
+from dispatch_svc.servicer import DispatchServicer
+
+LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_training_bytes=4096, max_training_steps=50,
+                   max_layers=4, max_spec_entries=4, max_parameter_tensors=2, max_name_chars=40, max_filter_chars=100)
+MAX_SHARD_BYTES = 1024  # 64 rows of AFFINE's 4 float32 a shard: 1000 rows need 16
+
+
+class RecordingMesh(FakeMesh):
+    """The fake mesh, noting every call that plans, compiles, reserves or fetches for a job."""
+
+    def __init__(self):
+        super().__init__(AFFINE)
+        self.calls: list[str] = []
+        self.reserving = threading.Event()
+
+    def describe_program(self, name, version):
+        self.calls.append("describe_program")
+        return super().describe_program(name, version)
+
+    def candidate_devices(self, constraints):
+        self.calls.append("candidate_devices")
+        return super().candidate_devices(constraints)
+
+    def compile(self, program, devices, batch_sizes):
+        self.calls.append("compile")
+        return super().compile(program, devices, batch_sizes)
+
+    def reserve(self, job_id, claims, ttl_s):
+        self.calls.append("reserve")
+        super().reserve(job_id, claims, ttl_s)
+        self.reserving.set()
+
+
+class Dispatcher:
+    def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20):
+        self.mesh = RecordingMesh()
+        self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600), ThroughputModel(),
+                                max_shard_bytes=MAX_SHARD_BYTES, inflight_bytes=1 << 20, job_limits=limits)
+        security = CREDENTIALS.service(Role.DISPATCH)
+        servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,
+                                    max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)
+        self.server = create_server([Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server,
+                                             servicer)], security=security, access=ACCESS,
+                                    max_message_bytes=max_message_bytes).start()
+        self.channel = open_channel(f"127.0.0.1:{self.server.port}", security=CREDENTIALS.client(),
+                                    max_message_bytes=max_message_bytes)
+        self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self.channel)
+
+    def close(self):
+        self.channel.close()
+        self.server.stop(0)
+        self.runner.book.close()
+
+
+@contextmanager
+def serving(tmp_path, **kwargs):
+    dispatcher = Dispatcher(tmp_path, **kwargs)
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.close()
+
+
+def requests(parts, kind=pb.SubmitJobRequest):
+    return (kind(**{field: message}) for field, message in parts)
+
+
+def submit(stub, parts):
+    return stub.SubmitJob(requests(parts), timeout=WAIT_S)
+
+
+def run_job(stub, parts):
+    return list(stub.RunJob(requests(parts, pb.RunJobRequest), timeout=WAIT_S))

@@ -28,6 +28,7 @@ from accelmesh.runtime.admission import Admission, AdmissionInterceptor, Pools, 
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
+from accelmesh.runtime.memory import bound_heap, start_trimming
 from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
 from accelmesh.security.access import Access, AccessInterceptor, Authenticator
@@ -206,6 +207,7 @@ def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build:
     `after_start` runs before the ready line (a worker registers there, so whoever waits for the
     line finds its devices listed).
     """
+    bound_heap()  # freed blocks back to the system (memory.py): first, before the threads
     logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:
@@ -215,9 +217,12 @@ def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build:
         print(f"accelmesh-{name}: {exc}", file=sys.stderr)
         return 2
     stop_on_signals(server)  # before the ready line: whoever reads it may send SIGTERM at once
+    trimming = start_trimming()  # freed memory back to the system (memory.py)
     server.start()
     if after_start is not None:
         after_start(config, server)
     print(ready_line(name, host(config), server.port), flush=True)
     server.wait()
+    if trimming is not None:
+        trimming.set()
     return 0

@@ -1,0 +1,84 @@
+"""Giving freed memory back to the system, so a service's resident memory follows what it holds.
+
+glibc's malloc serves a large block (at least M_MMAP_THRESHOLD, 128 KiB) with a mapping of its
+own, unmapped when freed; but the threshold is dynamic by default: once such a block is freed,
+blocks up to its size (as much as 32 MiB) come from the heap arenas instead, where freed memory
+stays resident, spread over one arena per thread group. A service that passes tensor chunks,
+shard inputs and artifacts of megabytes through many threads then stays at its bursts'
+high-water mark. Measured under the fuzz benchmark (1,000 calls a method, four rounds of 250):
+every process 20-50% above its resident memory after the warm-up and still creeping, while
+Python's own objects grew by under half a MiB; with the threshold fixed at its default, the
+inventory stayed within 7% and the dispatcher within 12%, flattening. So:
+
+- ``bound_heap`` fixes the threshold (mallopt, which also turns the dynamic adjustment off), so
+  every large block is mapped and returned when freed; MALLOC_MMAP_THRESHOLD_ in the
+  environment still wins;
+- ``start_trimming`` runs ``malloc_trim(0)`` every ``TRIM_INTERVAL_S`` on a thread, handing
+  back whole free pages of the arenas (madvise) that smaller blocks leave, a few milliseconds a
+  pass.
+
+Elsewhere than glibc both do nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+TRIM_INTERVAL_S = 2.0
+TRIM_ENV = "ACCELMESH_MALLOC_TRIM_S"  # seconds between passes; 0 turns them off
+
+
+M_MMAP_THRESHOLD = -3  # <malloc.h>
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, kept from moving
+
+
+def _libc_function(name: str):
+    library = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(library), name) if library else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
+
+
+def _malloc_trim():
+    trim = _libc_function("malloc_trim")
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def bound_heap() -> bool:
+    """Large blocks always mapped and unmapped when freed (see the module docstring); whether it
+    was set. Call it before the service's threads start."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+
+
+def start_trimming(interval_s: float | None = None) -> threading.Event | None:
+    """Trim every ``interval_s`` (default: ``ACCELMESH_MALLOC_TRIM_S``, else TRIM_INTERVAL_S) on a
+    daemon thread until the returned event is set; None where there is nothing to trim."""
+    if interval_s is None:
+        interval_s = float(os.environ.get(TRIM_ENV) or TRIM_INTERVAL_S)
+    trim = _malloc_trim()
+    if trim is None or interval_s <= 0:
+        return None
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            trim(0)
+
+    threading.Thread(target=run, name="malloc-trim", daemon=True).start()
+    return stop
+
+
+__all__ = ["TRIM_ENV", "TRIM_INTERVAL_S", "bound_heap", "start_trimming"]

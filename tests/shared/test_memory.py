@@ -1,0 +1,80 @@
+"""Freed memory goes back to the system (accelmesh/runtime/memory.py): in a fresh process, 150 MiB
+freed in 100 KiB blocks below a block still in use stays resident until a trim pass, and the
+trimming thread hands it back. Linux with glibc (what the mesh's images run); elsewhere the
+module has nothing to trim and says so by returning None."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+from accelmesh.runtime.memory import _malloc_trim, start_trimming
+
+CHILD = """
+import sys, time
+from accelmesh.runtime.memory import start_trimming
+
+def rss_mib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) >> 10
+
+blocks = [bytes(100 * 1024) for _ in range(1500)]  # under the mmap threshold: from the heap
+keep = blocks[-1]  # in use above the rest, so free() cannot shrink the heap by itself
+del blocks
+freed = rss_mib()
+stop = start_trimming(0.05)
+deadline = time.monotonic() + 30
+while rss_mib() > freed - 100 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(freed, rss_mib())
+stop.set()
+"""
+
+
+def test_the_trimming_thread_hands_freed_heap_memory_back():
+    if platform.system() != "Linux" or _malloc_trim() is None:
+        assert start_trimming(0.05) is None
+        return
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True)
+    freed, trimmed = map(int, out.stdout.split())
+    assert freed >= 100, f"the freed blocks were not resident ({freed} MiB): the test measures nothing"
+    assert trimmed <= freed - 100, f"{freed} MiB resident after the free, {trimmed} MiB after trimming"
+
+
+def test_trimming_can_be_turned_off():
+    assert start_trimming(0) is None
+
+
+HEAP_CHILD = """
+import sys
+from accelmesh.runtime.memory import bound_heap
+
+def rss_mib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) >> 10
+
+if sys.argv[1] == "bound":
+    assert bound_heap()
+big = bytearray(8 << 20)  # one big block mapped and freed: glibc's dynamic threshold rises to its size
+del big
+blocks = [bytearray(1 << 20) for _ in range(150)]
+keep = blocks[-1]
+before = rss_mib()
+del blocks
+print(before, rss_mib())
+"""
+
+
+def test_with_the_heap_bounded_freed_megabyte_blocks_leave_at_once():
+    if platform.system() != "Linux" or _malloc_trim() is None:
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def freed_mib(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", HEAP_CHILD, mode], capture_output=True, text=True, timeout=60,
+                             check=True, env=env)
+        before, after = map(int, out.stdout.split())
+        return before - after
+
+    assert freed_mib("dynamic") < 50  # what glibc does by itself: the blocks stay in the heap
+    assert freed_mib("bound") >= 140  # with the threshold fixed: mapped, and unmapped when freed

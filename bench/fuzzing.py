@@ -47,6 +47,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.memory import TRIM_INTERVAL_S
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import PEOPLE, Role
 
@@ -866,6 +867,14 @@ def _brief(codes: Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in codes.most_common())
 
 
+def settled_rss(fuzzer: Fuzzer) -> dict[str, int]:
+    """Each process's VmRSS once a trim pass has run since the calls ended: the services hand
+    freed memory back every TRIM_INTERVAL_S (accelmesh/runtime/memory.py), and what is measured
+    is what they hold, not what they have yet to hand back."""
+    time.sleep(TRIM_INTERVAL_S + 0.5)
+    return fuzzer.rss()
+
+
 def rss_bytes(pid: int) -> int:
     """A process's resident memory now (VmRSS)."""
     try:
@@ -936,9 +945,9 @@ def fuzz(mesh, per_method: int, *, warmup: int = 0, seed: int = 0, progress: Cal
     try:
         if warmup:
             fuzzer.run("warm-up", warmup, first_index=per_method)
-        rss_before = fuzzer.rss() if measure_memory else None
+        rss_before = settled_rss(fuzzer) if measure_memory else None
         fuzzer.run("fuzz", per_method)
-        rss_after = fuzzer.rss() if measure_memory else None
+        rss_after = settled_rss(fuzzer) if measure_memory else None
         health = fuzzer.health()
         return summary(fuzzer, health, rss_before, rss_after)
     finally:

@@ -163,7 +163,7 @@ class Abuse:
     def _failing_job(self, index: int, rows: int) -> Iterator[dispatch_pb.SubmitJobRequest]:
         from compile_svc.programs import default_registry
 
-        program = default_registry().get("mlp_classifier").program
+        program = default_registry().get("mlp_classifier")
         spec = job_pb.JobSpec(program="mlp_classifier", client_parameters=True, name=f"abuse-failed-{index}",
                               inputs=[common_pb2.TensorHeader(name="x", dtype=common_pb2.DATA_TYPE_FLOAT32,
                                                               shape=[rows + 1, 64])])
@@ -195,10 +195,11 @@ class Abuse:
                 "final_states": states, "rss": sampler.report()}
 
     def _final_state(self, job_id: str) -> str:
-        for event in self.dispatch.WatchJob(dispatch_pb.WatchJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S):
-            if event.job.state in (job_pb.JOB_STATE_SUCCEEDED, job_pb.JOB_STATE_FAILED, job_pb.JOB_STATE_CANCELLED):
-                return job_pb.JobState.Name(event.job.state)
-        return "unknown"
+        """The job's state once its event stream has ended (WatchJob ends with the job)."""
+        for _ in self.dispatch.WatchJob(dispatch_pb.WatchJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S):
+            pass
+        job = self.dispatch.GetJob(dispatch_pb.GetJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S).job
+        return job_pb.JobState.Name(job.state)
 
     def declared_rows(self) -> dict:
         def spec(rows: int, name: str) -> job_pb.JobSpec:

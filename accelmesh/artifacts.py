@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -159,3 +160,40 @@ def load_executable(data: bytes, backend: str | None = None, device: jax.Device 
     with xla_failures("loading executable"):
         executable = device.client.deserialize_executable(payload, [device], options)
     return LoadedExecutable(executable, device, in_avals, outputs)
+
+
+class JaxCaches:
+    """Clears jax's in-memory caches once no build that may use them is in progress.
+
+    jax keeps every function it traced and every executable it compiled (about 0.7 MiB an
+    executable, in caches 2048 entries long), so a process that builds for ever new shapes (the
+    compile service for new batch sizes, a worker compiling portable artifacts for new shard
+    shapes) grew by what it had built: 45 MiB over 1,000 fuzzed Compile calls. Neither reuses
+    them: the compile service serves a key again from its artifact cache, a worker from its
+    loaded-executable LRU. Build inside ``building()``; when the last build ends and something
+    was built, the caches are cleared, so no build loses them midway.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._built = False
+
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        with self._lock:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                clear = self._active == 0 and self._built
+                if clear:
+                    self._built = False
+            if clear:
+                jax.clear_caches()
+
+    def built(self) -> None:
+        """Something was traced or compiled in the current build."""
+        self._built = True

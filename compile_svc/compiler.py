@@ -23,6 +23,7 @@ import jax
 
 from accelmesh import errors
 from accelmesh.errors import quoted
+from accelmesh.artifacts import JaxCaches
 from accelmesh.hardware.model import DeviceSpec
 from compile_svc import lowering
 from compile_svc.cache import ArtifactCache, CachedArtifact
@@ -86,6 +87,7 @@ class Compiler:
         self._local = local if local is not None else local_platforms()
         self._lock = threading.Lock()
         self.stages = StageCatalog()
+        self._jax_caches = JaxCaches()  # cleared once no build is in progress (see JaxCaches)
 
     def explain(self, device: DeviceSpec) -> Explanation:
         return self.rules.explain(device)
@@ -125,7 +127,8 @@ class Compiler:
             rule = self.rules.match(device)
             target = self.rules.target_type(device)
             groups.setdefault((target.key, rule.name), (target, rule, []))[2].append(device.id)
-        builds = [self._build(to_build, target, rule, ids, sizes) for target, rule, ids in groups.values()]
+        with self._jax_caches.building():
+            builds = [self._build(to_build, target, rule, ids, sizes) for target, rule, ids in groups.values()]
         return CompileResult(program, tuple(builds), stage)
 
     def _build(self, program: Program, target: TargetType, rule: Rule, ids: list[str], sizes: list[int]) -> TargetBuild:
@@ -181,6 +184,8 @@ class Compiler:
                              "batch_size": batch, "platform": target.execution_platform}
 
         artifact, built = self.cache.get_or_build(key, build)
+        if built:
+            self._jax_caches.built()
         return _built(artifact, fmt, batch, target.execution_platform, not built, spent.get("s", 0.0))
 
     def fetch(self, key: str) -> CachedArtifact:

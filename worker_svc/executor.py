@@ -21,7 +21,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.hardware.model import DeviceSpec
-from accelmesh.artifacts import compile_portable, load_executable, load_portable
+from accelmesh.artifacts import JaxCaches, compile_portable, load_executable, load_portable
 from accelmesh.programs import BuildOptions, TargetType
 
 FORMATS = ("stablehlo", "executable")
@@ -136,6 +136,7 @@ class ShardExecutor:
         self._max_loaded = max_loaded
         self._loaded: OrderedDict[tuple, _Runnable] = OrderedDict()
         self._lock = threading.Lock()
+        self._jax_caches = JaxCaches()  # what portable compiles leave in jax, cleared (accelmesh/artifacts.py)
         self.executions = 0  # shards that ran on a device
 
     def admit(self, shard: Shard) -> DeviceSpec:
@@ -232,7 +233,9 @@ class ShardExecutor:
         sharding = jax.sharding.SingleDeviceSharding(jax_device)
         specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in inputs]
         try:
-            return _Runnable(compile_portable(loaded, shard.build, *specs), kind)
+            with self._jax_caches.building():  # the LRU above keeps what is reused, not jax's caches
+                self._jax_caches.built()
+                return _Runnable(compile_portable(loaded, shard.build, *specs), kind)
         except errors.AccelmeshError as exc:
             raise errors.FailedPrecondition(f"{what} did not compile for {name}: {exc}") from exc
 

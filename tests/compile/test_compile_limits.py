@@ -229,3 +229,45 @@ def test_bad_batch_sizes_are_quoted_short(service):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "batch_sizes [0, 1099511627776" in error.details() and "(16 items)" in error.details()
     assert len(error.details()) < 300
+
+
+def _jax_cached_executables() -> int:
+    """Executables jax itself keeps compiled (its in-memory compilation cache, 2048 entries long)."""
+    from jax._src.interpreters import pxla
+
+    return pxla._cached_compilation.cache_info().currsize
+
+
+def test_building_leaves_nothing_in_jax_caches(service):
+    """jax keeps what it traced and compiled, about 0.7 MiB an executable: a client asking for
+    ever new batch sizes grew the service without bound. The compiler clears them once no build
+    is in progress; its own artifact cache is what serves a key again."""
+    from test_rules import cpu_device
+
+    _, compiler = service
+    for first in (1, 17):
+        result = compiler.compile("mlp_classifier", "", [cpu_device()], batch_sizes=list(range(first, first + 16)))
+        assert len(result.builds[0].executables) == 16
+        assert _jax_cached_executables() == 0
+    again = compiler.compile("mlp_classifier", "", [cpu_device()], batch_sizes=[1])  # from the artifact cache
+    assert again.builds[0].executables[0].cache_hit
+
+
+def test_jax_caches_are_cleared_when_the_last_build_ends_and_only_then():
+    import jax
+    import jax.numpy as jnp
+
+    from accelmesh.artifacts import JaxCaches
+
+    caches = JaxCaches()
+    with caches.building():
+        with caches.building():
+            jax.jit(lambda x: x * 3).lower(jnp.ones(5)).compile()
+            caches.built()
+        assert _jax_cached_executables() > 0  # another build is still in progress: kept
+    assert _jax_cached_executables() == 0
+    jax.jit(lambda x: x + 3).lower(jnp.ones(5)).compile()
+    with caches.building():
+        pass  # nothing built inside: not this build's to clear
+    assert _jax_cached_executables() > 0
+    jax.clear_caches()

@@ -284,6 +284,10 @@ class GrpcMesh:
             results = list(outputs.results().values())  # a tensor cut short fails this attempt, not the job
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
+            # The call is its own error: it raised itself, so its traceback holds this frame, which
+            # holds the call and `requests` with the shard's inputs, a cycle only a full collection
+            # breaks (seen: a failed job's in-flight inputs kept). Nothing reads the traceback.
+            exc.__traceback__ = None
             if code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_worker(address)
             if code == grpc.StatusCode.FAILED_PRECONDITION and refs and error_reason(exc) == errors.TENSOR_NOT_HELD:

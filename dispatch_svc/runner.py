@@ -130,7 +130,7 @@ class JobRunner:
 
     def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None,
              feed: InputFeed | None = None) -> None:
-        lease = live.lease
+        lease, live.lease = live.lease, None  # the keeper references the live job: no cycle outlives it
         if lease is not None:
             lease.stop()  # no renewal from here on: the release below is the last word
             if exc is not None and lease.lapse is not None:

@@ -31,12 +31,27 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool):
 
     # Results are taken on the device threads as shards finish, which frees the in-flight
     # budget while this thread is still reading input blocks.
-    pending = [pool.submit(shard, shard.device_id, on_done=lambda out, shard=shard: take(shard, out),
-                           on_error=budget.fail)
-               for shard in ctx.shards_from_feed(shards, outputs.total, budget)]
+    try:
+        pending = [pool.submit(shard, shard.device_id, on_done=lambda out, shard=shard: take(shard, out),
+                               on_error=budget.fail)
+                   for shard in ctx.shards_from_feed(shards, outputs.total, budget)]
+    except BaseException:
+        _let_go(shards)
+        raise
 
     def work():
-        for handle in pending:
-            pool.wait(handle)
+        try:
+            for handle in pending:
+                pool.wait(handle)
+        except BaseException:
+            _let_go(shards)
+            raise
         outputs.close()
     return work
+
+
+def _let_go(shards: list[ShardWork]) -> None:
+    """A job that fails drops its shards' inputs at once, rather than when its last queued or
+    running attempt lets go of the shard (a finished shard drops them in `take`)."""
+    for shard in shards:
+        shard.inputs = []

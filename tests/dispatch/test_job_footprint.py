@@ -220,3 +220,4 @@ def test_list_and_get_still_work_with_an_oversized_stored_record_present(tmp_pat
         job = d.stub.GetJob(pb.GetJobRequest(job_id=huge), timeout=WAIT_S).job
         assert job.state == job_pb.JOB_STATE_CANCELLED and not job.plan.shards and job.ByteSize() < 16384
         assert d.stub.GetJob(pb.GetJobRequest(job_id=newer), timeout=WAIT_S).job.state == job_pb.JOB_STATE_SUCCEEDED
+

@@ -4,6 +4,9 @@ shard at once. No mesh: these need only GrpcMesh and a fake WorkerService."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import grpc
 import numpy as np
 import pytest
@@ -54,11 +57,12 @@ def serve_fake(worker: FakeWorker, port: int = 0):
                          address=f"127.0.0.1:{port}").start()
 
 
-def send_shard(mesh: GrpcMesh, port: int):
+def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None):
     device = JobDevice(type("Spec", (), {"id": "127.0.0.1/cuda:0"})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
     build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
-    return mesh.execute("job", 0, 1, device, build, artifact, [("x", np.zeros(2048, np.float32))], 2048, CancelScope())
+    x = np.zeros(2048, np.float32) if x is None else x
+    return mesh.execute("job", 0, 1, device, build, artifact, [("x", x)], 2048, CancelScope())
 
 
 @pytest.fixture
@@ -81,6 +85,25 @@ def test_a_result_cut_short_fails_the_attempt_and_is_never_used(grpc_mesh, cut, 
             send_shard(grpc_mesh, server.port)
         assert info.value.cause.startswith(cause), info.value.cause
     finally:
+        server.stop(0)
+
+
+def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):
+    """grpcio's call object is the error it raises, so its traceback held the dispatcher's frame
+    holding the call and the request stream over the shard's inputs: a cycle that kept a failed
+    job's inputs until a full garbage collection. With the collector off, they go at once."""
+    server = serve_fake(FakeWorker(grpc.StatusCode.UNAVAILABLE))
+    x = np.zeros(2048, np.float32)
+    inputs = weakref.ref(x)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(ShardFailed):
+            send_shard(grpc_mesh, server.port, x)
+        del x
+        assert inputs() is None, "the failed call still holds the shard's inputs"
+    finally:
+        gc.enable()
         server.stop(0)
 
 

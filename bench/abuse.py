@@ -132,6 +132,21 @@ class Abuse:
         self.device = next(d for d in devices if d.node_address == mesh.workers[0].address)
         (self.build,) = self.compile.Compile(compile_pb.CompileRequest(
             program="identity", targets=[self.device], batch_sizes=[8]), timeout=300).builds
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """What every process loads once, on its first job (modules, artifacts, channels), so that
+        no reproducer's "before" is taken ahead of it: an identity job and a client-parameter
+        mlp job, both ordinary."""
+        from accelmesh.client import MeshClient
+        from compile_svc.programs import default_registry
+
+        mlp = default_registry().get("mlp_classifier")
+        parameters = [(leaf.name, np.asarray(v)) for leaf, v in zip(mlp.parameters, mlp.init_params(0), strict=True)]
+        with MeshClient(self.mesh.dispatch.address, security=self.callers.security(Role.OPERATOR)) as client:
+            client.run("identity", {"x": np.zeros((256, 1024), np.float32)}, name="abuse-warm-up", timeout=300)
+            client.run("mlp_classifier", {"x": np.zeros((4096, 64), np.float32)}, parameters=parameters,
+                       name="abuse-warm-up-parameters", timeout=300)
 
     def shard_header(self, job_id: str) -> worker_pb.ShardHeader:
         artifact = self.build.executables[0]
@@ -283,16 +298,13 @@ class Abuse:
 
         jobs, rows = (10 if self.quick else 40), 1500
         x = np.random.default_rng(7).standard_normal((rows, 64)).astype(np.float32)
-        splits = set()
+        splits, sizes = set(), {}  # sizes: target type -> the shard row counts its executables serve
         with MeshClient(self.mesh.dispatch.address, security=self.callers.security(Role.OPERATOR)) as client:
             for k in range(jobs):
                 job = client.run("mlp_classifier", {"x": x}, name=f"abuse-churn-{k}", timeout=300).job
-                splits.add(tuple(sorted(s.rows for s in job.shards)))
-        sizes: dict[str, set[int]] = {}
-        for sidecar in (self.mesh.data_dir / "artifacts").glob("??/*.json"):
-            meta = json.loads(sidecar.read_text())["metadata"]
-            if meta.get("format") == "executable" and meta.get("program", "").startswith("mlp_classifier@"):
-                sizes.setdefault(meta["target"], set()).add(meta["batch_size"])
+                splits.add(tuple(sorted((s.device_id, s.rows) for s in job.shards)))
+                for shard in job.shards:
+                    sizes.setdefault(shard.target_type, set()).add(shard.rows)
         return {"jobs": jobs, "rows_each": rows, "distinct_splits": len(splits),
                 "executable_sizes_by_target": {t: sorted(v) for t, v in sorted(sizes.items())},
                 "most_sizes_of_a_target": max((len(v) for v in sizes.values()), default=0)}

@@ -104,6 +104,11 @@ class HeldKeys:
         with self._changed:
             self._drop(lambda pair: pair[0] == worker)
 
+    def workers_of(self, job_id: str) -> set[str]:
+        """The workers asked to keep tensors of the job (held, or being sent)."""
+        with self._changed:
+            return {worker for worker, job in (*self._held, *self._sending) if job == job_id}
+
     def forget_job(self, job_id: str) -> None:
         """The job ended: nothing will refer to its tensors again."""
         with self._changed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -32,6 +33,9 @@ from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, Sc
 
 CALL_TIMEOUT_S = 120.0
 SHARD_TIMEOUT_S = 600.0
+RELEASE_TIMEOUT_S = 5.0  # a worker's ReleaseJob at a job's end: held tensors, best effort
+
+log = logging.getLogger(__name__)
 
 
 def _artifact(msg: build_pb.Artifact) -> ArtifactRef:
@@ -156,8 +160,22 @@ class GrpcMesh:
             raise error_from_rpc(exc, "inventory renew") from None
 
     def release(self, job_id: str) -> None:
+        holders = self.held.workers_of(job_id)
         self.held.forget_job(job_id)  # the job's shards are over: no call refers to its tensors again
-        self._call("inventory release", self.inventory.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))
+        try:
+            self._call("inventory release", self.inventory.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))
+        finally:
+            for address in sorted(holders):
+                self._release_held(address, job_id)
+
+    def _release_held(self, address: str, job_id: str) -> None:
+        """The worker drops the job's tensors now (else at its idle expiry, ACCELMESH_WORKER_HELD_IDLE_S):
+        best effort, a worker that does not answer lets them go on its own."""
+        try:
+            self._worker(address).ReleaseJob(worker_pb.ReleaseJobRequest(job_id=job_id), timeout=RELEASE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            log.warning("worker %s did not release the tensors of job %s (%s: %s); its idle expiry will",
+                        address, job_id, exc.code().name, exc.details())
 
     # -- compile -------------------------------------------------------------------------------
 

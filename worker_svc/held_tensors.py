@@ -96,6 +96,16 @@ class HeldTensors:
             self._used += 1
             return array
 
+    def release(self, job_id: str) -> tuple[int, int]:
+        """Drop every tensor held for `job_id` (its scope): the job ended. (tensors, bytes) dropped."""
+        with self._lock:
+            keys = list(self._jobs.get(job_id, ()))
+            before = self._bytes
+            for key in keys:
+                self._drop((job_id, key))
+            self._last_used.pop(job_id, None)
+            return len(keys), before - self._bytes
+
     def expire(self) -> None:
         """Drop the tensors of jobs idle for `idle_s`; keep and get do it too, this is for idle times."""
         with self._lock:

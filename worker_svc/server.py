@@ -22,7 +22,8 @@ from worker_svc.servicer import WorkerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
-ACCESS: Access = {"DescribeNode": roles(Role.INVENTORY), "Execute": roles(Role.DISPATCH)}
+ACCESS: Access = {"DescribeNode": roles(Role.INVENTORY), "Execute": roles(Role.DISPATCH),
+                  "ReleaseJob": roles(Role.DISPATCH)}
 REGISTER_TIMEOUT_S = 10.0
 # Each Execute call holds a stream thread while its shard waits for, loads and runs on a device,
 # and the inputs it received: a worker runs CALLS_PER_DEVICE of them a device, plus spares (a

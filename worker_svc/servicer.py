@@ -15,6 +15,7 @@ from queue import SimpleQueue
 import grpc
 from opentelemetry import trace
 
+from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
@@ -24,7 +25,7 @@ from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from worker_svc import executor as ex
 from worker_svc.agent import NodeAgent
-from worker_svc.held_tensors import HeldTensors
+from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
 from worker_svc.inputs import read_header, read_inputs
 from worker_svc.ledger import CallInputs, InputLedger
 
@@ -90,6 +91,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             devices=[device_to_proto(d, samples.get(d.id)) for d in node.devices],
             software_version=VERSION,
         )
+
+    def ReleaseJob(self, request, context):
+        """The caller's job ended: its held tensors go now, not at the idle expiry. Held tensors are
+        scoped to the dispatcher that kept them, so a caller releases only its own."""
+        if not request.job_id or len(request.job_id) > MAX_KEY_CHARS:
+            raise errors.InvalidArgument(f"job_id {errors.quoted(request.job_id)} must be 1..{MAX_KEY_CHARS} "
+                                         "characters: the job whose tensors to release", field="job_id")
+        count, nbytes = self.held.release(f"{self._auth.principal(context).key}|{request.job_id}")
+        return pb.ReleaseJobResponse(released_tensors=count, released_bytes=nbytes)
 
     def Execute(self, request_iterator, context):
         call = self.inputs.open()

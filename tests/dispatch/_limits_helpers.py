@@ -72,6 +72,7 @@ class Dispatcher:
     def close(self):
         self.channel.close()
         self.server.stop(0)
+        self.runner.wait_idle(WAIT_S)  # a job still ending writes to the book
         self.runner.book.close()
 
 

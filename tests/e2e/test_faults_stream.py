@@ -4,6 +4,7 @@ shard at once. No mesh: these need only GrpcMesh and a fake WorkerService."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import CREDENTIALS
 
+from accelmesh import errors
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import split
@@ -35,6 +37,11 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def __init__(self, cut: grpc.StatusCode | str | None = None):
         self.cut = cut
+        self.released: list[str] = []  # job ids of ReleaseJob calls
+
+    def ReleaseJob(self, request, context):
+        self.released.append(request.job_id)
+        return worker_pb.ReleaseJobResponse()
 
     def Execute(self, request_iterator, context):
         for _ in request_iterator:
@@ -57,12 +64,12 @@ def serve_fake(worker: FakeWorker, port: int = 0):
                          address=f"127.0.0.1:{port}").start()
 
 
-def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None):
+def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None):
     device = JobDevice(type("Spec", (), {"id": "127.0.0.1/cuda:0"})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
     build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
     x = np.zeros(2048, np.float32) if x is None else x
-    return mesh.execute("job", 0, 1, device, build, artifact, [("x", x)], 2048, CancelScope())
+    return mesh.execute("job", 0, 1, device, build, artifact, [("x", x)], 2048, CancelScope(), held_keys)
 
 
 @pytest.fixture
@@ -105,6 +112,24 @@ def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):
     finally:
         gc.enable()
         server.stop(0)
+
+
+def test_a_job_ending_tells_the_workers_that_keep_its_tensors_to_let_them_go(grpc_mesh):
+    """A shard sent with a tensor to keep: when the job ends, that worker gets ReleaseJob for it
+    (its tensors leave now, not at its idle expiry); a worker that kept nothing gets no call."""
+    keeper, other = FakeWorker(), FakeWorker()
+    servers = [serve_fake(keeper), serve_fake(other)]
+    try:
+        send_shard(grpc_mesh, servers[0].port, held_keys={"x": "params"})
+        send_shard(grpc_mesh, servers[1].port)
+        assert grpc_mesh.held.workers_of("job") == {f"127.0.0.1:{servers[0].port}"}
+        with contextlib.suppress(errors.AccelmeshError):  # no inventory here: its release fails after
+            grpc_mesh.release("job")
+        assert (keeper.released, other.released) == (["job"], [])
+        assert grpc_mesh.held.workers_of("job") == set()
+    finally:
+        for server in servers:
+            server.stop(0)
 
 
 def test_a_worker_back_on_its_address_takes_the_next_shard_at_once(grpc_mesh):

@@ -25,7 +25,7 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from conftest import as_role, rpc_error
+from conftest import CREDENTIALS, as_role, rpc_error
 from fakes import host
 from fakes.nvml import FakeNvml
 from worker_svc.agent import NodeAgent
@@ -236,6 +236,30 @@ def test_the_held_tensor_count_is_bounded_over_all_jobs_least_recently_used_firs
              pb.ExecuteRequest(held=pb.TensorRef(name="input_0", key="params"))]
     error = worker.call(refer)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "ACCELMESH_WORKER_HELD_TENSORS" in error.details()
+
+
+def test_release_job_drops_the_callers_tensors_of_that_job_only(worker):
+    """The dispatcher's ReleaseJob at a job's end: that job's tensors go at once; another job's
+    stay, and another dispatcher (its own holder scope) releases nothing of this one's."""
+    for job in ("job-a", "job-b"):
+        messages = [pb.ExecuteRequest(header=worker.header(job_id=job, keep_tensors=[
+            pb.TensorRef(name="input_0", key="params")])), *tensor("input_0", 8)]
+        assert worker.call(messages).code() == grpc.StatusCode.FAILED_PRECONDITION  # kept, then no artifact
+    assert worker.servicer.held.stats().tensors == 2
+    other = open_channel(f"127.0.0.1:{worker.server.port}",
+                         security=CREDENTIALS.issue(Role.DISPATCH, "dispatch-2", ["127.0.0.1"]))
+    try:
+        stranger = worker_service_pb2_grpc.WorkerServiceStub(other)
+        assert stranger.ReleaseJob(pb.ReleaseJobRequest(job_id="job-a"), timeout=CALL_TIMEOUT_S).released_tensors == 0
+    finally:
+        other.close()
+    released = worker.stub.ReleaseJob(pb.ReleaseJobRequest(job_id="job-a"), timeout=CALL_TIMEOUT_S)
+    assert (released.released_tensors, released.released_bytes) == (1, 8)
+    stats = worker.servicer.held.stats()
+    assert (stats.tensors, stats.jobs) == (1, 1)
+    assert worker.stub.ReleaseJob(pb.ReleaseJobRequest(job_id="job-a"), timeout=CALL_TIMEOUT_S).released_tensors == 0
+    error = rpc_error(worker.stub.ReleaseJob, pb.ReleaseJobRequest(job_id=""), timeout=CALL_TIMEOUT_S)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "job_id" in error.details()
 
 
 class Clock:

@@ -100,6 +100,20 @@ class ExecuteResponse(_message.Message):
     timings: ShardTimings
     def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ...) -> None: ...
 
+class ReleaseJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseJobResponse(_message.Message):
+    __slots__ = ("released_tensors", "released_bytes")
+    RELEASED_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    released_tensors: int
+    released_bytes: int
+    def __init__(self, released_tensors: _Optional[int] = ..., released_bytes: _Optional[int] = ...) -> None: ...
+
 class DescribeNodeRequest(_message.Message):
     __slots__ = ("device_ids",)
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]

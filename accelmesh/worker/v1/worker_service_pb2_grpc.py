@@ -46,6 +46,11 @@ class WorkerServiceStub:
                 request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.ReleaseJob = channel.unary_unary(
+                '/accelmesh.worker.v1.WorkerService/ReleaseJob',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -75,6 +80,16 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseJob(self, request, context):
+        """Drops every tensor this worker holds for the job on behalf of the caller (kept through
+        ShardHeader.keep_tensors): the dispatcher calls it when the job ends, so a job's tensors
+        leave with it rather than after the worker's idle expiry. Releasing a job that holds nothing
+        is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -87,6 +102,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.FromString,
                     response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ReleaseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseJob,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -145,6 +165,33 @@ class WorkerService:
             '/accelmesh.worker.v1.WorkerService/Execute',
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.worker.v1.WorkerService/ReleaseJob',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,6 +12,7 @@ from accelmesh.programs import Program
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import DevicePool
 from dispatch_svc.interface import ShardWork
+from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, plan_shards
 from dispatch_svc.strategies.context import JobContext
 from dispatch_svc.training import minibatches, steps_per_epoch
 
@@ -82,15 +83,15 @@ def weighted_mean(values: list[np.ndarray], weights: list[int]) -> np.ndarray:
 
 
 def plan_rows(plan: m.Plan, rows: int) -> list[tuple[int, int, str]]:
-    """Scale a plan's split of a full batch to `rows` (the last, partial mini-batch)."""
+    """(first row, rows, device) of each shard of a mini-batch of `rows`: the plan's own split for a
+    full batch; for the last, partial one, a split over the same devices at the plan's rates in
+    sizes from the bucket ladder of `rows` (planner/buckets.py), so every epoch, and every job of
+    this input and batch size, runs it in the same few executables whatever the rates."""
     full = sum(s.rows for s in plan.shards)
     if rows == full:
         return [(s.first_row, s.rows, s.device_id) for s in plan.shards]
-    counts = [max(0, round(s.rows * rows / full)) for s in plan.shards]
-    counts[int(np.argmax(counts))] += rows - sum(counts)
-    out, first = [], 0
-    for shard, count in zip(plan.shards, counts):
-        if count > 0:
-            out.append((first, count, shard.device_id))
-            first += count
-    return out
+    rate = {t.target_type: t.rows_per_second for t in plan.targets}
+    devices = [PlannedDevice(device, target, rate[target])
+               for device, target in dict.fromkeys((s.device_id, s.target_type) for s in plan.shards)]
+    split = plan_shards(rows, devices, exact=True, bucket_rungs=BUCKET_RUNGS)
+    return [(s.first_row, s.rows, s.device_id) for s in split.shards]

@@ -126,3 +126,32 @@ def test_training_over_bucketed_shards_equals_sgd_on_each_full_mini_batch(tmp_pa
     w, losses = linreg_sgd(x, y, options)
     np.testing.assert_allclose(result(runner, job, "w"), w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result(runner, job, "losses"), losses, rtol=1e-5)
+
+
+def _plan_at(rates: dict[str, float], batch: int) -> m.Plan:
+    """A training plan's full-batch split over one device per target type at these rates."""
+    devices = [PlannedDevice(f"10.0.0.1/cuda:{i}", target, rate) for i, (target, rate) in enumerate(rates.items())]
+    split = plan_shards(batch, devices, exact=True, bucket_rungs=BUCKET_RUNGS)
+    targets = tuple(m.TargetPlan(d.target_type, "rule", "float32", "key", (d.device_id,), d.rows_per_second, "measured")
+                    for d in devices)
+    shards = tuple(m.ShardPlan(s.index, s.device_id, s.target_type, s.first_row, s.rows, s.predicted_seconds)
+                   for s in split.shards)
+    return m.Plan(targets, shards, split.predicted_seconds, split.equal_split_predicted_seconds)
+
+
+def test_the_last_partial_mini_batch_takes_its_sizes_from_its_own_ladder_whatever_the_rates():
+    """301 rows in batches of 64 leave a last batch of 45 in every epoch: under any rates it is
+    cut into sizes of the 45-row ladder only, covering its rows once, so 100 training jobs of this
+    shape need no more executables for it than the ladder has sizes."""
+    from dispatch_svc.strategies.training import plan_rows
+
+    rng = random.Random(11)
+    last, seen = 301 % 64, set()
+    for _ in range(100):
+        plan = _plan_at({"a": rng.uniform(1, 100), "b": rng.uniform(1, 100), "c": rng.uniform(1, 100)}, 64)
+        split = plan_rows(plan, last)
+        assert [first for first, _, _ in split] == list(np.cumsum([0] + [n for _, n, _ in split])[:-1])
+        assert sum(n for _, n, _ in split) == last
+        seen |= {n for _, n, _ in split}
+        assert plan_rows(plan, 64) == [(s.first_row, s.rows, s.device_id) for s in plan.shards]
+    assert seen <= set(bucket_ladder(last, None, BUCKET_RUNGS).sizes), seen

@@ -3,6 +3,7 @@ thread and no health thread, and the stream limits refuse with a message naming 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -113,11 +114,22 @@ def test_idle_streams_take_neither_work_nor_health_threads(streams):
         server.stop(0)
 
 
-def test_a_client_over_its_stream_limit_is_refused_and_others_are_not(streams):
-    server = serve(Admission(max_streams_per_client=3))
+@contextlib.contextmanager
+def two_clients(admission: Admission):
+    """A server with these limits, and channels of two principals (dispatch, inventory) to it."""
+    server = serve(admission)
     first = open_channel(f"127.0.0.1:{server.port}", **as_role(Role.DISPATCH))
     second = open_channel(f"127.0.0.1:{server.port}", **as_role(Role.INVENTORY))
     try:
+        yield server, first, second
+    finally:
+        first.close()
+        second.close()
+        server.stop(0)
+
+
+def test_a_client_over_its_stream_limit_is_refused_and_others_are_not(streams):
+    with two_clients(Admission(max_streams_per_client=3)) as (server, first, second):
         streams.extend(IdleStream(first) for _ in range(3))
         wait_until(lambda: server.streams.open == 3, "three streams are open")
         refused = refusal(first)
@@ -129,27 +141,16 @@ def test_a_client_over_its_stream_limit_is_refused_and_others_are_not(streams):
         wait_until(lambda: server.streams.open == 3, "the closed stream is released")
         streams.append(IdleStream(first))
         wait_until(lambda: server.streams.open == 4, "the first client may open one again")
-    finally:
-        first.close()
-        second.close()
-        server.stop(0)
 
 
 def test_a_service_over_its_stream_limit_refuses_everyone_but_still_answers_unary_calls(streams):
-    server = serve(Admission(max_streams=2))
-    channel = open_channel(f"127.0.0.1:{server.port}", **as_role(Role.DISPATCH))
-    other = open_channel(f"127.0.0.1:{server.port}", **as_role(Role.INVENTORY))
-    try:
-        streams.extend(IdleStream(channel) for _ in range(2))
+    with two_clients(Admission(max_streams=2)) as (server, first, second):
+        streams.extend(IdleStream(first) for _ in range(2))
         wait_until(lambda: server.streams.open == 2, "two streams are open")
-        refused = refusal(other)
+        refused = refusal(second)
         assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert MAX_STREAMS_ENV + " " in refused.details() + " "
-        assert describe(other).node_ip == NODE_IP
-    finally:
-        channel.close()
-        other.close()
-        server.stop(0)
+        assert describe(second).node_ip == NODE_IP
 
 
 def test_limits_come_from_the_environment_and_bad_values_name_the_variable():

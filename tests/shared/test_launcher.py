@@ -212,11 +212,16 @@ SIGNAL_MOMENTS = [
 @pytest.mark.parametrize(("signum", "moment", "specs"), SIGNAL_MOMENTS,
                          ids=[f"{s.name}-{m}" for s, m, _ in SIGNAL_MOMENTS])
 def test_a_signal_at_any_moment_stops_every_child_and_frees_its_ports(tag, signum, moment, specs):
-    launcher = launch(tag, *specs)
+    signal_at(launch(tag, *specs), tag, signum, moment, f"launch: stopped by {signum.name}")
+
+
+def signal_at(launcher, tag: str, signum: signal.Signals, moment: str, stopped: str) -> None:
+    """Signal `launcher` once it printed `moment`: it exits 0 saying `stopped`, leaving no process
+    of this test and every port it had bound free."""
     launcher.wait_for_line(moment)
     launcher.process.send_signal(signum)
     assert launcher.finish() == 0, launcher.output
-    assert f"launch: stopped by {signum.name}" in launcher.output
+    assert stopped in launcher.output
     assert processes_naming(tag) == set(), launcher.output
     if "listening" in launcher.output:
         assert_ports_free(launcher.ports())
@@ -272,14 +277,7 @@ UP_MOMENTS = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "moment"), UP_MOMENTS, ids=[f"{s.name}-{m}" for s, m in UP_MOMENTS])
 def test_accelmesh_up_signalled_during_start_up_or_running_leaves_no_service_or_port(tag, signum, moment):
-    up = accelmesh_up(tag)
-    up.wait_for_line(moment)
-    up.process.send_signal(signum)
-    assert up.finish() == 0, up.output
-    assert f"accelmesh: {signum.name}: mesh stopped" in up.output
-    assert processes_naming(tag) == set(), up.output
-    if "listening" in up.output:
-        assert_ports_free(up.ports())
+    signal_at(accelmesh_up(tag), tag, signum, moment, f"accelmesh: {signum.name}: mesh stopped")
 
 
 @pytest.mark.slow

@@ -74,11 +74,21 @@ def tag_fixture(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+# What a terminal gives a command it runs: the stop signals at their defaults. A test run started in
+# the background (`make test &`, nohup) hands its children SIGINT and SIGHUP ignored, and a launcher
+# rightly keeps an ignore it inherited (`nohup accelmesh up` outlives its terminal), so without this
+# the signal tests would test how the suite was started.
+DEFAULT_SIGNALS = ("import os, signal, sys\n"
+                   "for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+                   "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 class Watched:
     """A process whose merged output is collected line by line, so a test can wait for a line."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, deadline_s: float = DEADLINE_S):
         self.deadline_s = deadline_s
+        argv = [sys.executable, "-c", DEFAULT_SIGNALS, *argv]  # the same process, execed: same pid, same args
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.lines: list[str] = []

@@ -1,21 +1,22 @@
 """Giving freed memory back to the system, so a service's resident memory follows what it holds.
 
-glibc's malloc serves a large block (at least M_MMAP_THRESHOLD, 128 KiB) with a mapping of its
-own, unmapped when freed; but the threshold is dynamic by default: once such a block is freed,
-blocks up to its size (as much as 32 MiB) come from the heap arenas instead, where freed memory
-stays resident, spread over one arena per thread group. A service that passes tensor chunks,
-shard inputs and artifacts of megabytes through many threads then stays at its bursts'
-high-water mark. Measured under the fuzz benchmark (1,000 calls a method, four rounds of 250):
-every process 20-50% above its resident memory after the warm-up and still creeping, while
-Python's own objects grew by under half a MiB; with the threshold fixed at its default, the
-inventory stayed within 7% and the dispatcher within 12%, flattening. So:
+glibc's malloc serves a block of at least its mmap threshold with a mapping of its own, unmapped
+when freed; smaller blocks come from heap arenas, where freed memory stays resident for reuse.
+The threshold is dynamic by default: once a mapped block is freed, blocks up to its size (as much
+as 32 MiB) come from the arenas too. A service that passes tensors, shard inputs and artifacts of
+megabytes through many threads then stays near its bursts' high-water mark. Measured: every
+process 20-50% above its memory after the fuzz benchmark's warm-up with Python's own objects
+flat; four failed 32 MiB jobs left the dispatcher at 1.41x (bench/abuse.py). So:
 
-- ``bound_heap`` fixes the threshold (mallopt, which also turns the dynamic adjustment off), so
-  every large block is mapped and returned when freed; MALLOC_MMAP_THRESHOLD_ in the
-  environment still wins;
-- ``start_trimming`` runs ``malloc_trim(0)`` every ``TRIM_INTERVAL_S`` on a thread, handing
-  back whole free pages of the arenas (madvise) that smaller blocks leave, a few milliseconds a
-  pass.
+- ``bound_heap`` fixes the threshold at MMAP_THRESHOLD_BYTES (mallopt, which also turns the
+  dynamic adjustment off): a block above it is mapped and returned when freed. 2 MiB sits above
+  the mesh's 1 MiB stream chunks, which stay in the arenas and are reused at full speed: with the
+  threshold at glibc's own 128 KiB every chunk paid a mapping and its page faults, and the
+  dispatcher's streaming halved (54 against 115 MB/s, bench/dispatch.py --quick); at 2 MiB its
+  ratio to bare gRPC was the dynamic threshold's (0.248 against 0.247) and the failed jobs left
+  it at 1.02x. MALLOC_MMAP_THRESHOLD_ in the environment still wins;
+- ``start_trimming`` runs ``malloc_trim(0)`` every ``TRIM_INTERVAL_S`` on a thread, handing back
+  whole free pages of the arenas (madvise), a few milliseconds a pass.
 
 Elsewhere than glibc both do nothing.
 """
@@ -35,7 +36,7 @@ TRIM_ENV = "ACCELMESH_MALLOC_TRIM_S"  # seconds between passes; 0 turns them off
 
 
 M_MMAP_THRESHOLD = -3  # <malloc.h>
-MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, kept from moving
+MMAP_THRESHOLD_BYTES = 2 * 1024 * 1024  # above the 1 MiB stream chunks (see the docstring)
 
 
 def _libc_function(name: str):

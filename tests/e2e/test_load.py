@@ -39,7 +39,7 @@ JOBS = PROCESSES * THREADS
 # (24 MiB through and back, checked byte for byte): 320 MiB of inputs, 240 MiB of results.
 PROGRAMS = (("mlp_classifier", "x", "logits", (32768, 64)), ("identity", "x", "y", (6144, 1024)))
 EMULATE = ("v100-32gb",) * 4  # fp32: results equal a one-device run
-INFLIGHT_BYTES = 2 * MIB
+INFLIGHT_BYTES = 1 * MIB
 SHARD_BYTES = 512 * 1024
 CHUNK_BYTES = 1 * MIB  # the client's row blocks and the dispatcher's result slabs
 # Only a guard against a hang: how fast the jobs run is the machine's and bench/dispatch.py's business.
@@ -47,28 +47,30 @@ CLIENT_TIMEOUT_S = 300.0
 MIN_AT_ONCE = 10
 # What one running job may hold in the dispatcher: its shard inputs in flight (INFLIGHT_BYTES, kept
 # until their results are in, for a retry), a shard waiting for that budget, the row block it is
-# cut from and a result slab on its way back: 4.5 MiB, each byte in up to 4 places at once (numpy
+# cut from and a result slab on its way back: 3.5 MiB, each byte in up to 4 places at once (numpy
 # array, protobuf message, gRPC transport buffer, and the one copy a tensor assembler makes when a
-# shard's output is complete); plus ~4 MiB that does not depend on the data (its threads, two
-# calls' gRPC and protobuf state). 22 MiB a job, 440 MiB for 20, where holding the inputs and
-# results whole would take 560 MiB. Measured: 14-16 MiB a job at once (227-257 MiB with 16 at once
-# when a server's 16 threads capped the streams; 290-383 MiB with all 20 at once), the same with
-# 16 or 24 MiB identity jobs: it grows with the jobs at once, not with their data.
+# shard's output is complete), plus once more for the freed copies the allocator still holds in
+# its arenas until the next trim pass (blocks under 2 MiB stay there: accelmesh/runtime/memory.py);
+# and ~4 MiB that does not depend on the data (its threads, two calls' gRPC and protobuf state).
+# 21.5 MiB a job, 430 MiB for 20, where holding the inputs and results whole would take 560 MiB.
+# Measured: 297-337 MiB for all 20 at once (with a 2 MiB budget 290-441 MiB, the most with other
+# benchmarks on the machine; 227-257 MiB with 16 at once when a server's 16 threads capped the
+# streams), the same with 16 or 24 MiB identity jobs: it grows with the jobs at once, not their data.
 PER_JOB_DATA_BYTES = INFLIGHT_BYTES + SHARD_BYTES + 2 * CHUNK_BYTES
 PER_JOB_FIXED_BYTES = 4 * MIB
-PER_JOB_BOUND_BYTES = 4 * PER_JOB_DATA_BYTES + PER_JOB_FIXED_BYTES
+PER_JOB_BOUND_BYTES = 5 * PER_JOB_DATA_BYTES + PER_JOB_FIXED_BYTES
 GROWTH_BOUND_BYTES = JOBS * PER_JOB_BOUND_BYTES
 # Many clients: 100 jobs from 10 processes (10 threads each) at once, small ones, so what is under
-# test is a hundred jobs' state at once rather than their data: 2 MiB of input each, within one
-# job's in-flight budget, so a job's data term is its whole input and a result chunk, in up to 4
-# places, beside the same per-job fixed cost. Bound: the most jobs seen at once times that,
-# 100 x (4 x 3 MiB + 4 MiB) = 1.6 GiB; measured 3.9-5.1 MiB a job (394-511 MiB for 100 at once): a job's
-# state that outlived it, or one held per job queued, would pass it within a few hundred jobs.
+# test is a hundred jobs' state at once rather than their data: 2 MiB of input each, so a job's
+# data term is at most its whole input and a result chunk, in up to 5
+# places as above, beside the same per-job fixed cost. Bound: the most jobs seen at once times that,
+# 100 x (5 x 3 MiB + 4 MiB) = 1.9 GiB; measured 3.9-5.5 MiB a job (394-551 MiB for 100 at once): a
+# job's state that outlived it, or one held per job queued, would pass it within a few hundred jobs.
 MANY_PROCESSES, MANY_THREADS = 10, 10
 MANY_JOBS = MANY_PROCESSES * MANY_THREADS
 SMALL_PROGRAMS = (("mlp_classifier", "x", "logits", (8192, 64)), ("identity", "x", "y", (512, 1024)))
 SMALL_JOB_BYTES = 2 * MIB
-SMALL_PER_JOB_BOUND_BYTES = 4 * (SMALL_JOB_BYTES + CHUNK_BYTES) + PER_JOB_FIXED_BYTES
+SMALL_PER_JOB_BOUND_BYTES = 5 * (SMALL_JOB_BYTES + CHUNK_BYTES) + PER_JOB_FIXED_BYTES
 MANY_MIN_AT_ONCE = 30
 
 CLIENT = f"""

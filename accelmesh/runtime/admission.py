@@ -86,23 +86,20 @@ class StreamCount:
                 return None
             self.open += 1
             self._clients[client] += 1
-        released = threading.Event()
+        released = False  # guarded by the lock: the call's end and its callback both release
 
         def release() -> None:
+            nonlocal released
             with self._lock:
-                if released.is_set():
+                if released:
                     return
-                released.set()
+                released = True
                 self.open -= 1
                 self._clients[client] -= 1
                 if not self._clients[client]:
                     del self._clients[client]
 
         return release
-
-    def of(self, client: str) -> int:
-        with self._lock:
-            return self._clients[client]
 
     def refusal(self, client: str) -> str:
         if self.open >= self.admission.max_streams:

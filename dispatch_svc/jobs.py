@@ -51,6 +51,13 @@ _LISTING_DROPS = ("$.shards", "$.losses", "$.plan.shards", "$.plan.shard_runs", 
 _OVERSIZE_DROPS = ("$.plan", "$.shards", "$.losses")  # what a record too long to read is read without
 OVERSIZED_ERROR = "this job's stored record was too large to read in full; its plan and shard records are left out"
 UNREADABLE_ERROR = "this job's stored record could not be read; only its state and times are known"
+# After `_add_columns` (books from before `owner` and `expires` lack them). A listing (everyone's or
+# one owner's, newest first) and the expiry sweep every new job runs read these, not the whole table.
+INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_by_created ON jobs (created);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, created);
+CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires) WHERE expires IS NOT NULL;
+"""
 
 
 def job_not_found(job_id: str) -> errors.NotFound:
@@ -71,6 +78,7 @@ class JobBook:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._add_columns()
+        self._db.executescript(INDEXES)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}

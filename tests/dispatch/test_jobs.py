@@ -178,3 +178,22 @@ def test_a_record_that_does_not_parse_is_read_from_its_columns(tmp_path, caplog)
     (listed,) = again.list(5)
     assert listed.job_id == job.job_id and listed.state == m.FAILED and "does not parse" in caplog.text
     assert again.get(job.job_id).job_id == job.job_id
+
+
+def test_listings_and_the_expiry_sweep_read_an_index_not_the_whole_table(tmp_path):
+    """Every new job sweeps for expired ones and ListJobs asks for the newest: with thousands of
+    jobs kept, neither may scan (and sort) the whole book."""
+    book = JobBook(tmp_path, retention_s=30)
+    for owner in ("a", "b"):
+        book.finish(book.create(SPEC, owner=owner), m.SUCCEEDED)
+    statements: list[str] = []
+    book._db.set_trace_callback(statements.append)
+    book.list(5)
+    book.list(5, owner="a")
+    book.expire_results()
+    book._db.set_trace_callback(None)
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and " FROM jobs" in s]
+    assert len(reads) == 3, statements
+    for sql in reads:
+        plan = " | ".join(row[3] for row in book._db.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, (sql, plan)

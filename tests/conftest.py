@@ -186,3 +186,38 @@ def reset_peak_rss(pid: int) -> int:
     with open(f"/proc/{pid}/clear_refs", "w") as clear:
         clear.write("5")
     return peak_rss_bytes(pid)
+
+
+# -- databases: the store and job-book suites run on SQLite and on a real PostgreSQL server ----------
+
+_POSTGRES: list = []  # the session's server, started by the first test that asks
+
+
+def _postgres_server():
+    import postgres
+
+    if not _POSTGRES:
+        binaries = postgres.find_binaries()
+        if binaries is None:
+            if os.environ.get(postgres.REQUIRE_ENV) == "1":
+                pytest.fail(f"{postgres.REQUIRE_ENV}=1 but no PostgreSQL server binaries were found "
+                            "(apt-get install postgresql)")
+            pytest.skip(postgres.HOW_TO_ENABLE)
+        server = postgres.PostgresServer(binaries)
+        atexit.register(server.stop)
+        _POSTGRES.append(server)
+    return _POSTGRES[0]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    """A fresh, empty database of each engine: a SQLite file, then a database on the test server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "db.sqlite")
+    return _postgres_server().database()
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the test PostgreSQL server (for tests of what only it does)."""
+    return _postgres_server().database()

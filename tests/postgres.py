@@ -1,0 +1,82 @@
+"""A real PostgreSQL server for the tests, started in a temporary directory on a Unix socket only.
+
+The store and job-book suites run once on SQLite and once here. The server is found as
+`initdb`/`pg_ctl` on PATH, under ACCELMESH_TEST_POSTGRES_BIN, or in the distribution's
+/usr/lib/postgresql/<version>/bin. PostgreSQL refuses to run as root: as root the server runs as
+the `postgres` user the distribution's package creates. With no server to be had, the PostgreSQL
+variants are skipped with one line saying how to enable them, unless ACCELMESH_REQUIRE_POSTGRES=1
+(CI), which makes that a failure. Nothing listens on TCP, so no port can clash.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+BIN_ENV, REQUIRE_ENV = "ACCELMESH_TEST_POSTGRES_BIN", "ACCELMESH_REQUIRE_POSTGRES"
+HOW_TO_ENABLE = ("PostgreSQL variants skipped: no PostgreSQL server binaries found; install them "
+                 "(Debian: apt-get install postgresql) or set ACCELMESH_TEST_POSTGRES_BIN to the folder holding initdb")
+
+
+def find_binaries() -> Path | None:
+    candidates = [os.environ.get(BIN_ENV, "")]
+    found = shutil.which("initdb")
+    candidates.append(str(Path(found).resolve().parent) if found else "")
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    for folder in filter(None, candidates):
+        if (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
+            return Path(folder)
+    return None
+
+
+class PostgresServer:
+    """One throwaway cluster; `database()` gives each test a database of its own."""
+
+    def __init__(self, binaries: Path):
+        self._bin = binaries
+        self._as: list[str] = []
+        self.root = Path(tempfile.mkdtemp(prefix="am-pg-"))  # short: a socket path has ~100 characters
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError("running as root, and there is no 'postgres' user to run the server as") from None
+            os.chmod(self.root, 0o755)
+            os.chown(self.root, owner.pw_uid, owner.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+        self.data, self.socket = self.root / "data", self.root
+        self._run("initdb", "-D", str(self.data), "-U", "accelmesh", "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = (f"-c listen_addresses='' -c unix_socket_directories={self.socket} -c fsync=off "
+                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run([*self._as, str(self._bin / tool), *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            log = self.root / "server.log"
+            raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+                               + (f"\n{log.read_text()[-2000:]}" if log.exists() else ""))
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://accelmesh@/{database}?host={self.socket}"
+
+    def database(self) -> str:
+        """A new, empty database; its URL."""
+        import psycopg
+
+        name = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(f"host={self.socket} user=accelmesh dbname=postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

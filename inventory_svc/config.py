@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 
@@ -15,7 +16,8 @@ from accelmesh.security.identity import Role
 @dataclass(frozen=True)
 class InventoryConfig:
     listen: str = "127.0.0.1:50051"  # ACCELMESH_INVENTORY_LISTEN
-    db: str = ".accelmesh/inventory.db"  # ACCELMESH_INVENTORY_DB: SQLite file path
+    # ACCELMESH_INVENTORY_DB: a SQLite file path (embedded, one replica) or a postgresql:// URL (shared by replicas)
+    db: str = ".accelmesh/inventory.db"
     poll_interval_s: float = 5.0  # ACCELMESH_POLL_INTERVAL_S: time between poll cycles
     poll_timeout_s: float = 2.0  # ACCELMESH_POLL_TIMEOUT_S: deadline of one DescribeNode
     lost_after_polls: int = 3  # ACCELMESH_LOST_AFTER_POLLS: missed polls in a row before a node is lost
@@ -32,7 +34,11 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     d = InventoryConfig  # the class: its defaults, without resolving credentials before --insecure is read
     parser = argparse.ArgumentParser(prog="accelmesh-inventory", description="accelmesh inventory service")
     parser.add_argument("--listen", default=env_str("ACCELMESH_INVENTORY_LISTEN", d.listen, env))
-    parser.add_argument("--db", default=env_str("ACCELMESH_INVENTORY_DB", d.db, env))
+    parser.add_argument(
+        "--db", default=env_str("ACCELMESH_INVENTORY_DB", d.db, env),
+        help="the inventory database: a SQLite file path (default %(default)s) or "
+             "postgresql://user:password@host:5432/dbname (several replicas may share it)",
+    )
     parser.add_argument(
         "--poll-interval", type=float,
         default=env_float("ACCELMESH_POLL_INTERVAL_S", d.poll_interval_s, env, minimum=0.01),
@@ -45,10 +51,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     )
     add_security_arguments(parser, env)
     args = parser.parse_args(argv)
-    if args.db.startswith(("postgres://", "postgresql://")):
-        raise errors.InvalidArgument(
-            "ACCELMESH_INVENTORY_DB names PostgreSQL, which this version does not support yet; use a SQLite file path"
-        )
+    database_url(args.db)  # a URL of an engine not supported, or one that does not parse, fails here
     if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1:
         raise errors.InvalidArgument("--poll-interval and --poll-timeout must be positive and --lost-after >= 1")
     return InventoryConfig(

@@ -1,16 +1,21 @@
-"""Versioned schema of the inventory database and the code that brings a file up to date.
+"""The hand-written migration chain that came before Alembic, kept only to adopt its files.
 
-Each migration is (version, statements). Versions only ever grow: to change the schema,
-append a new entry; never edit one that has shipped, because databases in the field have
-already recorded it in ``schema_migrations`` and will not run it again.
+Before the inventory moved to SQLAlchemy and Alembic, a SQLite file recorded its schema version
+in ``schema_migrations``, one row per entry of ``MIGRATIONS`` below. Alembic's baseline revision
+calls ``adopt_legacy_file``: such a file is brought to ``LATEST_VERSION`` (its rows kept) and
+``schema_migrations`` is dropped, so from then on ``inventory_alembic_version`` is the one record
+of the schema. An older build opening an adopted file fails at start rather than writing into a
+schema it does not know. Never edit an entry: files in the field have run them.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import time
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from accelmesh.errors import FailedPrecondition
+
+LEGACY_TABLE = "schema_migrations"
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
@@ -85,46 +90,20 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
-def current_version(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
-    return int(row[0])
-
-
-def apply_migrations(
-    conn: sqlite3.Connection,
-    where: str,
-    migrations: tuple[tuple[int, tuple[str, ...]], ...] = MIGRATIONS,
-) -> int:
-    """Apply the migrations ``conn`` lacks, each in its own transaction; return the final version.
-
-    ``conn`` must be in autocommit mode (isolation_level=None) so the explicit BEGIN here
-    is the only transaction. ``where`` names the database in error messages.
-    """
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
-    )
-    known = migrations[-1][0] if migrations else 0
-    found = current_version(conn)
-    if found > known:
-        # An older build must not write into a schema it does not understand.
+def adopt_legacy_file(connection: Connection) -> bool:
+    """Bring a pre-Alembic file to the last hand-written version; False when ``connection`` has none."""
+    if not sa.inspect(connection).has_table(LEGACY_TABLE):
+        return False
+    found = connection.execute(sa.text(f"SELECT COALESCE(MAX(version), 0) FROM {LEGACY_TABLE}")).scalar_one()
+    if found > LATEST_VERSION:
+        # Written by a build whose chain went further than the one that ended here.
         raise FailedPrecondition(
-            f"database {where} is at schema version {found} but this build of accelmesh only knows "
-            f"versions up to {known}; run a newer accelmesh or point the inventory at another database file"
+            f"database is at hand-written schema version {found} but this build of accelmesh only adopts "
+            f"versions up to {LATEST_VERSION}; run the accelmesh that wrote it or point the inventory at another database"
         )
-    for version, statements in migrations:
-        # BEGIN IMMEDIATE takes the write lock before re-reading the version, so two
-        # processes opening the same fresh file cannot both apply one migration.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if current_version(conn) < version:
-                for statement in statements:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-                    (version, time.time()),
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return current_version(conn)
+    for version, statements in MIGRATIONS:
+        if found < version:
+            for statement in statements:
+                connection.exec_driver_sql(statement)
+    connection.exec_driver_sql(f"DROP TABLE {LEGACY_TABLE}")
+    return True

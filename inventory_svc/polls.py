@@ -1,68 +1,112 @@
 """What a node's report writes, inside the store's transaction: each device it reports added,
-updated or recovered (one id reported by two live nodes is refused), and the device's status
-samples pruned to the newest few; and the lookup of the registered node every node write starts
+updated or recovered (one id reported by two live nodes is refused), its status samples stored
+and pruned to the newest few; and the lookup of the registered node every node write starts
 from. Kept apart from ``store.py`` as ``reservations.py`` is: the store holds the transactions,
-these the rules applied within them.
+these the rules applied within them. The statements go out in batches (one SELECT for all the
+reported devices, one executemany per kind of write) because a poll cycle writes every node.
 """
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from accelmesh.errors import FailedPrecondition, NotFound
-from accelmesh.hardware.model import DeviceSpec
+from accelmesh.hardware.model import DeviceSample, DeviceSpec
 from inventory_svc.records import DeviceChange, NodeRecord
-from inventory_svc.rows import NODE_SELECT, SPEC_COLUMNS, spec_values
+from inventory_svc.rows import NODE_BY_ADDRESS, SPEC_COLUMNS, spec_values, upsert
+from inventory_svc.tables import devices, status_samples
 
 
-def node_record(conn: sqlite3.Connection, address: str) -> NodeRecord:
-    row = conn.execute(NODE_SELECT + " WHERE address = ?", (address,)).fetchone()
+def node_record(conn: Connection, address: str) -> NodeRecord:
+    row = conn.execute(NODE_BY_ADDRESS, {"address": address}).first()
     if row is None:
         raise NotFound(f"node {address!r} is not registered; register the node before reporting on it")
     return NodeRecord(*row)
 
 
-def upsert_device(conn: sqlite3.Connection, address: str, spec: DeviceSpec, now: float) -> list[DeviceChange]:
-    values = spec_values(spec)
-    row = conn.execute(
-        f"SELECT {', '.join(SPEC_COLUMNS)}, node_address, health FROM devices WHERE id = ?", (spec.id,)
-    ).fetchone()
-    assignments = ", ".join(f"{column} = ?" for column in SPEC_COLUMNS)
-    if row is None:
-        conn.execute(
-            f"INSERT INTO devices (id, node_address, {', '.join(SPEC_COLUMNS)}, first_seen_at, updated_at) "
-            f"VALUES (?, ?, {', '.join('?' * len(SPEC_COLUMNS))}, ?, ?)",
-            (spec.id, address, *values, now, now),
-        )
-        return [DeviceChange("added", spec.id)]
-    owner = row[-2]
-    if owner != address and node_record(conn, owner).state == "active":
-        # Two live workers claiming one id would flip the row between them on every poll.
-        raise FailedPrecondition(
-            f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
-            f"or give this worker its own IP with --advertise-ip"
-        )
-    changes = []
-    if tuple(row[: len(SPEC_COLUMNS)]) != values or owner != address:
-        conn.execute(
-            f"UPDATE devices SET {assignments}, node_address = ?, updated_at = ? WHERE id = ?",
-            (*values, address, now, spec.id),
-        )
-        changes.append(DeviceChange("updated", spec.id))
-    if row[-1] != "healthy":
-        conn.execute("UPDATE devices SET health = 'healthy', updated_at = ? WHERE id = ?", (now, spec.id))
-        changes.append(DeviceChange("recovered", spec.id))
+_EXISTING = sa.select(
+    devices.c.id, *(devices.c[c] for c in SPEC_COLUMNS), devices.c.node_address, devices.c.health
+).where(devices.c.id.in_(sa.bindparam("ids", expanding=True)))
+_INSERT_DEVICE = sa.insert(devices)
+_UPDATE_DEVICE = (
+    sa.update(devices).where(devices.c.id == sa.bindparam("b_id"))
+    .values({**{c: sa.bindparam("v_" + c) for c in SPEC_COLUMNS}, "node_address": sa.bindparam("b_address"),
+             "updated_at": sa.bindparam("b_now")})
+)
+_RECOVER_DEVICE = (
+    sa.update(devices).where(devices.c.id == sa.bindparam("b_id"))
+    .values(health="healthy", updated_at=sa.bindparam("b_now"))
+)
+
+
+def upsert_devices(conn: Connection, address: str, specs: Sequence[DeviceSpec], now: float) -> list[DeviceChange]:
+    """Write the reported ``specs`` of node ``address``; the changes, in the order of ``specs``."""
+    if not specs:
+        return []
+    existing = {row[0]: row[1:] for row in conn.execute(_EXISTING, {"ids": [s.id for s in specs]})}
+    owners_active: dict[str, bool] = {}
+    inserts, updates, recoveries, changes = [], [], [], []
+    for spec in specs:
+        values = spec_values(spec)
+        row = existing.get(spec.id)
+        if row is None:
+            inserts.append({"id": spec.id, "node_address": address, **dict(zip(SPEC_COLUMNS, values)),
+                            "first_seen_at": now, "updated_at": now})
+            changes.append(DeviceChange("added", spec.id))
+            continue
+        owner, health = row[-2], row[-1]
+        if owner != address:
+            if owner not in owners_active:
+                owners_active[owner] = node_record(conn, owner).state == "active"
+            if owners_active[owner]:
+                # Two live workers claiming one id would flip the row between them on every poll.
+                raise FailedPrecondition(
+                    f"device {spec.id} is already reported by node {owner}; run one worker per node IP, "
+                    f"or give this worker its own IP with --advertise-ip"
+                )
+        if tuple(row[: len(SPEC_COLUMNS)]) != values or owner != address:
+            updates.append({**{"v_" + c: v for c, v in zip(SPEC_COLUMNS, values)}, "b_id": spec.id, "b_address": address, "b_now": now})
+            changes.append(DeviceChange("updated", spec.id))
+        if health != "healthy":
+            recoveries.append({"b_id": spec.id, "b_now": now})
+            changes.append(DeviceChange("recovered", spec.id))
+    for statement, params in ((_INSERT_DEVICE, inserts), (_UPDATE_DEVICE, updates), (_RECOVER_DEVICE, recoveries)):
+        if params:
+            conn.execute(statement, params)
     return changes
 
 
-def prune_samples(conn: sqlite3.Connection, device_id: str, *, cutoff: float, keep: int) -> None:
-    """Drop the device's samples older than `cutoff` or beyond its newest `keep`."""
-    # Seeks on the (device_id, ts) key only: the age cut-off, and the ts of the Nth newest
-    # sample (NULL while a device has fewer than N, which deletes nothing). The newest
-    # sample always stays: it is the device's current status, even from a skewed clock.
-    conn.execute(
-        "DELETE FROM status_samples WHERE device_id = :d "
-        "AND ts < (SELECT MAX(ts) FROM status_samples WHERE device_id = :d) AND (ts < :cutoff OR ts < ("
-        "SELECT ts FROM status_samples WHERE device_id = :d ORDER BY ts DESC LIMIT 1 OFFSET :keep))",
-        {"d": device_id, "cutoff": cutoff, "keep": keep - 1},
-    )
+def store_samples(conn: Connection, samples: Sequence[DeviceSample]) -> None:
+    """Insert the samples; one at a (device, ts) already stored replaces it (a worker re-sent it)."""
+    if samples:
+        conn.execute(upsert(conn, status_samples), [
+            {"device_id": s.device_id, "ts": s.timestamp, "memory_total": s.memory_total_bytes,
+             "memory_used": s.memory_used_bytes, "utilization": s.utilization,
+             "temperature_c": s.temperature_c, "power_w": s.power_w}
+            for s in samples
+        ])
+
+
+_n = status_samples.alias("n")
+_DEVICE = sa.bindparam("b_device")
+# Seeks on the (device_id, ts) key only: the age cut-off, and the ts of the Nth newest sample
+# (NULL while a device has fewer than N, which deletes nothing). The newest sample always stays:
+# it is the device's current status, even from a skewed clock.
+_PRUNE = sa.delete(status_samples).where(
+    status_samples.c.device_id == _DEVICE,
+    status_samples.c.ts < sa.select(sa.func.max(_n.c.ts)).where(_n.c.device_id == _DEVICE).scalar_subquery(),
+    sa.or_(
+        status_samples.c.ts < sa.bindparam("b_cutoff"),
+        status_samples.c.ts < sa.select(_n.c.ts).where(_n.c.device_id == _DEVICE)
+        .order_by(_n.c.ts.desc()).limit(1).offset(sa.bindparam("b_keep", type_=sa.Integer)).scalar_subquery(),
+    ),
+)
+
+
+def prune_samples(conn: Connection, device_ids: Sequence[str], *, cutoff: float, keep: int) -> None:
+    """Drop each device's samples older than `cutoff` or beyond its newest `keep`."""
+    if device_ids:
+        conn.execute(_PRUNE, [{"b_device": d, "b_cutoff": cutoff, "b_keep": keep - 1} for d in device_ids])

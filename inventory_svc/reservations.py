@@ -1,71 +1,90 @@
 """Reservations: the rule that a job may claim only memory no other job holds, applied inside the
-store's transaction so that two jobs claiming the same bytes cannot both succeed (MISSION B5);
-and the renewal of a job's leases, which extends what it holds and never claims anything anew.
+store's transaction so that two jobs claiming the same bytes cannot both succeed, even from two
+inventory replicas on one PostgreSQL database (MISSION B5); and the renewal of a job's leases,
+which extends what it holds and never claims anything anew.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from accelmesh.hardware.model import free_memory_bytes
 from inventory_svc.records import Reservation
-from inventory_svc.rows import DEVICE_SELECT, device_record
+from inventory_svc.rows import DEVICE_BY_ID, RESERVATION_COLUMNS, device_record, upsert
+from inventory_svc.tables import devices, reservations
 
-RESERVATION_COLUMNS = "job_id, device_id, memory_bytes, compute_fraction, created_at, expires_at"
+_r = reservations.c
 
 
 def check_claims(job_id: str, claims: Sequence[tuple[str, int, float]], ttl_s: float) -> None:
     """Refuse malformed (device_id, memory_bytes, compute_fraction) claims before any is written."""
     for _, memory_bytes, compute_fraction in claims:
         _check_claim(job_id, memory_bytes, compute_fraction, ttl_s)
-    devices = [claim[0] for claim in claims]
-    repeated = sorted({d for d in devices if devices.count(d) > 1})
+    devices_named = [claim[0] for claim in claims]
+    repeated = sorted({d for d in devices_named if devices_named.count(d) > 1})
     if repeated:
         raise InvalidArgument(f"claims name device {repeated[0]!r} more than once; combine them into one claim")
 
 
+def lock_devices(conn: Connection, device_ids: Sequence[str]) -> None:
+    """Hold the claimed devices' rows until the transaction ends, so another replica's claim on one
+    of them waits for this one and then sees its reservation (PostgreSQL: SELECT ... FOR UPDATE).
+    In id order, so two claims over the same devices lock them in one order and cannot deadlock.
+    SQLite needs nothing: the store's writers take the file's lock at BEGIN IMMEDIATE."""
+    if conn.dialect.name != "sqlite":
+        conn.execute(
+            sa.select(devices.c.id).where(devices.c.id.in_(sorted(set(device_ids))))
+            .order_by(devices.c.id).with_for_update()
+        ).all()
+
+
+def _claim_update(new: sa.ColumnCollection) -> dict:
+    # A row whose lease already lapsed is a new reservation, so it gets a new created_at.
+    return {
+        "memory_bytes": new.memory_bytes, "compute_fraction": new.compute_fraction,
+        "created_at": sa.case((_r.expires_at <= new.created_at, new.created_at), else_=_r.created_at),
+        "expires_at": new.expires_at,
+    }
+
+
 def reserve_one(
-    conn: sqlite3.Connection, job_id: str, device_id: str, memory_bytes: int, compute_fraction: float,
+    conn: Connection, job_id: str, device_id: str, memory_bytes: int, compute_fraction: float,
     ttl_s: float, now: float,
 ) -> Reservation:
-    row = conn.execute(DEVICE_SELECT + " WHERE d.id = :id", {"id": device_id, "now": now}).fetchone()
+    row = conn.execute(DEVICE_BY_ID, {"id": device_id, "now": now}).first()
     if row is None:
         raise NotFound(f"device {device_id!r} is not in the inventory; list devices with ListDevices")
     record = device_record(row)
     if record.health != "healthy":
         raise FailedPrecondition(f"device {device_id!r} is lost; reserve a healthy device instead")
     # The job's own earlier claim is being replaced, so only other jobs' claims count.
-    (others,) = conn.execute(
-        "SELECT COALESCE(SUM(memory_bytes), 0) FROM reservations "
-        "WHERE device_id = ? AND job_id != ? AND expires_at > ?",
-        (device_id, job_id, now),
-    ).fetchone()
+    others = conn.execute(
+        sa.select(sa.cast(sa.func.coalesce(sa.func.sum(_r.memory_bytes), 0), sa.BigInteger))
+        .where(_r.device_id == device_id, _r.job_id != job_id, _r.expires_at > now)
+    ).scalar_one()
     free = free_memory_bytes(record.memory_total_bytes, record.memory_used_bytes, others)
     if memory_bytes > free:
         raise ResourceExhausted(
             f"memory_bytes: requested {memory_bytes} bytes on device {device_id!r} but only {free} bytes "
             f"are free after other jobs' reservations; request less or choose another device"
         )
-    # A row whose lease already lapsed is a new reservation, so it gets a new created_at.
-    conn.execute(
-        "INSERT INTO reservations (job_id, device_id, memory_bytes, compute_fraction, created_at, expires_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, device_id) DO UPDATE SET "
-        "memory_bytes = excluded.memory_bytes, compute_fraction = excluded.compute_fraction, "
-        "created_at = CASE WHEN reservations.expires_at <= excluded.created_at "
-        "THEN excluded.created_at ELSE reservations.created_at END, expires_at = excluded.expires_at",
-        (job_id, device_id, int(memory_bytes), float(compute_fraction), now, now + ttl_s),
-    )
+    conn.execute(upsert(conn, reservations, _claim_update), {
+        "job_id": job_id, "device_id": device_id, "memory_bytes": int(memory_bytes),
+        "compute_fraction": float(compute_fraction), "created_at": now, "expires_at": now + ttl_s,
+    })
     row = conn.execute(
-        f"SELECT {RESERVATION_COLUMNS} FROM reservations WHERE job_id = ? AND device_id = ?", (job_id, device_id)
-    ).fetchone()
+        sa.select(*RESERVATION_COLUMNS).where(_r.job_id == job_id, _r.device_id == device_id)
+    ).one()
     return Reservation(*row)
 
 
 def renew_leases(
-    conn: sqlite3.Connection, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float,
+    conn: Connection, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float,
 ) -> list[Reservation]:
     """Move the end of `job_id`'s live leases (those on `device_ids`, or all) to `now + ttl_s`,
     amounts unchanged; all the named devices or none.
@@ -74,9 +93,8 @@ def renew_leases(
     memory free for other jobs, so handing it back silently could double-book the device. The
     caller learns it is gone (NOT_FOUND) and may reserve again, through the free-memory check."""
     rows = conn.execute(
-        f"SELECT {RESERVATION_COLUMNS} FROM reservations WHERE job_id = ? AND expires_at > ? ORDER BY device_id",
-        (job_id, now),
-    ).fetchall()
+        sa.select(*RESERVATION_COLUMNS).where(_r.job_id == job_id, _r.expires_at > now).order_by(_r.device_id)
+    ).all()
     held = {row[1]: row for row in rows}
     if not held:
         raise NotFound(f"job {quoted(job_id)} holds no live reservation: it expired or was released; "
@@ -87,8 +105,9 @@ def renew_leases(
         raise NotFound(f"device_ids: job {quoted(job_id)} holds no live reservation on {quoted(missing)} "
                        "(expired or released), so nothing was renewed; reserve those devices again with "
                        "ReserveDevices", field="device_ids")
-    conn.executemany("UPDATE reservations SET expires_at = ? WHERE job_id = ? AND device_id = ?",
-                     [(now + ttl_s, job_id, device) for device in wanted])
+    conn.execute(
+        sa.update(reservations).where(_r.job_id == job_id, _r.device_id.in_(wanted)).values(expires_at=now + ttl_s)
+    )
     return [Reservation(*held[device][:5], now + ttl_s) for device in wanted]
 
 

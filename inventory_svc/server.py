@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
@@ -14,7 +12,7 @@ from inventory_svc.inventory import Inventory
 from inventory_svc.node_client import NodeClient
 from inventory_svc.poller import Poller
 from inventory_svc.servicer import InventoryServicer
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import SqlStore
 
 SERVICE_NAME = "accelmesh.inventory.v1.InventoryService"
 _READERS = PEOPLE | roles(Role.DISPATCH, Role.COMPILE)
@@ -36,8 +34,9 @@ ACCESS: Access = {
 def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poller: bool = True) -> tuple[MeshServer, Inventory]:
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-inventory")
-    Path(config.db).parent.mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(config.db, config.max_samples_per_device, config.sample_retention_s)
+    # A database that cannot be opened raises FailedPrecondition naming it (password left out),
+    # which run_service prints before exiting non-zero. SQLite's folder is created by open_engine.
+    store = SqlStore(config.db, config.max_samples_per_device, config.sample_retention_s)
     client = NodeClient(config.security, timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
     inventory = Inventory(
         store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__)

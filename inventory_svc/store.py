@@ -1,36 +1,65 @@
 """The inventory database: nodes, their devices, status samples and reservations (MISSION A1, A2, B1, B5).
 
-``Store`` is the narrow interface the servicer, poller and planner use; ``SqliteStore`` is the
-one implementation today, applying within its transactions the rules of ``reservations.py`` (what
-a job may claim) and ``polls.py`` (what a node's report writes). Everything crossing the interface
-is a plain dataclass, and every method that depends on the clock takes ``now`` so callers (and
-tests) decide what time it is.
+``Store`` is the narrow interface the servicer, poller and planner use; ``SqlStore`` is its one
+implementation, on SQLite (a file, the embedded default) or PostgreSQL (shared by replicas),
+applying within its transactions the rules of ``reservations.py`` (what a job may claim) and
+``polls.py`` (what a node's report writes). Everything crossing the interface is a plain
+dataclass, and every method that depends on the clock takes ``now`` so callers (and tests)
+decide what time it is. The engine plumbing (pool, timeouts, retries of serialisation failures,
+a lost database answering UNAVAILABLE) is ``accelmesh.runtime.database``'s.
 """
 
 from __future__ import annotations
 
-import math
-import sqlite3
+import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample, NodeDescription
+from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction
 from inventory_svc.filtering import DeviceFilter
-from inventory_svc.migrations import apply_migrations
-from inventory_svc.polls import node_record, prune_samples, upsert_device
+from inventory_svc.polls import node_record, prune_samples, store_samples, upsert_devices
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
-from inventory_svc.reservations import RESERVATION_COLUMNS, check_claims, check_ttl, renew_leases, reserve_one
-from inventory_svc.rows import DEVICE_SELECT, NODE_SELECT, SAMPLE_COLUMNS, device_record, pushdown, sample
+from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
+from inventory_svc.rows import (
+    DEVICE_BY_ID, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
+    pushdown, sample, upsert,
+)
+from inventory_svc.tables import devices, nodes, reservations, status_samples
 
 MAX_SAMPLES_PER_DEVICE = 720  # one hour at a 5 s poll interval
 SAMPLE_RETENTION_S = 3600.0
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+SCHEMA = Path(__file__).resolve().parent / "schema"  # the Alembic script directory
+VERSION_TABLE = "inventory_alembic_version"
+T = TypeVar("T")
+
+_SAMPLES = sa.select(*(status_samples.c[c] for c in SAMPLE_COLUMNS))
+_HEALTHY_ON_NODE = (
+    sa.select(devices.c.id)
+    .where(devices.c.node_address == sa.bindparam("address"), devices.c.health == "healthy")
+    .order_by(devices.c.id)
+)
+_NODE_SEEN = sa.update(nodes).where(nodes.c.address == sa.bindparam("b_address")).values(
+    ip=sa.bindparam("b_ip"), hostname=sa.bindparam("b_hostname"), state="active",
+    last_seen_at=sa.bindparam("b_now"), missed_polls=0, last_error="",
+)
+_MARK_LOST = (
+    sa.update(devices).where(devices.c.id.in_(sa.bindparam("b_ids", expanding=True)))
+    .values(health="lost", updated_at=sa.bindparam("b_now"))
+)
+
+
+def _node_update(new: sa.ColumnCollection) -> dict:
+    return {"ip": new.ip, "hostname": new.hostname}  # a re-registration keeps registered_at and the poll counts
 
 
 class Store(Protocol):
@@ -63,134 +92,121 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-class SqliteStore:
-    """A SQLite file in WAL mode behind one connection and a lock (readers are cheap; writes are small)."""
+class SqlStore:
+    """The inventory on a SQLite file or a PostgreSQL database, named by a path or URL.
+
+    Each write is one transaction (``transaction``: PostgreSQL's serialisation failures are
+    retried); reads take a pooled connection. Several stores, in one process or many, may share
+    the database: writers serialise on SQLite's file lock, and on PostgreSQL on the rows they claim.
+    """
 
     def __init__(
         self,
-        path: str | Path,
+        target: str | Path,
         max_samples_per_device: int = MAX_SAMPLES_PER_DEVICE,
         retention_s: float = SAMPLE_RETENTION_S,
     ) -> None:
-        self._path = str(path)
         self._max_samples = max(1, int(max_samples_per_device))
         self._retention_s = float(retention_s)
-        self._lock = threading.RLock()
-        if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)  # the default lives in .accelmesh/
-        self._conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        self._engine: Engine = open_engine(target, service="inventory")
+        # SQLite: this process's writers queue on a lock rather than on the file's, whose busy
+        # handler sleeps in milliseconds (32 poll workers would spend the cycle asleep). Other
+        # processes still serialise on the file; PostgreSQL writers need neither.
+        self._writing = contextlib.nullcontext() if is_postgres(self._engine) else threading.Lock()
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: survives process crashes, cheap commits
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self.schema_version = apply_migrations(self._conn, repr(self._path))
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise FailedPrecondition(
-                f"database {self._path!r} cannot be opened ({exc}); point the inventory at a SQLite file it may write"
-            ) from exc
+            self.schema_version = _migrate(self._engine)
         except BaseException:
-            self._conn.close()
+            self._engine.dispose()
             raise
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
-    @contextmanager
-    def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _read(self):
+        return connected(self._engine)
+
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        with self._writing:
+            return transaction(self._engine, work)
 
     # -- nodes -----------------------------------------------------------------------------
 
     def upsert_node(self, address: str, ip: str, hostname: str, now: float) -> NodeRecord:
         if not address:
             raise InvalidArgument("address must not be empty; pass the worker's host:port")
-        with self._tx() as conn:
+
+        def work(conn: Connection) -> NodeRecord:
             conn.execute(
-                "INSERT INTO nodes (address, ip, hostname, registered_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(address) DO UPDATE SET ip = excluded.ip, hostname = excluded.hostname",
-                (address, ip, hostname, now),
+                upsert(conn, nodes, _node_update),
+                {"address": address, "ip": ip, "hostname": hostname, "registered_at": now},
             )
             return node_record(conn, address)
 
+        return self._write(work)
+
     def get_node(self, address: str) -> NodeRecord:
-        with self._lock:
-            return node_record(self._conn, address)
+        with self._read() as conn:
+            return node_record(conn, address)
 
     def list_nodes(self) -> list[NodeRecord]:
-        with self._lock:
-            return [NodeRecord(*row) for row in self._conn.execute(NODE_SELECT + " ORDER BY address")]
+        with self._read() as conn:
+            return [NodeRecord(*row) for row in conn.execute(NODE_SELECT.order_by(nodes.c.address))]
 
     def record_poll_success(self, address: str, description: NodeDescription, now: float) -> list[DeviceChange]:
         """Store what a node reported; return what changed. Devices it no longer reports become lost."""
-        changes: list[DeviceChange] = []
-        with self._tx() as conn:
+
+        def work(conn: Connection) -> list[DeviceChange]:
             node_record(conn, address)
-            conn.execute(
-                "UPDATE nodes SET ip = ?, hostname = ?, state = 'active', last_seen_at = ?, missed_polls = 0, "
-                "last_error = '' WHERE address = ?",
-                (description.ip, description.hostname, now, address),
-            )
+            conn.execute(_NODE_SEEN, {"b_address": address, "b_ip": description.ip,
+                                      "b_hostname": description.hostname, "b_now": now})
             reported = {spec.id for spec in description.devices}
-            for spec in description.devices:
-                changes.extend(upsert_device(conn, address, spec, now))
-            for (gone,) in conn.execute(
-                "SELECT id FROM devices WHERE node_address = ? AND health = 'healthy' ORDER BY id", (address,)
-            ).fetchall():
-                if gone not in reported:
-                    conn.execute("UPDATE devices SET health = 'lost', updated_at = ? WHERE id = ?", (now, gone))
-                    changes.append(DeviceChange("lost", gone))
-            sampled = set()
-            for sample in description.samples:
-                if sample.device_id in reported:  # a sample for an unreported device has no row to belong to
-                    conn.execute(
-                        f"INSERT OR REPLACE INTO status_samples (device_id, {SAMPLE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (sample.device_id, sample.timestamp, sample.memory_total_bytes, sample.memory_used_bytes,
-                         sample.utilization, sample.temperature_c, sample.power_w),
-                    )
-                    sampled.add(sample.device_id)
-            for device in sampled:
-                prune_samples(conn, device, cutoff=now - self._retention_s, keep=self._max_samples)
-        return changes
+            changes = upsert_devices(conn, address, description.devices, now)
+            gone = [device for (device,) in conn.execute(_HEALTHY_ON_NODE, {"address": address})
+                    if device not in reported]
+            if gone:
+                conn.execute(_MARK_LOST, {"b_ids": gone, "b_now": now})
+                changes.extend(DeviceChange("lost", device) for device in gone)
+            # A sample for an unreported device has no row to belong to.
+            samples = [s for s in description.samples if s.device_id in reported]
+            store_samples(conn, samples)
+            prune_samples(conn, sorted({s.device_id for s in samples}),
+                          cutoff=now - self._retention_s, keep=self._max_samples)
+            return changes
+
+        return self._write(work)
 
     def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]:
         """Count a missed poll; after ``lost_after`` in a row the node and its devices are lost."""
         if lost_after < 1:
             raise InvalidArgument(f"lost_after must be >= 1, got {lost_after}")
-        with self._tx() as conn:
+
+        def work(conn: Connection) -> list[str]:
             node_record(conn, address)
-            conn.execute(
-                "UPDATE nodes SET missed_polls = missed_polls + 1, last_error = ? WHERE address = ?", (error, address)
-            )
-            (missed,) = conn.execute("SELECT missed_polls FROM nodes WHERE address = ?", (address,)).fetchone()
+            missed = conn.execute(
+                sa.update(nodes).where(nodes.c.address == address)
+                .values(missed_polls=nodes.c.missed_polls + 1, last_error=error).returning(nodes.c.missed_polls)
+            ).scalar_one()
             if missed < lost_after:
                 return []
-            conn.execute("UPDATE nodes SET state = 'lost' WHERE address = ?", (address,))
-            lost = [row[0] for row in conn.execute(
-                "SELECT id FROM devices WHERE node_address = ? AND health = 'healthy' ORDER BY id", (address,)
-            )]
+            conn.execute(sa.update(nodes).where(nodes.c.address == address).values(state="lost"))
+            lost = list(conn.execute(_HEALTHY_ON_NODE, {"address": address}).scalars())
             conn.execute(
-                "UPDATE devices SET health = 'lost', updated_at = ? WHERE node_address = ? AND health = 'healthy'",
-                (now, address),
+                sa.update(devices).where(devices.c.node_address == address, devices.c.health == "healthy")
+                .values(health="lost", updated_at=now)
             )
             return lost
+
+        return self._write(work)
 
     # -- devices and samples ---------------------------------------------------------------
 
     def get_device(self, device_id: str, now: float | None = None) -> DeviceRecord:
-        with self._lock:
-            row = self._conn.execute(
-                DEVICE_SELECT + " WHERE d.id = :id", {"id": device_id, "now": _now(now)}
-            ).fetchone()
+        with self._read() as conn:
+            row = conn.execute(DEVICE_BY_ID, {"id": device_id, "now": _now(now)}).first()
         if row is None:
             raise NotFound(f"device {device_id!r} is not in the inventory; list devices with ListDevices")
         return device_record(row)
@@ -207,15 +223,15 @@ class SqliteStore:
             raise InvalidArgument(f"page_size must be >= 0 (0 means {DEFAULT_PAGE_SIZE}), got {page_size}")
         page_size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         flt = filter or DeviceFilter()
-        clauses, params = pushdown(flt)
         batch = page_size + 1  # one extra row tells whether another page follows
-        sql = DEVICE_SELECT + " WHERE " + " AND ".join([*clauses, "d.id > :after"]) + " ORDER BY d.id LIMIT :limit"
-        params.update(now=_now(now), limit=batch)
+        query, params = pushdown(flt)
         found: list[DeviceRecord] = []
         cursor = after_id or ""
-        with self._tx(write=False) as conn:  # one snapshot across batches
+        with self._read() as conn:
+            if is_postgres(self._engine):  # one snapshot across batches, as SQLite's read transaction gives
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
             while len(found) <= page_size:
-                rows = conn.execute(sql, {**params, "after": cursor}).fetchall()
+                rows = conn.execute(query, {**params, "now": _now(now), "limit": batch, "after": cursor}).all()
                 for row in rows:
                     # SQL narrows the rows; matches() stays the one definition of the filter.
                     record = device_record(row)
@@ -231,20 +247,18 @@ class SqliteStore:
         return found, ""
 
     def latest_sample(self, device_id: str) -> DeviceSample | None:
-        with self._lock:
-            row = self._conn.execute(
-                f"SELECT {SAMPLE_COLUMNS} FROM status_samples WHERE device_id = ? ORDER BY ts DESC LIMIT 1",
-                (device_id,),
-            ).fetchone()
+        query = _SAMPLES.where(status_samples.c.device_id == device_id).order_by(status_samples.c.ts.desc()).limit(1)
+        with self._read() as conn:
+            row = conn.execute(query).first()
         return sample(device_id, row) if row else None
 
     def samples(self, device_id: str, since: float | None = None) -> list[DeviceSample]:
         """Samples of ``device_id`` newer than ``since``, oldest first."""
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {SAMPLE_COLUMNS} FROM status_samples WHERE device_id = ? AND ts > ? ORDER BY ts",
-                (device_id, -math.inf if since is None else since),
-            ).fetchall()
+        query = _SAMPLES.where(status_samples.c.device_id == device_id)
+        if since is not None:
+            query = query.where(status_samples.c.ts > since)
+        with self._read() as conn:
+            rows = conn.execute(query.order_by(status_samples.c.ts)).all()
         return [sample(device_id, row) for row in rows]
 
     # -- reservations ----------------------------------------------------------------------
@@ -258,10 +272,18 @@ class SqliteStore:
     def reserve_many(
         self, job_id: str, claims: Sequence[tuple[str, int, float]], ttl_s: float, now: float
     ) -> list[Reservation]:
-        """``reserve`` for several (device_id, memory_bytes, compute_fraction) claims: all or none."""
+        """``reserve`` for several (device_id, memory_bytes, compute_fraction) claims: all or none.
+
+        Decided in one transaction that no other claim on these devices interleaves with, in this
+        process or another replica's (``lock_devices``): of two jobs reaching for the last free
+        bytes of a device, exactly one gets them."""
         check_claims(job_id, claims, ttl_s)
-        with self._tx() as conn:
+
+        def work(conn: Connection) -> list[Reservation]:
+            lock_devices(conn, [claim[0] for claim in claims])
             return [reserve_one(conn, job_id, *claim, ttl_s, now) for claim in claims]
+
+        return self._write(work)
 
     def renew(
         self, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float
@@ -270,41 +292,59 @@ class SqliteStore:
         if not job_id:
             raise InvalidArgument("job_id must not be empty; pass the id of the job whose reservations to renew")
         check_ttl(ttl_s)
-        with self._tx() as conn:
-            return renew_leases(conn, job_id, device_ids, ttl_s, now)
+        return self._write(lambda conn: renew_leases(conn, job_id, device_ids, ttl_s, now))
 
     def release(self, job_id: str, device_ids: Sequence[str] | None = None) -> int:
-        with self._tx() as conn:
-            if device_ids is None:
-                return conn.execute("DELETE FROM reservations WHERE job_id = ?", (job_id,)).rowcount
-            return sum(
-                conn.execute(
-                    "DELETE FROM reservations WHERE job_id = ? AND device_id = ?", (job_id, device)
-                ).rowcount
-                for device in set(device_ids)
-            )
+        statement = sa.delete(reservations).where(reservations.c.job_id == job_id)
+        if device_ids is not None:
+            statement = statement.where(reservations.c.device_id.in_(sorted(set(device_ids))))
+        return self._write(lambda conn: conn.execute(statement).rowcount)
 
     def reservations(
         self, device_id: str | None = None, job_id: str | None = None, now: float | None = None
     ) -> list[Reservation]:
         """Reservations matching the given keys; with ``now``, only leases still live at that time."""
-        clauses, params = ["1"], []
-        for clause, value in (("device_id = ?", device_id), ("job_id = ?", job_id), ("expires_at > ?", now)):
-            if value is not None:
-                clauses.append(clause)
-                params.append(value)
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {RESERVATION_COLUMNS} FROM reservations WHERE {' AND '.join(clauses)} "
-                "ORDER BY job_id, device_id",
-                params,
-            ).fetchall()
+        query = sa.select(*RESERVATION_COLUMNS)
+        if device_id is not None:
+            query = query.where(reservations.c.device_id == device_id)
+        if job_id is not None:
+            query = query.where(reservations.c.job_id == job_id)
+        if now is not None:
+            query = query.where(reservations.c.expires_at > now)
+        with self._read() as conn:
+            rows = conn.execute(query.order_by(reservations.c.job_id, reservations.c.device_id)).all()
         return [Reservation(*row) for row in rows]
 
     def expire_reservations(self, now: float) -> int:
-        with self._tx() as conn:
-            return conn.execute("DELETE FROM reservations WHERE expires_at <= ?", (now,)).rowcount
+        statement = sa.delete(reservations).where(reservations.c.expires_at <= now)
+        return self._write(lambda conn: conn.execute(statement).rowcount)
 
+def _migrate(engine: Engine) -> str:
+    """Alembic to head; a database this build cannot bring there is refused, naming it and the fix."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
+    where = redacted(engine.url)
+    try:
+        return migrate(engine, SCHEMA, version_table=VERSION_TABLE)
+    except CommandError:
+        # An unknown revision in the version table: written by a newer build, whose schema an
+        # older one must not write into.
+        with engine.connect() as conn:
+            found = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        head = ScriptDirectory(str(SCHEMA)).get_current_head()
+        raise FailedPrecondition(
+            f"database {where} is at schema revision {found!r}, which this build of accelmesh does not know "
+            f"(it knows up to {head}); run a newer accelmesh or point the inventory at another database"
+        ) from None
+    except FailedPrecondition as exc:
+        raise FailedPrecondition(f"{where}: {exc}") from None
+    except sa.exc.SQLAlchemyError as exc:
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        raise FailedPrecondition(
+            f"database {where} cannot be opened ({reason}); point the inventory at a database it may write"
+        ) from None
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else now

@@ -1,12 +1,13 @@
 """What the store tests build: a node address, device specs, samples, node reports, and two stores
-(fresh, and with one registered A100) as fixtures the test modules import."""
+(fresh, and with one registered A100) as fixtures the test modules import. Each store fixture runs
+once per engine: on a SQLite file and on a database of the session's PostgreSQL server."""
 
 from __future__ import annotations
 
 import pytest
 
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance, device_id
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import SqlStore
 
 GB = 10**9
 NODE = "10.0.0.1:50051"
@@ -30,10 +31,20 @@ def report(devices, samples=(), ip: str = "10.0.0.1") -> NodeDescription:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "inventory.db")
+def store(database_url):
+    s = SqlStore(database_url)
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_database_url(request, tmp_path_factory):
+    """``database_url`` for a module-scoped store (one large inventory built once per engine)."""
+    if request.param == "sqlite":
+        return str(tmp_path_factory.mktemp("db") / "db.sqlite")
+    from conftest import _postgres_server
+
+    return _postgres_server().database()
 
 
 @pytest.fixture

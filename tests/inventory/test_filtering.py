@@ -7,7 +7,8 @@ import pytest
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
 from inventory_svc.filtering import DeviceFilter, parse_filter
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import SqlStore
+from store_records import module_database_url  # noqa: F401 (fixture)
 
 GIB = 2**30
 NOW = 10.0
@@ -34,8 +35,8 @@ A, B, C, D, E = (s.id for s in (A100, V100, MI250, CPU, EMULATED))  # E's node i
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    store = SqliteStore(tmp_path_factory.mktemp("filter") / "f.db")
+def store(module_database_url):
+    store = SqlStore(module_database_url)
     for ip, specs in (("10.0.0.1", [A100, V100]), ("10.0.0.2", [MI250, CPU]), ("10.0.0.3", [EMULATED])):
         store.upsert_node(f"{ip}:50051", ip, ip, now=0.0)
         samples = [DeviceSample(s.id, 1.0, s.performance.memory_bytes, USED[s.id]) for s in specs if s.id in USED]

@@ -8,7 +8,7 @@ from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
 from inventory_svc.scoring import DeviceStatus, TaskProfile, Weights, score_devices, status_of, weights_for
 from inventory_svc.records import DeviceRecord
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import SqlStore
 
 GB = 10**9
 
@@ -84,8 +84,8 @@ def test_ties_break_by_id_and_limit_keeps_the_top():
     assert score_devices([], TaskProfile("inference")) == []
 
 
-def test_reservation_changes_the_ranking_and_release_restores_it(tmp_path):
-    store = SqliteStore(tmp_path / "inv.db")
+def test_reservation_changes_the_ranking_and_release_restores_it(database_url):
+    store = SqlStore(database_url)
     store.upsert_node("10.0.0.1:50051", "10.0.0.1", "host", now=0.0)
     fast, slower = (
         DeviceSpec(

@@ -1,52 +1,61 @@
-"""SqliteStore: migrations, polling bookkeeping and sample retention."""
+"""SqlStore on both engines: migrations, polling bookkeeping and sample retention; and what only
+a SQLite file has (a file of the hand-written migration chain, a file that is not a database)."""
 
 from __future__ import annotations
 
 import sqlite3
 
 import pytest
+import sqlalchemy as sa
 
 from accelmesh.errors import FailedPrecondition, NotFound
-from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS, apply_migrations
+from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS
 from inventory_svc.records import DeviceChange
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import VERSION_TABLE, SqlStore
 from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
+
+HEAD = "0001"
 
 
 # -- migrations -------------------------------------------------------------------------------
 
 
-def test_fresh_file_gets_every_migration_and_reopen_applies_none(tmp_path):
-    path = tmp_path / "inv.db"
-    first = SqliteStore(path)
-    assert first.schema_version == LATEST_VERSION
-    assert first._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+def _revisions(store: SqlStore) -> list[str]:
+    with store.engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars())
+
+
+def test_fresh_database_is_migrated_to_head_and_reopening_keeps_it(database_url):
+    first = SqlStore(database_url)
+    assert first.schema_version == HEAD and _revisions(first) == [HEAD]
+    assert set(sa.inspect(first.engine).get_table_names()) >= {"nodes", "devices", "status_samples", "reservations"}
+    if first.engine.dialect.name == "sqlite":
+        with first.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    first.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
     first.close()
-    applied = sqlite3.connect(path).execute("SELECT version, applied_at FROM schema_migrations").fetchall()
-    assert [v for v, _ in applied] == [v for v, _ in MIGRATIONS]
-
-    SqliteStore(path).close()
-    assert sqlite3.connect(path).execute("SELECT version, applied_at FROM schema_migrations").fetchall() == applied
-
-
-def test_only_missing_migrations_run_and_a_failing_one_rolls_back(tmp_path):
-    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
-    v1 = (1, ("CREATE TABLE a (x)",))
-    assert apply_migrations(conn, "m.db", (v1,)) == 1
-    # Re-running v1 would fail (table a exists), so success proves only v2 ran.
-    assert apply_migrations(conn, "m.db", (v1, (2, ("CREATE TABLE b (x)",)))) == 2
-    broken = (3, ("CREATE TABLE c (x)", "THIS IS NOT SQL"))
-    with pytest.raises(sqlite3.OperationalError):
-        apply_migrations(conn, "m.db", (v1, (2, ()), broken))
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "c" not in tables and {"a", "b"} <= tables
-    assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == 2
+    again = SqlStore(database_url)
+    assert again.schema_version == HEAD and _revisions(again) == [HEAD]
+    assert [n.address for n in again.list_nodes()] == [NODE]
+    again.close()
 
 
-def test_a_version_1_database_keeps_its_nodes_and_devices_under_the_one_node_name(tmp_path):
-    path = tmp_path / "v1.db"
+def _legacy_file(path, versions: int, extra_version: int | None = None) -> sqlite3.Connection:
+    """A file as the hand-written chain left it after its first ``versions`` migrations."""
     conn = sqlite3.connect(path, isolation_level=None)
-    apply_migrations(conn, "v1.db", MIGRATIONS[:1])
+    conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    for version, statements in MIGRATIONS[:versions]:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (version,))
+    if extra_version is not None:
+        conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (extra_version,))
+    return conn
+
+
+def test_a_version_1_file_is_adopted_keeping_its_nodes_and_devices_under_the_one_node_name(tmp_path):
+    path = tmp_path / "v1.db"
+    conn = _legacy_file(path, 1)
     conn.execute("INSERT INTO nodes (node_id, address, ip, registered_at) VALUES (?, ?, '10.0.0.1', 0)", (NODE, NODE))
     conn.execute(
         "INSERT INTO devices (id, node_id, node_ip, local_index, platform, kind, type, first_seen_at, updated_at) "
@@ -54,37 +63,66 @@ def test_a_version_1_database_keeps_its_nodes_and_devices_under_the_one_node_nam
         (NODE,),
     )
     conn.close()
-    store = SqliteStore(path)
-    assert store.schema_version == LATEST_VERSION
+    store = SqlStore(path)
+    assert store.schema_version == HEAD
     assert [n.address for n in store.list_nodes()] == [NODE]
     assert store.get_device("10.0.0.1/cuda:0").node_address == NODE
-    columns = {row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(nodes)")}
+    check = sqlite3.connect(path)
+    columns = {row[1] for row in check.execute("PRAGMA table_info(nodes)")}
     assert "node_id" not in columns and "address" in columns
+    tables = {row[0] for row in check.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "schema_migrations" not in tables and VERSION_TABLE in tables  # one record of the schema from now on
     store.close()
 
 
-def test_database_from_a_newer_build_is_refused(tmp_path):
-    path = tmp_path / "inv.db"
-    SqliteStore(path).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (LATEST_VERSION + 7,))
-    with pytest.raises(FailedPrecondition, match=rf"version {LATEST_VERSION + 7}.*up to {LATEST_VERSION}"):
-        SqliteStore(path)
+def test_a_version_2_file_keeps_its_reservations(tmp_path, one_device):
+    path = tmp_path / "v2.db"
+    conn = _legacy_file(path, LATEST_VERSION)
+    conn.execute("INSERT INTO nodes (address, ip, registered_at) VALUES (?, '10.0.0.1', 0)", (NODE,))
+    conn.execute(
+        "INSERT INTO devices (id, node_address, node_ip, local_index, platform, kind, type, performance, "
+        "first_seen_at, updated_at) VALUES (?, ?, '10.0.0.1', 0, 'cuda', 'k', 'a100-80gb', ?, 0, 0)",
+        (one_device.id, NODE, '{"interconnect_bandwidth_gbps": 0.0, "memory_bandwidth_gbps": 2039.0, '
+         f'"memory_bytes": {80 * GB}, "peak_tflops": {{"bf16": 312.0}}}}'),
+    )
+    conn.execute("INSERT INTO reservations VALUES ('job-1', ?, ?, 0.5, 0, 100)", (one_device.id, 30 * GB))
+    conn.close()
+    store = SqlStore(path)
+    assert [(r.job_id, r.memory_bytes) for r in store.reservations()] == [("job-1", 30 * GB)]
+    assert store.get_device(one_device.id, now=1.0).free_memory_bytes == 50 * GB
+    store.close()
+
+
+def test_a_file_from_a_longer_hand_written_chain_is_refused_and_left_as_it_was(tmp_path):
+    path = tmp_path / "newer.db"
+    _legacy_file(path, LATEST_VERSION, extra_version=LATEST_VERSION + 1).close()
+    with pytest.raises(FailedPrecondition, match=rf"newer.db.*version {LATEST_VERSION + 1}.*up to {LATEST_VERSION}"):
+        SqlStore(path)
+    tables = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "schema_migrations" in tables and VERSION_TABLE not in tables  # the refusal rolled everything back
+
+
+def test_database_from_a_newer_build_is_refused(database_url):
+    first = SqlStore(database_url)
+    with first.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff9999'"))
+    first.close()
+    with pytest.raises(FailedPrecondition, match=rf"revision .ffff9999.,.* up to {HEAD}\); run a newer"):
+        SqlStore(database_url)
 
 
 def test_a_file_that_is_not_a_database_is_refused(tmp_path):
     path = tmp_path / "junk.db"
     path.write_bytes(b"definitely not sqlite" * 100)
-    with pytest.raises(FailedPrecondition, match="cannot be opened"):
-        SqliteStore(path)
+    with pytest.raises(FailedPrecondition, match="junk.db cannot be opened"):
+        SqlStore(path)
 
 
-def test_data_survives_close_and_reopen(tmp_path, one_device):
-    path = tmp_path / "inventory.db"
-    store = SqliteStore(path)  # the fixture's store wrote here too; this is a second connection
+def test_data_survives_close_and_reopen(database_url, one_device):
+    store = SqlStore(database_url)  # the fixture's store wrote here too; this is a second engine
     store.reserve("job-1", one_device.id, 5 * GB, 0.5, ttl_s=60, now=1.0)
     store.close()
-    reopened = SqliteStore(path)
+    reopened = SqlStore(database_url)
     record = reopened.get_device(one_device.id, now=2.0)
     assert record.spec == one_device
     assert record.latest == sample(one_device, 0.0)
@@ -153,8 +191,8 @@ def test_unknown_device_is_not_found_with_a_hint(store):
 # -- samples ----------------------------------------------------------------------------------
 
 
-def test_retention_keeps_only_the_newest_n_samples(tmp_path):
-    store = SqliteStore(tmp_path / "n.db", max_samples_per_device=3, retention_s=1e9)
+def test_retention_keeps_only_the_newest_n_samples(database_url):
+    store = SqlStore(database_url, max_samples_per_device=3, retention_s=1e9)
     store.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
     gpu = spec()
     for ts in range(1, 6):
@@ -165,8 +203,8 @@ def test_retention_keeps_only_the_newest_n_samples(tmp_path):
     store.close()
 
 
-def test_retention_drops_samples_older_than_the_window(tmp_path):
-    store = SqliteStore(tmp_path / "age.db", max_samples_per_device=100, retention_s=10.0)
+def test_retention_drops_samples_older_than_the_window(database_url):
+    store = SqlStore(database_url, max_samples_per_device=100, retention_s=10.0)
     store.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
     gpu, other = spec(index=0), spec(index=1)
     store.record_poll_success(NODE, report([gpu, other], [sample(gpu, 0.0), sample(other, 0.0)]), now=0.0)

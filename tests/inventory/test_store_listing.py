@@ -1,4 +1,4 @@
-"""SqliteStore listing: filters pushed into SQL over 10,000 devices, paging in id order."""
+"""SqlStore listing, on both engines: filters pushed into SQL over 10,000 devices, paging in id order."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import pytest
 
 from accelmesh.errors import InvalidArgument
 from inventory_svc.filtering import parse_filter
-from inventory_svc.store import SqliteStore
-from store_records import GB, report, sample, spec
+from inventory_svc.store import SqlStore
+from store_records import GB, module_database_url, report, sample, spec  # noqa: F401 (fixture)
 
 
 # -- listing ----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def big_store(tmp_path_factory):
+def big_store(module_database_url):
     """10,000 devices on 100 nodes: a quarter ROCm, one node lost, memory use varying by index."""
-    store = SqliteStore(tmp_path_factory.mktemp("big") / "big.db")
+    store = SqlStore(module_database_url)
     for n in range(100):
         ip = f"10.1.{n // 250}.{n % 250}"
         address = f"{ip}:50051"

@@ -1,4 +1,4 @@
-"""SqliteStore reservations: leases, free memory after other jobs' claims, all-or-nothing claims,
+"""SqlStore reservations (on both engines): leases, free memory after other jobs' claims, all-or-nothing claims,
 and renewals (the job's own live leases only, all or none, never reviving a lapsed one)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from inventory_svc.store import SqliteStore
+from inventory_svc.store import SqlStore
 from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
 
 
@@ -162,7 +162,7 @@ def test_bad_renewal_arguments_name_the_field(store, one_device, job, ttl, field
 
 
 def test_missing_parent_directory_is_created(tmp_path):
-    store = SqliteStore(tmp_path / "state" / "deep" / "inventory.db")
+    store = SqlStore(tmp_path / "state" / "deep" / "inventory.db")
     assert (tmp_path / "state" / "deep" / "inventory.db").exists()
     store.close()
 

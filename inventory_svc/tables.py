@@ -1,0 +1,74 @@
+"""The inventory's tables as SQLAlchemy Core objects: one schema for SQLite and PostgreSQL.
+
+What the store's statements are built from, and what Alembic's baseline revision
+(``schema/versions/0001_baseline.py``) creates. Byte counts are BigInteger (an 80 GB device is
+far past 2**31); times are Unix seconds as doubles; ``capabilities`` and ``performance`` are JSON
+text written canonically (sorted) so that equal specs store equal strings. Changing a table here
+needs a new Alembic revision: databases in the field only ever move forward through revisions.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+nodes = sa.Table(
+    "nodes", metadata,
+    sa.Column("address", sa.Text, primary_key=True),  # the one name of a node: the host:port the poller dials
+    sa.Column("ip", sa.Text, nullable=False),
+    sa.Column("hostname", sa.Text, nullable=False, server_default=""),
+    sa.Column("state", sa.Text, nullable=False, server_default="active"),
+    sa.Column("registered_at", sa.Double, nullable=False),
+    sa.Column("last_seen_at", sa.Double),
+    sa.Column("missed_polls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text, nullable=False, server_default=""),
+    sa.CheckConstraint("state IN ('active', 'lost')", name="nodes_state"),
+)
+
+devices = sa.Table(
+    "devices", metadata,
+    sa.Column("id", sa.Text, primary_key=True),  # "<node ip>/<platform>:<local index>"
+    sa.Column("node_address", sa.Text, sa.ForeignKey("nodes.address", ondelete="CASCADE"), nullable=False),
+    sa.Column("node_ip", sa.Text, nullable=False),  # as the device reported it; the node's ip may differ behind NAT
+    sa.Column("local_index", sa.Integer, nullable=False),
+    sa.Column("platform", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("compute_capability", sa.Text, nullable=False, server_default=""),
+    sa.Column("capabilities", sa.Text, nullable=False, server_default="[]"),  # JSON list, sorted
+    sa.Column("performance", sa.Text, nullable=False, server_default="{}"),  # JSON object of Performance
+    sa.Column("emulated", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
+    sa.Column("execution_device", sa.Text, nullable=False, server_default=""),
+    sa.Column("health", sa.Text, nullable=False, server_default="healthy"),
+    sa.Column("first_seen_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("health IN ('healthy', 'lost')", name="devices_health"),
+    sa.Index("devices_node", "node_address"),
+)
+
+# Keyed (clustered, on SQLite: WITHOUT ROWID) on (device_id, ts): the latest sample and retention
+# pruning are both range seeks on this key, so neither scans the table.
+status_samples = sa.Table(
+    "status_samples", metadata,
+    sa.Column("device_id", sa.Text, sa.ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("ts", sa.Double, primary_key=True),
+    sa.Column("memory_total", sa.BigInteger, nullable=False),
+    sa.Column("memory_used", sa.BigInteger, nullable=False),
+    sa.Column("utilization", sa.Double, nullable=False, server_default="0"),
+    sa.Column("temperature_c", sa.Double),
+    sa.Column("power_w", sa.Double),
+    sqlite_with_rowid=False,
+)
+
+reservations = sa.Table(
+    "reservations", metadata,
+    sa.Column("job_id", sa.Text, primary_key=True),
+    sa.Column("device_id", sa.Text, sa.ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("memory_bytes", sa.BigInteger, nullable=False),
+    sa.Column("compute_fraction", sa.Double, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),
+    sa.Index("reservations_device", "device_id", "expires_at"),
+    sa.Index("reservations_expiry", "expires_at"),
+)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,11 @@ class ResultStore:
         folder.mkdir(parents=True, exist_ok=True)
         manifest = self._manifest(job_id)
         manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
-        (folder / "manifest.json").write_text(json.dumps(manifest))
+        # Whole or not at all: a reader (FetchResult, a run streaming its outputs) never sees a
+        # manifest half written.
+        staged = folder / f".manifest.{uuid.uuid4().hex}"
+        staged.write_text(json.dumps(manifest))
+        os.replace(staged, folder / "manifest.json")
         return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
 
     def save(self, job_id: str, name: str, value: np.ndarray) -> None:

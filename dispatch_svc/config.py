@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
+from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 from dispatch_svc.interface import RESERVATION_TTL_S
@@ -73,7 +74,10 @@ class DispatchConfig:
     listen: str = "127.0.0.1:50071"  # ACCELMESH_DISPATCH_LISTEN
     inventory: str = "127.0.0.1:50051"  # ACCELMESH_INVENTORY: inventory service address
     compile: str = "127.0.0.1:50061"  # ACCELMESH_COMPILE: compile service address
-    data_dir: str = ".accelmesh/dispatch"  # ACCELMESH_DISPATCH_DIR: job records and results
+    data_dir: str = ".accelmesh/dispatch"  # ACCELMESH_DISPATCH_DIR: results (and the job book's SQLite file)
+    # ACCELMESH_DISPATCH_DB: the job book (jobs, events); empty: the SQLite file jobs.db in data_dir,
+    # or a postgresql://user:password@host:5432/dbname URL
+    db: str = ""
     result_retention_s: float = 24 * 3600.0  # ACCELMESH_RESULT_RETENTION_S: results deleted after this
     max_shard_bytes: int = 16 * MIB  # ACCELMESH_MAX_SHARD_BYTES: inputs of one shard, at most
     inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
@@ -96,6 +100,9 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
     parser.add_argument("--inventory", default=env_str("ACCELMESH_INVENTORY", d.inventory, env))
     parser.add_argument("--compile", default=env_str("ACCELMESH_COMPILE", d.compile, env))
     parser.add_argument("--data-dir", default=env_str("ACCELMESH_DISPATCH_DIR", d.data_dir, env))
+    parser.add_argument("--db", default=env_str("ACCELMESH_DISPATCH_DB", d.db, env),
+                        help="the job book: a SQLite file path or a postgresql://user:password@host/dbname URL "
+                             "(default: jobs.db in the data dir)")
     add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     config = DispatchConfig(
@@ -105,6 +112,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         inventory=args.inventory,
         compile=args.compile,
         data_dir=args.data_dir,
+        db=args.db,
         result_retention_s=env_float("ACCELMESH_RESULT_RETENTION_S", d.result_retention_s, env, minimum=1),
         max_shard_bytes=env_int("ACCELMESH_MAX_SHARD_BYTES", d.max_shard_bytes, env, minimum=1024),
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),
@@ -115,6 +123,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
         limits=limits_from_env(env),
     )
+    if config.db:
+        database_url(config.db)  # an engine not supported, or a URL that does not parse, fails here
     if config.chunk_bytes + 4096 > config.max_message_bytes:
         raise errors.InvalidArgument("ACCELMESH_CHUNK_BYTES must leave room under ACCELMESH_MAX_MESSAGE_BYTES")
     return config

@@ -31,7 +31,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         tracer_provider = configure_telemetry("accelmesh-dispatch")
     mesh = GrpcMesh(config.inventory, config.compile, config.security.without_token(), tracer_provider=tracer_provider,
                     max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
-    book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s)
+    book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s, database_url=config.db)
     for job_id in book.interrupted:  # a crashed dispatcher left them holding devices
         try:
             mesh.release(job_id)

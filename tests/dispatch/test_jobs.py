@@ -23,8 +23,14 @@ class Clock:
 SPEC = m.JobSpec(program="mlp_classifier", inputs=(m.InputDecl("x", "float32", (10, 64)),))
 
 
-def test_records_events_and_results_survive_a_reopen(tmp_path):
-    book = JobBook(tmp_path, retention_s=60)
+@pytest.fixture
+def book_db(database_url):
+    """The book's database on each engine: "" (the SQLite file in the data dir), then PostgreSQL."""
+    return "" if "://" not in database_url else database_url
+
+
+def test_records_events_and_results_survive_a_reopen(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
     job = book.create(SPEC)
     book.emit(job, m.PLANNED, message="4 shards")
     writer = book.results.create(job.job_id, "logits", "float32", (10, 3))
@@ -34,7 +40,7 @@ def test_records_events_and_results_survive_a_reopen(tmp_path):
     book.finish(job, m.SUCCEEDED)
     book.close()
 
-    again = JobBook(tmp_path, retention_s=60)
+    again = JobBook(tmp_path, retention_s=60, database_url=book_db)
     record = again.get(job.job_id)
     assert record.state == m.SUCCEEDED and record.spec == SPEC and record.expires is not None
     assert [e.type for e in again.events(job.job_id)] == [m.PLANNED, "succeeded"]
@@ -43,20 +49,20 @@ def test_records_events_and_results_survive_a_reopen(tmp_path):
     np.testing.assert_array_equal(entry.read_rows(3, 5), np.array([[0, 0, 0], [1, 1, 1]], np.float32))
 
 
-def test_a_job_running_when_the_dispatcher_stopped_is_reported_failed_not_running(tmp_path):
-    book = JobBook(tmp_path, retention_s=60)
+def test_a_job_running_when_the_dispatcher_stopped_is_reported_failed_not_running(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
     job = book.create(SPEC)
     book.update(job, state=m.RUNNING)
     book.close()
-    again = JobBook(tmp_path, retention_s=60)
+    again = JobBook(tmp_path, retention_s=60, database_url=book_db)
     record = again.get(job.job_id)
     assert record.state == m.FAILED and record.error == RESTART_ERROR
     assert list(again.events(job.job_id))[-1].type == "failed"
 
 
-def test_results_expire_after_the_retention_period(tmp_path):
+def test_results_expire_after_the_retention_period(tmp_path, book_db):
     clock = Clock()
-    book = JobBook(tmp_path, retention_s=30, clock=clock)
+    book = JobBook(tmp_path, retention_s=30, clock=clock, database_url=book_db)
     job = book.create(SPEC)
     book.results.save(job.job_id, "y", np.arange(3, dtype=np.float32))
     book.finish(job, m.SUCCEEDED)
@@ -69,8 +75,8 @@ def test_results_expire_after_the_retention_period(tmp_path):
     assert book.results.entries(job.job_id) == []
 
 
-def test_a_watcher_gets_every_event_including_the_last(tmp_path):
-    book = JobBook(tmp_path, retention_s=60)
+def test_a_watcher_gets_every_event_including_the_last(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
     job = book.create(SPEC)
     seen = []
     watching = threading.Thread(target=lambda: seen.extend(e.type for e in book.events(job.job_id)))
@@ -84,22 +90,43 @@ def test_a_watcher_gets_every_event_including_the_last(tmp_path):
     assert book.get(job.job_id).error == "shard 3 could not run"
 
 
+# The layout of a book before migrations: tables made by CREATE IF NOT EXISTS, and at first the
+# expiry and owner only inside the JSON record.
+OLD_LAYOUT = """
+CREATE TABLE jobs (job_id TEXT PRIMARY KEY, created REAL NOT NULL, state TEXT NOT NULL, record TEXT NOT NULL);
+CREATE TABLE events (job_id TEXT NOT NULL, idx INTEGER NOT NULL, event TEXT NOT NULL, PRIMARY KEY (job_id, idx))
+    WITHOUT ROWID;
+"""
+
+
+def old_book(book_dir, *jobs: m.JobRecord, records: dict[str, str] | None = None) -> None:
+    """A book as a dispatcher before migrations left it, holding `jobs` (their record text from
+    `records` where given)."""
+    import sqlite3
+
+    from dispatch_svc.job_codec import record_text
+
+    with sqlite3.connect(book_dir / "jobs.db") as db:
+        db.executescript(OLD_LAYOUT)
+        for job in jobs:
+            db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?)",
+                       (job.job_id, job.created, job.state, (records or {}).get(job.job_id) or record_text(job)))
+
+
+def finished(job_id: str, *, created: float, expires: float | None = None) -> m.JobRecord:
+    return m.JobRecord(job_id=job_id, spec=SPEC, created=created, state=m.SUCCEEDED, ended=created, expires=expires)
+
+
 def test_a_book_from_before_the_expires_column_still_expires_its_jobs(tmp_path):
     clock = Clock()
-    book = JobBook(tmp_path, retention_s=30, clock=clock)
-    job = book.create(SPEC)
-    book.finish(job, m.SUCCEEDED)
-    book.close()
-    import sqlite3  # the layout of earlier versions: the expiry only inside the JSON record
-
-    with sqlite3.connect(tmp_path / "jobs.db") as db:
-        db.execute("CREATE TABLE old AS SELECT job_id, created, state, record FROM jobs")
-        db.execute("DROP TABLE jobs")
-        db.execute("ALTER TABLE old RENAME TO jobs")
+    old_book(tmp_path, finished("a" * 16, created=clock.now, expires=clock.now + 30),
+             finished("b" * 16, created=clock.now, expires=clock.now + 300))
     clock.now += 31
-    reopened = JobBook(tmp_path, retention_s=30, clock=clock)  # opening sweeps expired jobs
+    reopened = JobBook(tmp_path, retention_s=30, clock=clock)  # opening migrates it, then sweeps expired jobs
     with pytest.raises(errors.NotFound):
-        reopened.get(job.job_id)
+        reopened.get("a" * 16)
+    kept = reopened.get("b" * 16)
+    assert kept.state == m.SUCCEEDED and kept.spec == SPEC and kept.expires == clock.now - 31 + 300
 
 
 def plan_of(shards: int) -> m.Plan:
@@ -115,21 +142,21 @@ def plan_of(shards: int) -> m.Plan:
     return m.Plan((target,), tuple(out), 1.0, 1.0)
 
 
-def test_a_plan_of_many_equal_shards_is_stored_as_runs_and_read_back_whole(tmp_path):
-    book = JobBook(tmp_path, retention_s=60)
+def test_a_plan_of_many_equal_shards_is_stored_as_runs_and_read_back_whole(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
     job = book.create(SPEC)
     plan = plan_of(20_000)
     book.update(job, plan=plan, state=m.COMPILING)
     book.emit(job, m.PLANNED, plan=plan)
     book.finish(job, m.SUCCEEDED)
-    book.close()
-    import sqlite3
+    import sqlalchemy as sa
 
-    with sqlite3.connect(tmp_path / "jobs.db") as db:
-        (record,) = db.execute("SELECT length(record) FROM jobs").fetchone()
-        (event,) = db.execute("SELECT max(length(event)) FROM events").fetchone()
+    with book.engine.connect() as db:
+        record = db.execute(sa.text("SELECT length(record) FROM jobs")).scalar_one()
+        event = db.execute(sa.text("SELECT max(length(event)) FROM events")).scalar_one()
+    book.close()
     assert record < 4096 and event < 4096  # 20,000 shards spelled out would be ~2 MB
-    again = JobBook(tmp_path, retention_s=60)
+    again = JobBook(tmp_path, retention_s=60, database_url=book_db)
     assert again.get(job.job_id).plan == plan
     assert next(again.events(job.job_id)).plan == plan
 
@@ -138,18 +165,13 @@ def store_old_record(book_dir, shards: int) -> str:
     """A finished job as a dispatcher before the limits stored it: every shard spelled out."""
     import dataclasses
     import json
-    import sqlite3
 
-    book = JobBook(book_dir, retention_s=3600)
-    job = book.create(SPEC)
-    book.finish(job, m.SUCCEEDED)
-    book.close()
+    job = finished("0" * 16, created=1000.0, expires=1e12)
     old = dataclasses.asdict(job)
     old["plan"] = {"targets": [], "predicted_seconds": 1.0, "equal_split_predicted_seconds": 1.0, "placement": None,
                    "shards": [{"index": i, "device_id": "10.0.0.1/cuda:0", "target_type": "t", "first_row": i,
                                "rows": 1, "predicted_seconds": i * 1e-6} for i in range(shards)]}
-    with sqlite3.connect(book_dir / "jobs.db") as db:
-        db.execute("UPDATE jobs SET record = ? WHERE job_id = ?", (json.dumps(old), job.job_id))
+    old_book(book_dir, job, records={job.job_id: json.dumps(old)})
     return job.job_id
 
 
@@ -180,20 +202,36 @@ def test_a_record_that_does_not_parse_is_read_from_its_columns(tmp_path, caplog)
     assert again.get(job.job_id).job_id == job.job_id
 
 
-def test_listings_and_the_expiry_sweep_read_an_index_not_the_whole_table(tmp_path):
+def test_listings_and_the_expiry_sweep_read_an_index_not_the_whole_table(tmp_path, book_db):
     """Every new job sweeps for expired ones and ListJobs asks for the newest: with thousands of
-    jobs kept, neither may scan (and sort) the whole book."""
-    book = JobBook(tmp_path, retention_s=30)
+    jobs kept, neither may scan (and sort) the whole book. Each engine is asked how it would run the
+    book's own statements (PostgreSQL told to avoid scans where it can, as it would on a big table)."""
+    import sqlalchemy as sa
+
+    book = JobBook(tmp_path, retention_s=30, database_url=book_db)
     for owner in ("a", "b"):
         book.finish(book.create(SPEC, owner=owner), m.SUCCEEDED)
-    statements: list[str] = []
-    book._db.set_trace_callback(statements.append)
+    statements: list[tuple] = []
+
+    def capture(_conn, _cursor, statement, parameters, _context, _many):
+        statements.append((statement, parameters))
+
+    sa.event.listen(book.engine, "before_cursor_execute", capture)
     book.list(5)
     book.list(5, owner="a")
     book.expire_results()
-    book._db.set_trace_callback(None)
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and " FROM jobs" in s]
+    sa.event.remove(book.engine, "before_cursor_execute", capture)
+    reads = [(sql, args) for sql, args in statements if sql.lstrip().upper().startswith("SELECT") and "FROM jobs" in sql]
     assert len(reads) == 3, statements
-    for sql in reads:
-        plan = " | ".join(row[3] for row in book._db.execute("EXPLAIN QUERY PLAN " + sql))
-        assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, (sql, plan)
+    with book.engine.connect() as connection:
+        postgres = connection.dialect.name == "postgresql"
+        if postgres:
+            for method in ("seqscan", "bitmapscan", "sort"):  # still chosen only where nothing else can do
+                connection.exec_driver_sql(f"SET enable_{method} = off")
+        for sql, args in reads:
+            rows = connection.exec_driver_sql(("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + sql, args).all()
+            plan = " | ".join(str(row[-1]) for row in rows)
+            if postgres:
+                assert "Index" in plan and "Sort" not in plan, (sql, plan)
+            else:
+                assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, (sql, plan)

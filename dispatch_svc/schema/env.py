@@ -1,0 +1,3 @@
+from accelmesh.runtime.database import run_migrations_online
+
+run_migrations_online()

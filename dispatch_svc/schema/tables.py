@@ -1,0 +1,32 @@
+"""The job book's tables, as SQLAlchemy Core sees them (the migrations in versions/ create them).
+
+A record and an event are the JSON of job_codec.py. What a listing or a read of an oversized
+record needs without parsing megabytes is kept beside it, written when the record is: `summary`
+(the record without its per-shard lists, only when the record is longer than a listing reads) and
+`program`, so no query needs an engine's JSON functions.
+"""
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs", metadata,
+    sa.Column("job_id", sa.Text, primary_key=True),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("record", sa.Text, nullable=False),
+    sa.Column("expires", sa.Float),  # when its results are deleted; NULL while it runs
+    sa.Column("owner", sa.Text, nullable=False, server_default=""),
+    sa.Column("program", sa.Text, nullable=False, server_default=""),
+    sa.Column("summary", sa.Text),
+)
+
+events = sa.Table(
+    "events", metadata,
+    sa.Column("job_id", sa.Text, primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("brief", sa.Text),  # the event without its plan, when the event is too long to send
+    sqlite_with_rowid=False,
+)

@@ -174,7 +174,10 @@ def test_an_insecure_mesh_runs_a_job_in_plaintext(tmp_path):
 
 
 @pytest.mark.parametrize("module, args, env, words", [
-    ("inventory_svc", ["--db", "postgres://db/accelmesh"], {}, "PostgreSQL"),
+    # A database that cannot be reached: named, without its password.
+    ("inventory_svc", ["--db", "postgresql://u:s3cret@/x?host=/nonexistent"], {}, "postgresql://u:***@/x"),
+    ("dispatch_svc", ["--db", "postgresql://u:s3cret@/x?host=/nonexistent"], {}, "postgresql://u:***@/x"),
+    ("dispatch_svc", ["--db", "mysql://u@db/x"], {}, "'mysql' is not supported"),
     ("dispatch_svc", [], {"ACCELMESH_INFLIGHT_BYTES": "lots"}, "ACCELMESH_INFLIGHT_BYTES"),
     ("compile_svc", [], {"ACCELMESH_MAX_UPLOAD_BYTES": "1"}, "ACCELMESH_MAX_UPLOAD_BYTES"),
 ])
@@ -184,3 +187,4 @@ def test_a_service_with_bad_configuration_exits_naming_the_setting(module, args,
     result = subprocess.run([sys.executable, "-m", module, "--listen", "127.0.0.1:0", *args], capture_output=True,
                             text=True, timeout=60, env={**os.environ, **env})
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr

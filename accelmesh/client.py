@@ -48,7 +48,9 @@ def job_spec(
     client_parameters: bool = False,
     name: str = "",
     placement: plan_pb.PlacementOptions | None = None,
+    request_id: str = "",
 ) -> job_pb.JobSpec:
+    """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created."""
     return job_pb.JobSpec(
         program=program,
         version=version,
@@ -63,6 +65,7 @@ def job_spec(
         training=training,
         name=name,
         placement=placement,
+        request_id=request_id,
     )
 
 

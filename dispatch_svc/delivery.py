@@ -69,6 +69,20 @@ def results(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[TensorOut |
         yield from whole(entry, slab_bytes)
 
 
+def replay(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
+    """What a RunJob retried with its request id is sent (AIP-155): the job its first attempt
+    created, from its first event to its end (waiting while it runs), then its results and the job."""
+    yield from (EventOut(event) for event in book.events(job_id))
+    final = book.get(job_id)
+    if final.state == m.SUCCEEDED:
+        yield from results(book, job_id, slab_bytes)
+    elif final.state == m.CANCELLED:
+        raise errors.Cancelled(final.error or "the job was cancelled")
+    elif final.state == m.FAILED:
+        raise errors.FailedPrecondition(f"job {job_id} of this request_id failed: {final.error}")
+    yield JobOut(final)
+
+
 def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, slab_bytes: int) -> Iterator[Piece]:
     """Run the job, taking its inputs on a thread of its own, and yield what its client is sent
     (RunJob). A job that failed ends the stream with its error, after its events."""

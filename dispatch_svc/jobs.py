@@ -69,7 +69,7 @@ class JobBook:
             self._engine.dispose()
             raise
         self._upsert = database.upsert(self._engine, jobs_table, ("job_id",),
-                                       ("state", "record", "expires", "program", "summary"))
+                                       ("state", "record", "expires", "program", "summary"))  # not request_id
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
@@ -88,11 +88,25 @@ class JobBook:
     # -- writes ---------------------------------------------------------------------------
 
     def create(self, spec: m.JobSpec, owner: str = "") -> m.JobRecord:
+        """A new job. With a request id this owner used before: AlreadyExists (`by_request` finds
+        that job), decided by the database's unique index, so two replicas cannot both create it."""
         job = m.JobRecord(job_id=uuid.uuid4().hex[:16], spec=spec, created=self._clock(), owner=owner)
         with self._lock:
+            try:
+                self._save(job, request_id=spec.request_id or None)
+            except sa.exc.IntegrityError:
+                raise errors.AlreadyExists(f"a job of request_id {spec.request_id!r} exists") from None
             self._live[job.job_id] = job
-            self._save(job)
         return job
+
+    def by_request(self, owner: str, request_id: str) -> m.JobRecord | None:
+        """The job `owner` created with `request_id` (AIP-155), if it is still kept."""
+        if not request_id:
+            return None
+        c = jobs_table.c
+        with database.connected(self._engine) as connection:
+            job_id = connection.execute(sa.select(c.job_id).where(c.owner == owner, c.request_id == request_id)).scalar()
+        return None if job_id is None else self.get(job_id)
 
     def update(self, job: m.JobRecord, **changes) -> None:
         with self._lock:
@@ -126,12 +140,14 @@ class JobBook:
             self._changed.notify_all()
             return event
 
-    def _save(self, job: m.JobRecord) -> None:
+    def _save(self, job: m.JobRecord, *, request_id: str | None = None) -> None:
+        """Insert or update the job's row; `request_id` is written by the insert only."""
         text = record_text(job)
         row = {"job_id": job.job_id, "created": job.created, "state": job.state, "record": text,
                "expires": job.expires, "owner": job.owner, "program": job.spec.program[:256],
-               "summary": _without(text, _LISTING_DROPS) if len(text) > LISTING_TRIM_CHARS else None}
-        database.transaction(self._engine, lambda c: c.execute(self._upsert, row))
+               "summary": _without(text, _LISTING_DROPS) if len(text) > LISTING_TRIM_CHARS else None,
+               "request_id": request_id}
+        database.transaction(self._engine, lambda c: c.execute(self._upsert, row), reraise=(sa.exc.IntegrityError,))
 
     def _fail_interrupted_jobs(self) -> list[str]:
         with database.connected(self._engine) as connection:
@@ -208,15 +224,19 @@ class JobBook:
         return m.JobRecord(job_id=job_id, spec=m.JobSpec(program=program or ""), created=created, state=state,
                            error=why, expires=expires, owner=owner)
 
-    def list(self, limit: int, owner: str | None = None) -> list[m.JobRecord]:
-        """The newest ``limit`` jobs; with ``owner``, only that owner's. A record over
-        LISTING_TRIM_CHARS is read from its summary (no per-shard lists, which a listing leaves out
-        anyway); one still too long (or not JSON) is read as `_parsed` says."""
+    def list(self, limit: int, owner: str | None = None, after: tuple[float, str] | None = None) -> list[m.JobRecord]:
+        """The newest ``limit`` jobs; with ``owner``, only that owner's; with ``after`` (a listed
+        job's created time and id), those listed after it. A record over LISTING_TRIM_CHARS is read
+        from its summary (no per-shard lists, which a listing leaves out anyway); one still too long
+        (or not JSON) is read as `_parsed` says."""
         c = jobs_table.c
         query = sa.select(c.job_id, sa.case((sa.func.length(c.record) <= LISTING_TRIM_CHARS, c.record),
-                                            else_=c.summary)).order_by(c.created.desc()).limit(limit)
+                                            else_=c.summary)).order_by(c.created.desc(), c.job_id.desc()).limit(limit)
         if owner is not None:
             query = query.where(c.owner == owner)
+        if after is not None:
+            created, job_id = after
+            query = query.where(sa.or_(c.created < created, sa.and_(c.created == created, c.job_id < job_id)))
         with database.connected(self._engine) as connection:
             rows = connection.execute(query).all()
         with self._lock:

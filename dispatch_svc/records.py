@@ -65,6 +65,7 @@ class JobSpec:
     training: TrainingOptions | None = None
     name: str = ""
     placement: PlacementSpec | None = None
+    request_id: str = ""  # the client's idempotency key (AIP-155); "" for none
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ operators see every job.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 
 import numpy as np
 
 from accelmesh import errors
+from accelmesh.errors import quoted
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -73,20 +76,29 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 
     def _start(self, requests, context):
         """The job of a SubmitJob or RunJob stream, once its spec is within the limits and its
-        parameters and first block fit: all checked before the job is recorded or planned."""
+        parameters and first block fit: all checked before the job is recorded or planned. A
+        request id this caller used before: that job, with no live state or feed (nothing to run)."""
         spec = tr.spec_from_proto(_first_spec(requests))
         owner = self._auth.principal(context).key
+        earlier = self.book.by_request(owner, spec.request_id)
+        if earlier is not None:
+            return earlier, None, None
         self.runner.check(spec)
         feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
         try:
             feed.read_ahead()
         except Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
             raise errors.Unavailable(f"{exc}; no job was started") from None
-        job, live = self.runner.start(spec, owner)
+        try:
+            job, live = self.runner.start(spec, owner)
+        except errors.AlreadyExists:  # a retry that raced its first attempt, on this replica or another
+            return self.book.by_request(owner, spec.request_id), None, None
         return job, live, feed
 
     def SubmitJob(self, request_iterator, context):
         job, live, feed = self._start(request_iterator, context)
+        if live is None:
+            return pb.SubmitJobResponse(job_id=job.job_id)
         try:
             self.runner.run(job, live, feed)
         except Cancelled:  # CancelJob or a disconnect while the input arrived: GetJob says which
@@ -95,9 +107,13 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 
     def RunJob(self, request_iterator, context):
         job, live, feed = self._start(request_iterator, context)
-        # The client's deadline or disconnect stops the job (its shards and reservations).
-        context.add_callback(lambda: None if job.final else live.scope.cancel(feed.gone()))
-        for piece in delivery.run(self.runner, job, live, feed, self._chunk_bytes):
+        if live is None:
+            pieces = delivery.replay(self.book, job.job_id, self._chunk_bytes)
+        else:
+            # The client's deadline or disconnect stops the job (its shards and reservations).
+            context.add_callback(lambda: None if job.final else live.scope.cancel(feed.gone()))
+            pieces = delivery.run(self.runner, job, live, feed, self._chunk_bytes)
+        for piece in pieces:
             if isinstance(piece, delivery.EventOut):
                 yield pb.RunJobResponse(event=tr.event_to_proto(piece.event))
             elif isinstance(piece, delivery.JobOut):
@@ -131,18 +147,19 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         if request.page_size < 0:
             raise errors.InvalidArgument(f"page_size is {request.page_size}; use 0 for {DEFAULT_LIST}")
         principal = self._auth.principal(context)
-        jobs = self.book.list(min(request.page_size or DEFAULT_LIST, MAX_LIST),
-                              None if sees_everything(principal) else principal.key)
+        limit = min(request.page_size or DEFAULT_LIST, MAX_LIST)
+        jobs = self.book.list(limit, None if sees_everything(principal) else principal.key,
+                              after=_page_after(request.page_token))
         listed, size = [], 0
         for job in jobs:
             message = tr.job_to_proto(job, with_shards=False)
             size += message.ByteSize() + 8  # the field's tag and length
             if size > self._list_bytes and listed:
-                log.warning("ListJobs: %d of %d jobs left off, past %d bytes", len(jobs) - len(listed), len(jobs),
-                            self._list_bytes)
-                break
+                break  # the rest come on the next page
             listed.append(message)
-        return pb.ListJobsResponse(jobs=listed)
+        more = len(listed) < len(jobs) or len(jobs) == limit
+        last = jobs[len(listed) - 1] if listed else None
+        return pb.ListJobsResponse(jobs=listed, next_page_token=_page_token(last) if more and last else "")
 
     def CancelJob(self, request, context):
         self._job(request.job_id, context)
@@ -168,3 +185,21 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 def _header(entry) -> common_pb2.TensorHeader:
     size = int(np.prod(entry.shape, dtype=np.int64)) * entry.dtype.itemsize
     return common_pb2.TensorHeader(name=entry.name, dtype=dtype_code(entry.dtype), shape=entry.shape, total_bytes=size)
+
+
+def _page_token(job: m.JobRecord) -> str:
+    """Where the next page starts (AIP-158): after this job, in the listing's order."""
+    return base64.urlsafe_b64encode(json.dumps([job.created, job.job_id]).encode()).decode()
+
+
+def _page_after(token: str) -> tuple[float, str] | None:
+    if not token:
+        return None
+    try:
+        created, job_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if isinstance(created, (int, float)) and isinstance(job_id, str) and len(job_id) <= 64:
+            return float(created), job_id
+    except (ValueError, TypeError, UnicodeError):
+        pass
+    raise errors.InvalidArgument(f"page_token {quoted(token, 80)} is not one ListJobs returned; pass "
+                                 "next_page_token as it came, or leave it empty for the first page")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from accelmesh import errors
+from accelmesh.errors import quoted
 from accelmesh.common.v1 import common_pb2
 from accelmesh.programs import layer_cost_fields
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -72,7 +74,20 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         training=training,
         name=msg.name,
         placement=placement_from_proto(msg.placement) if msg.HasField("placement") else None,
+        request_id=_request_id(msg.request_id),
     )
+
+
+MAX_REQUEST_ID_CHARS = 64
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]*")
+
+
+def _request_id(value: str) -> str:
+    if len(value) > MAX_REQUEST_ID_CHARS or not _REQUEST_ID.fullmatch(value):
+        raise errors.InvalidArgument(
+            f"spec.request_id {quoted(value, 80)} is not an id: use at most {MAX_REQUEST_ID_CHARS} of "
+            "A-Z a-z 0-9 . _ - (a UUID, say), or leave it empty")
+    return value
 
 
 def placement_from_proto(msg: plan_pb.PlacementOptions) -> m.PlacementSpec:
@@ -182,6 +197,7 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
                                           max_devices=spec.constraints.max_devices, filter=spec.constraints.filter),
         inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
+        request_id=spec.request_id,
         training=job_pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
                                         momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
         placement=placement_spec_to_proto(spec.placement) if spec.placement is not None else None,

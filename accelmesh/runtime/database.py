@@ -169,13 +169,17 @@ def connected(engine: Engine) -> Iterator[Connection]:
         raise unavailable(exc, engine) from None
 
 
-def transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = RETRIES) -> T:
+def transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = RETRIES,
+                reraise: tuple[type[Exception], ...] = ()) -> T:
     """`work` in one transaction, run again (after a short random wait) when the database aborted it
-    for a serialisation failure or deadlock. `work` must be safe to repeat: it gets a fresh transaction."""
+    for a serialisation failure or deadlock. `work` must be safe to repeat: it gets a fresh transaction.
+    Errors of the `reraise` types (say, IntegrityError for a caller that expects a clash) pass as they are."""
     for attempt in range(1, attempts + 1):
         try:
             with engine.begin() as connection:
                 return work(connection)
+        except reraise:
+            raise
         except sa.exc.DBAPIError as exc:
             if retryable(exc) and attempt < attempts:
                 time.sleep(random.uniform(0, 0.01 * 2 ** attempt))

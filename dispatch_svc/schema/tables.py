@@ -20,6 +20,7 @@ jobs = sa.Table(
     sa.Column("owner", sa.Text, nullable=False, server_default=""),
     sa.Column("program", sa.Text, nullable=False, server_default=""),
     sa.Column("summary", sa.Text),
+    sa.Column("request_id", sa.Text),  # the client's (AIP-155), unique per owner; NULL for none
 )
 
 events = sa.Table(

@@ -183,6 +183,58 @@ def test_a_listing_leaves_out_the_per_shard_lists_and_stops_short_of_the_message
         response = d.stub.ListJobs(pb.ListJobsRequest(page_size=1000), timeout=WAIT_S)
         assert 0 < len(response.jobs) < count and response.ByteSize() <= 32768
         assert response.jobs[0].spec.name == f"job-{count - 1}"  # newest first
+        names = [j.spec.name for j in response.jobs]
+        while response.next_page_token:  # the rest come on the next pages (AIP-158), each within the limit
+            response = d.stub.ListJobs(pb.ListJobsRequest(page_size=1000, page_token=response.next_page_token),
+                                       timeout=WAIT_S)
+            assert response.ByteSize() <= 32768
+            names += [j.spec.name for j in response.jobs]
+        assert names == [f"job-{i}" for i in reversed(range(count))]
+
+
+def test_pages_of_a_listing_follow_each_other_without_gaps_or_repeats(tmp_path):
+    with serving(tmp_path) as d:
+        x = X[:8]
+        made = [submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=f"job-{i}"), {"x": x}, None, 1 << 16)).job_id
+                for i in range(7)]
+        assert d.runner.wait_idle(WAIT_S)
+        seen, token, pages = [], "", 0
+        while True:
+            page = d.stub.ListJobs(pb.ListJobsRequest(page_size=3, page_token=token), timeout=WAIT_S)
+            seen += [j.job_id for j in page.jobs]
+            pages += 1
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == made[::-1] and pages == 3  # 3 + 3 + 1
+        error = rpc_error(d.stub.ListJobs, pb.ListJobsRequest(page_token="not-a-token"), timeout=WAIT_S)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in error.details()
+
+
+def test_a_retried_submit_with_its_request_id_gets_the_first_job_which_runs_once(tmp_path):
+    with serving(tmp_path) as d:
+        x = X[:64]
+
+        def parts(request_id, name="first"):
+            spec = job_spec("affine", {"x": x}, name=name)
+            spec.request_id = request_id
+            return request_parts(spec, {"x": x}, None, 1 << 16)
+
+        first = submit(d.stub, parts("req-1")).job_id
+        again = submit(d.stub, parts("req-1", name="a retry")).job_id
+        other = submit(d.stub, parts("req-2")).job_id
+        assert d.runner.wait_idle(WAIT_S)
+        assert again == first != other
+        assert sorted(j.job_id for j in d.runner.book.list(10)) == sorted([first, other])
+        ran = run_job(d.stub, parts("req-1"))  # RunJob with that id: the first job, replayed
+        assert ran[-1].job.job_id == first and ran[-1].job.state == job_pb.JOB_STATE_SUCCEEDED
+        assert [p.event.type for p in ran if p.HasField("event")][-1] == job_pb.JOB_EVENT_TYPE_SUCCEEDED
+        rows = sum(len(p.chunk.data) for p in ran if p.HasField("chunk"))
+        fetched = sum(len(p.chunk.data) for p in d.stub.FetchResult(pb.FetchResultRequest(job_id=first), timeout=WAIT_S)
+                      if p.HasField("chunk"))
+        assert rows == fetched > 0
+        error = rpc_error(submit, d.stub, parts("no spaces allowed"))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.request_id" in error.details()
 
 
 # -- a huge job, stored ------------------------------------------------------------------------

@@ -235,3 +235,19 @@ def test_listings_and_the_expiry_sweep_read_an_index_not_the_whole_table(tmp_pat
                 assert "Index" in plan and "Sort" not in plan, (sql, plan)
             else:
                 assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, (sql, plan)
+
+
+def test_two_books_on_one_database_create_one_job_per_request_id(tmp_path, book_db):
+    """Two dispatch replicas on one database: a request id is taken once, whichever creates first;
+    another owner's same id is another job."""
+    import dataclasses
+
+    first = JobBook(tmp_path / "a", retention_s=60, database_url=book_db or str(tmp_path / "shared.db"))
+    second = JobBook(tmp_path / "b", retention_s=60, database_url=book_db or str(tmp_path / "shared.db"))
+    spec = dataclasses.replace(SPEC, request_id="retry-me")
+    job = first.create(spec, owner="alice")
+    with pytest.raises(errors.AlreadyExists):
+        second.create(spec, owner="alice")
+    assert second.by_request("alice", "retry-me").job_id == job.job_id
+    assert second.by_request("bob", "retry-me") is None and second.by_request("alice", "") is None
+    assert second.create(spec, owner="bob").job_id != job.job_id

@@ -88,7 +88,7 @@ class TrainingOptions(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement")
+    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class JobSpec(_message.Message):
     TRAINING_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     kind: JobKind
@@ -109,7 +110,8 @@ class JobSpec(_message.Message):
     training: TrainingOptions
     name: str
     placement: _plan_pb2.PlacementOptions
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss")

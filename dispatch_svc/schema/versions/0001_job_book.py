@@ -1,4 +1,6 @@
-"""The job book: jobs and their events, with the indexes a listing and the expiry sweep read.
+"""The job book: jobs and their events, with the indexes a listing (newest first, paged by
+created time and id) and the expiry sweep read, and the client's request ids (AIP-155), unique
+per owner, so a retried submit finds the job its first attempt created.
 
 A book written before migrations existed (SQLite, tables made by CREATE IF NOT EXISTS, maybe
 without the expires and owner columns) is brought to this schema in place, its records kept: the
@@ -40,6 +42,7 @@ def upgrade() -> None:
             sa.Column("owner", sa.Text, nullable=False, server_default=""),
             sa.Column("program", sa.Text, nullable=False, server_default=""),
             sa.Column("summary", sa.Text),
+            sa.Column("request_id", sa.Text),
         )
         op.create_table(
             "events",
@@ -49,8 +52,12 @@ def upgrade() -> None:
             sa.Column("brief", sa.Text),
             sqlite_with_rowid=False,
         )
-    op.create_index("jobs_by_created", "jobs", ["created"], if_not_exists=True)
-    op.create_index("jobs_by_owner", "jobs", ["owner", "created"], if_not_exists=True)
+    for index in ("jobs_by_created", "jobs_by_owner"):  # made by the version before migrations, on fewer columns
+        op.drop_index(index, "jobs", if_exists=True)
+    op.create_index("jobs_by_created", "jobs", ["created", "job_id"])
+    op.create_index("jobs_by_owner", "jobs", ["owner", "created", "job_id"])
+    op.create_index("jobs_by_request", "jobs", ["owner", "request_id"], unique=True,
+                    sqlite_where=sa.text("request_id IS NOT NULL"), postgresql_where=sa.text("request_id IS NOT NULL"))
     op.create_index("jobs_by_expiry", "jobs", ["expires"], if_not_exists=True,
                     sqlite_where=sa.text("expires IS NOT NULL"), postgresql_where=sa.text("expires IS NOT NULL"))
 
@@ -59,7 +66,7 @@ def _adopt_old_book() -> None:
     bind = op.get_bind()
     columns = {c["name"] for c in sa.inspect(bind).get_columns("jobs")}
     for name, kind, default in (("expires", sa.Float, None), ("owner", sa.Text, ""), ("program", sa.Text, ""),
-                                ("summary", sa.Text, None)):
+                                ("summary", sa.Text, None), ("request_id", sa.Text, None)):
         if name not in columns:
             op.add_column("jobs", sa.Column(name, kind, nullable=default is None,
                                             server_default=default if default is None else sa.text("''")))

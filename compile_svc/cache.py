@@ -5,9 +5,12 @@ created time, caller metadata). The sidecar is written last, so its presence com
 Recency is the payload's mtime, set explicitly from a fine-grained clock because filesystem
 timestamps are coarse enough to tie on back-to-back writes.
 
-Single-flight holds within one process; two processes may both build one key, and the second
-write simply replaces the first (both are valid). A file lock serialises reads, writes and
-eviction across processes so a reader never pairs one writer's sidecar with another's payload.
+Single-flight holds across processes too: the builder of a key holds a lock on `<key>.building`
+next to the entry, so compile replicas sharing one folder (a ReadWriteMany volume) build a key
+once and the others wait, then read it. Where the filesystem cannot lock, two builds of a key
+are harmless: the second write replaces the first (both are valid). A file lock serialises reads,
+writes and eviction across processes so a reader never pairs one writer's sidecar with another's
+payload, and every read checks the payload against the digest its sidecar recorded.
 """
 
 from __future__ import annotations
@@ -200,12 +203,19 @@ class ArtifactCache:
             return artifact, False
         try:
             artifact = self.get(key)
-            built = artifact is None
-            if built:
-                with self._lock:
-                    self.builds += 1
-                payload, metadata = build()
-                artifact = self.put(key, payload, metadata)
+            if artifact is None:
+                with self._building(key):  # another process building it: wait for it, then read it
+                    artifact = self.get(key)
+                    if artifact is None:
+                        with self._lock:
+                            self.builds += 1
+                        payload, metadata = build()
+                        artifact = self.put(key, payload, metadata)
+                        built = True
+                    else:
+                        built = False
+            else:
+                built = False
             future.set_result(artifact)
             return artifact, built
         except BaseException as exc:
@@ -214,6 +224,24 @@ class ArtifactCache:
         finally:
             with self._inflight_lock:
                 del self._inflight[key]
+
+    @contextmanager
+    def _building(self, key: str) -> Iterator[None]:
+        """Held while this process builds `key` (one thread per key here: the in-process single
+        flight). The lock file goes when its holder is done; a process that opened it before then
+        still waits for the holder, and one that comes later finds the artifact (or builds again)."""
+        payload_path, _ = self._paths(key)
+        payload_path.parent.mkdir(exist_ok=True)
+        lock_path = payload_path.with_suffix(".building")
+        with open(lock_path, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without locks: build anyway, the duplicate is harmless
+                pass
+            try:
+                yield
+            finally:
+                lock_path.unlink(missing_ok=True)
 
     def waiting(self, key: str) -> int:
         """Callers currently waiting for another caller's build of `key` (for tests and telemetry)."""

@@ -170,3 +170,51 @@ def test_second_process_finds_the_entry_without_building(tmp_path: Path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"builds": 0, "built": False, "payload": "built once"}
+
+
+_BUILDER = """
+import sys, time
+from pathlib import Path
+from compile_svc.cache import ArtifactCache, key_for
+root, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+def build():
+    with open(root / "builds.log", "a") as log:
+        log.write(name + "\\n")
+    (root / f"{name}.building").touch()
+    while not go.exists():  # the test says when this build may finish
+        time.sleep(0.01)
+    return f"built by {name}".encode(), {}
+art, built = ArtifactCache(root, 1 << 20).get_or_build(key_for(program="p", batch_size=2), build)
+print(art.payload.decode(), built)
+"""
+
+
+def _blocked_on(path: Path) -> bool:
+    """Whether some process waits for a flock on `path` (Linux lists waiters in /proc/locks with '->')."""
+    inode = f":{path.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_two_processes_on_one_folder_build_a_key_once_the_second_waiting_for_the_first(tmp_path: Path):
+    """Compile replicas on one shared folder: while one builds a key, another asking for it waits on
+    the key's build lock instead of building it again, then reads the first one's artifact."""
+    import time
+
+    go = tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", _BUILDER, str(tmp_path), "first", str(go)],
+                             stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "first.building").exists():  # its build has begun (and holds the lock)
+        assert first.poll() is None and time.monotonic() < deadline, "the first build never started"
+        time.sleep(0.01)
+    second = subprocess.Popen([sys.executable, "-c", _BUILDER, str(tmp_path), "second", str(go)],
+                              stdout=subprocess.PIPE, text=True)
+    (lock,) = tmp_path.glob("??/*.building")
+    while not _blocked_on(lock):
+        assert not (tmp_path / "second.building").exists(), "the second process built the key as well"
+        assert second.poll() is None and time.monotonic() < deadline, "the second process never waited"
+        time.sleep(0.01)
+    go.touch()
+    outputs = [p.communicate(timeout=60)[0].split() for p in (first, second)]
+    assert outputs == [["built", "by", "first", "True"], ["built", "by", "first", "False"]]
+    assert (tmp_path / "builds.log").read_text() == "first\n"

@@ -50,6 +50,24 @@ OVERSIZED_ERROR = "this job's stored record was too large to read in full; its p
 UNREADABLE_ERROR = "this job's stored record could not be read; only its state and times are known"
 
 
+# The book's statements, built once: SQLAlchemy then compiles each once and a call only binds values.
+_J, _E = jobs_table.c, events_table.c
+_BY_REQUEST = sa.select(_J.job_id).where(_J.owner == sa.bindparam("owner"), _J.request_id == sa.bindparam("request_id"))
+_EVENT_COUNT = sa.select(sa.func.count()).select_from(events_table).where(_E.job_id == sa.bindparam("job_id"))
+_INSERT_EVENT = events_table.insert()
+_UNFINISHED = sa.select(_J.job_id).where(_J.state.not_in(m.FINAL_STATES))
+_EXPIRED = sa.select(_J.job_id).where(_J.expires.is_not(None), _J.expires <= sa.bindparam("now"))
+_DELETE_EVENTS = events_table.delete().where(_E.job_id.in_(sa.bindparam("ids", expanding=True)))
+_DELETE_JOBS = jobs_table.delete().where(_J.job_id.in_(sa.bindparam("ids", expanding=True)))
+_RECORD = sa.select(sa.case((sa.func.length(_J.record) <= MAX_RECORD_CHARS, _J.record)), _J.summary).where(
+    _J.job_id == sa.bindparam("job_id"))
+_COLUMNS = sa.select(_J.created, _J.state, _J.expires, _J.owner, _J.program).where(_J.job_id == sa.bindparam("job_id"))
+_LISTING = sa.select(_J.job_id, sa.case((sa.func.length(_J.record) <= LISTING_TRIM_CHARS, _J.record),
+                                        else_=_J.summary)).order_by(_J.created.desc(), _J.job_id.desc())
+_EVENTS_FROM = sa.select(_E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
+    _E.job_id == sa.bindparam("job_id"), _E.idx >= sa.bindparam("from_index")).order_by(_E.idx)
+
+
 def job_not_found(job_id: str) -> errors.NotFound:
     return errors.NotFound(f"job {quoted(job_id)} does not exist (or its results expired); ListJobs shows the jobs kept")
 
@@ -103,9 +121,8 @@ class JobBook:
         """The job `owner` created with `request_id` (AIP-155), if it is still kept."""
         if not request_id:
             return None
-        c = jobs_table.c
         with database.connected(self._engine) as connection:
-            job_id = connection.execute(sa.select(c.job_id).where(c.owner == owner, c.request_id == request_id)).scalar()
+            job_id = connection.execute(_BY_REQUEST, {"owner": owner, "request_id": request_id}).scalar()
         return None if job_id is None else self.get(job_id)
 
     def update(self, job: m.JobRecord, **changes) -> None:
@@ -129,14 +146,13 @@ class JobBook:
             count = self._event_counts.get(job.job_id)
             if count is None:  # first event of this job in this process: counted once, then kept
                 with database.connected(self._engine) as connection:
-                    count = connection.execute(sa.select(sa.func.count()).select_from(events_table).where(
-                        events_table.c.job_id == job.job_id)).scalar_one()
+                    count = connection.execute(_EVENT_COUNT, {"job_id": job.job_id}).scalar_one()
             self._event_counts[job.job_id] = count + 1
             event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
             text = event_text(event)
             brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
-            database.transaction(self._engine, lambda c: c.execute(events_table.insert().values(
-                job_id=job.job_id, idx=count, event=text, brief=brief)))
+            row = {"job_id": job.job_id, "idx": count, "event": text, "brief": brief}
+            database.transaction(self._engine, lambda c: c.execute(_INSERT_EVENT, row))
             self._changed.notify_all()
             return event
 
@@ -151,8 +167,7 @@ class JobBook:
 
     def _fail_interrupted_jobs(self) -> list[str]:
         with database.connected(self._engine) as connection:
-            rows = connection.execute(sa.select(jobs_table.c.job_id).where(
-                jobs_table.c.state.not_in(m.FINAL_STATES))).scalars().all()
+            rows = connection.execute(_UNFINISHED).scalars().all()
         interrupted = []
         for job_id in rows:
             job = self.get(job_id)  # an oversized one is saved back summarised
@@ -166,11 +181,10 @@ class JobBook:
         with self._lock:
             # Every new job sweeps: the expiry is an indexed column, so the sweep never parses a record.
             def sweep(connection) -> list[str]:
-                expired = connection.execute(sa.select(jobs_table.c.job_id).where(
-                    jobs_table.c.expires.is_not(None), jobs_table.c.expires <= now)).scalars().all()
+                expired = connection.execute(_EXPIRED, {"now": now}).scalars().all()
                 if expired:
-                    connection.execute(events_table.delete().where(events_table.c.job_id.in_(expired)))
-                    connection.execute(jobs_table.delete().where(jobs_table.c.job_id.in_(expired)))
+                    connection.execute(_DELETE_EVENTS, {"ids": expired})
+                    connection.execute(_DELETE_JOBS, {"ids": expired})
                 return expired
 
             expired = database.transaction(self._engine, sweep)
@@ -186,11 +200,8 @@ class JobBook:
         with self._lock:
             if job_id in self._live:
                 return self._live[job_id]
-        c = jobs_table.c
         with database.connected(self._engine) as connection:
-            row = connection.execute(sa.select(
-                sa.case((sa.func.length(c.record) <= MAX_RECORD_CHARS, c.record)), c.summary).where(
-                c.job_id == job_id)).first()
+            row = connection.execute(_RECORD, {"job_id": job_id}).first()
         if row is None:
             raise job_not_found(job_id)
         return self._parsed(job_id, row[0], row[1])
@@ -217,10 +228,8 @@ class JobBook:
         return record
 
     def _minimal(self, job_id: str, why: str) -> m.JobRecord:
-        c = jobs_table.c
         with database.connected(self._engine) as connection:
-            created, state, expires, owner, program = connection.execute(sa.select(
-                c.created, c.state, c.expires, c.owner, c.program).where(c.job_id == job_id)).one()
+            created, state, expires, owner, program = connection.execute(_COLUMNS, {"job_id": job_id}).one()
         return m.JobRecord(job_id=job_id, spec=m.JobSpec(program=program or ""), created=created, state=state,
                            error=why, expires=expires, owner=owner)
 
@@ -229,14 +238,12 @@ class JobBook:
         job's created time and id), those listed after it. A record over LISTING_TRIM_CHARS is read
         from its summary (no per-shard lists, which a listing leaves out anyway); one still too long
         (or not JSON) is read as `_parsed` says."""
-        c = jobs_table.c
-        query = sa.select(c.job_id, sa.case((sa.func.length(c.record) <= LISTING_TRIM_CHARS, c.record),
-                                            else_=c.summary)).order_by(c.created.desc(), c.job_id.desc()).limit(limit)
+        query = _LISTING.limit(limit)
         if owner is not None:
-            query = query.where(c.owner == owner)
+            query = query.where(_J.owner == owner)
         if after is not None:
             created, job_id = after
-            query = query.where(sa.or_(c.created < created, sa.and_(c.created == created, c.job_id < job_id)))
+            query = query.where(sa.or_(_J.created < created, sa.and_(_J.created == created, _J.job_id < job_id)))
         with database.connected(self._engine) as connection:
             rows = connection.execute(query).all()
         with self._lock:
@@ -252,12 +259,8 @@ class JobBook:
         while True:
             with self._lock:
                 # An event too long to send (an old plan event of a huge job) comes without its plan.
-                e = events_table.c
                 with database.connected(self._engine) as connection:
-                    rows = connection.execute(
-                        sa.select(e.idx, sa.case((sa.func.length(e.event) <= MAX_RECORD_CHARS, e.event),
-                                                 else_=e.brief))
-                        .where(e.job_id == job_id, e.idx >= index).order_by(e.idx)).all()
+                    rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
                 if not rows:
                     if self.get(job_id).final:
                         return

@@ -138,7 +138,9 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 def _sqlite_begin(connection: Connection) -> None:
     # A reader (`connected`) shares the file with writers under WAL; a writer locks it at once.
     read = connection.get_execution_options().get(READ_ONLY, False)
-    connection.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+    # On the driver's connection itself: a statement through SQLAlchemy costs as much again as the
+    # (tiny) write it opens.
+    connection.connection.driver_connection.execute("BEGIN" if read else "BEGIN IMMEDIATE")
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """The inventory's tables as SQLAlchemy Core objects: one schema for SQLite and PostgreSQL.
 
-What the store's statements are built from, and what Alembic's baseline revision
-(``schema/versions/0001_baseline.py``) creates. Byte counts are BigInteger (an 80 GB device is
+What the store's statements are built from, and what Alembic's revisions
+(``schema/versions/``: the baseline ``0001``, the poll leases of ``0002``) create. Byte counts are BigInteger (an 80 GB device is
 far past 2**31); times are Unix seconds as doubles; ``capabilities`` and ``performance`` are JSON
 text written canonically (sorted) so that equal specs store equal strings. Changing a table here
 needs a new Alembic revision: databases in the field only ever move forward through revisions.
@@ -23,7 +23,20 @@ nodes = sa.Table(
     sa.Column("last_seen_at", sa.Double),
     sa.Column("missed_polls", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_error", sa.Text, nullable=False, server_default=""),
+    # Which inventory replica polls the node, until when (polls.py, claim_nodes); NULL: no one yet.
+    sa.Column("poller", sa.Text),
+    sa.Column("poll_lease_until", sa.Double),
     sa.CheckConstraint("state IN ('active', 'lost')", name="nodes_state"),
+    sa.Index("nodes_poller", "poller"),
+)
+
+# The inventory replicas polling this database, each live until ``live_until`` unless it claims
+# again: what a replica's fair share of the nodes is counted from.
+inventory_replicas = sa.Table(
+    "inventory_replicas", metadata,
+    sa.Column("id", sa.Text, primary_key=True),  # uuid4 hex, chosen at the replica's start
+    sa.Column("seen_at", sa.Double, nullable=False),
+    sa.Column("live_until", sa.Double, nullable=False),
 )
 
 devices = sa.Table(

@@ -12,9 +12,10 @@ from accelmesh.errors import FailedPrecondition, NotFound
 from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS
 from inventory_svc.records import DeviceChange
 from inventory_svc.store import VERSION_TABLE, SqlStore
+from inventory_svc.tables import metadata
 from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
 
-HEAD = "0001"
+HEAD = "0002"
 
 
 # -- migrations -------------------------------------------------------------------------------
@@ -38,6 +39,21 @@ def test_fresh_database_is_migrated_to_head_and_reopening_keeps_it(database_url)
     assert again.schema_version == HEAD and _revisions(again) == [HEAD]
     assert [n.address for n in again.list_nodes()] == [NODE]
     again.close()
+
+
+def test_the_migrated_schema_is_the_one_tables_py_describes(database_url):
+    """The revisions and ``tables.py`` are written apart; a column added to one alone fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    store = SqlStore(database_url)
+    try:
+        with store.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={
+                "include_name": lambda name, kind, _: not (kind == "table" and name == VERSION_TABLE)})
+            assert compare_metadata(context, metadata) == []
+    finally:
+        store.close()
 
 
 def _legacy_file(path, versions: int, extra_version: int | None = None) -> sqlite3.Connection:

@@ -1,6 +1,7 @@
 """The inventory's behaviour, apart from gRPC: registration, polling, refresh, listing, scoring,
 reservations. The servicer translates protos to calls on `Inventory`; the poller drives
-`poll_all`; nodes are reached through an injected `describe(address, device_ids)`.
+`poll_all` and `take_over`; nodes are reached through an injected `describe(address, device_ids)`.
+Replicas sharing one database each poll the nodes they hold a lease on (`Store.claim_nodes`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from accelmesh.hardware.model import NodeDescription, parse_device_id
 from accelmesh.runtime import attributes as attr
 from inventory_svc import events as ev
 from inventory_svc.filtering import DeviceFilter, parse_filter
+from inventory_svc.poller import CLAIMS_PER_INTERVAL
 from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
 from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
 from inventory_svc.store import Store
@@ -44,6 +47,19 @@ MAX_RESERVATION_TTL_S = 24 * 3600.0  # the longest lease one call may ask for
 MAX_RENEWED_IDS = 10_000  # device ids one RenewReservations may name
 POLL_WORKERS = 32
 MAX_SCORED_IDS = 10_000  # device ids one ScoreDevices may name
+
+# A replica's leases on its nodes, and its liveness, last this many poll intervals. The bound to
+# keep: a replica that dies must have its nodes polled by another within two intervals of its
+# last poll. A replica renews only in its poll cycles (every interval, on the poller's grid), and
+# its last cycle's claim comes before its last polls; so its leases lapse LEASE_PER_INTERVAL after
+# its last poll at the latest. Every other replica checks for lapsed leases CLAIMS_PER_INTERVAL
+# times an interval and polls what it takes at once: the nodes are polled again within
+# LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL = 1.75 intervals, leaving a quarter interval for
+# that poll and for clock skew between replicas. A live replica loses nothing unless a poll cycle
+# starts half an interval late. A lease of one interval or less would lapse between renewals.
+LEASE_PER_INTERVAL = 1.5
+TAKEOVER_INTERVALS = LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL  # the bound above, in intervals
+DEFAULT_POLL_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -71,10 +87,21 @@ class Inventory:
         clock: Callable[[], float] = time.time,
         poll_workers: int = POLL_WORKERS,
         tracer: trace.Tracer | None = None,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        replica_id: str | None = None,
     ):
         if lost_after_polls < 1:
             raise errors.InvalidArgument(f"lost_after_polls must be >= 1, got {lost_after_polls}")
+        if poll_interval_s <= 0:
+            raise errors.InvalidArgument(f"poll_interval_s must be positive, got {poll_interval_s}")
         self.store = store
+        # One id per process start: a restarted replica is a new one, its predecessor's leases lapse.
+        self.replica_id = replica_id or uuid.uuid4().hex
+        self.lease_s = LEASE_PER_INTERVAL * poll_interval_s
+        self._polling: frozenset[str] = frozenset()  # the nodes held at the last claim
+        # Counted live from the start, so replicas already polling give up a share to this one
+        # before its first cycle rather than after it.
+        store.heartbeat(self.replica_id, clock(), self.lease_s)
         self.hub = hub or ev.EventHub()
         self._describe = describe
         self._lost_after = lost_after_polls
@@ -83,6 +110,12 @@ class Inventory:
         self._tracer = tracer or trace.NoOpTracer()
 
     def close(self) -> None:
+        """Hand this replica's nodes back, so the others take them at their next claim rather
+        than when the leases lapse; then stop the poll workers."""
+        try:
+            self.store.release_nodes(self.replica_id)
+        except errors.AccelmeshError as exc:  # the database is gone: the leases lapse on their own
+            log.warning("could not hand back the nodes of inventory replica %s: %s", self.replica_id, exc)
         self._pool.shutdown(wait=True)
 
     # -- nodes and polling ---------------------------------------------------------------
@@ -145,13 +178,28 @@ class Inventory:
             return True
 
     def poll_all(self) -> dict[str, bool]:
-        """One poll cycle over every node, in parallel; also lets unrenewed reservations lapse."""
+        """One poll cycle, in parallel, over the nodes this replica claims (renewing its leases; a
+        replica alone on its database claims every node); also lets unrenewed reservations lapse."""
         with self._tracer.start_as_current_span("inventory.poll_cycle") as span:
             span.set_attribute(attr.POLL_REASON, "interval")
-            nodes = self.store.list_nodes()
+            nodes = self.store.claim_nodes(self.replica_id, self._clock(), self.lease_s)
+            self._polling = frozenset(n.address for n in nodes)
             outcomes = dict(zip((n.address for n in nodes), self._map_in_context(self.poll_node, nodes)))
             self.store.expire_reservations(self._clock())
             return outcomes
+
+    def take_over(self) -> dict[str, bool]:
+        """Between poll cycles: take the nodes whose replica stopped renewing (up to this one's
+        share, without renewing its own) and poll at once those it did not hold before."""
+        nodes = self.store.claim_nodes(self.replica_id, self._clock(), self.lease_s, renew=False)
+        gained = [n for n in nodes if n.address not in self._polling]
+        self._polling = frozenset(n.address for n in nodes)
+        if not gained:
+            return {}
+        with self._tracer.start_as_current_span("inventory.poll_cycle") as span:
+            span.set_attribute(attr.POLL_REASON, "takeover")
+            return dict(zip((n.address for n in gained),
+                            self._map_in_context(lambda n: self.poll_node(n, "takeover"), gained)))
 
     def _map_in_context(self, fn, items) -> list:
         """Pool map that carries the caller's trace context into each task (threads do not inherit it)."""

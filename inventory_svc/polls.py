@@ -1,13 +1,16 @@
 """What a node's report writes, inside the store's transaction: each device it reports added,
 updated or recovered (one id reported by two live nodes is refused), its status samples stored
-and pruned to the newest few; and the lookup of the registered node every node write starts
-from. Kept apart from ``store.py`` as ``reservations.py`` is: the store holds the transactions,
-these the rules applied within them. The statements go out in batches (one SELECT for all the
-reported devices, one executemany per kind of write) because a poll cycle writes every node.
+and pruned to the newest few; the lookup of the registered node every node write starts from;
+and which inventory replica polls which node (``claim_nodes``: leases on the node rows, fair
+shares counted from the replicas' heartbeats). Kept apart from ``store.py`` as
+``reservations.py`` is: the store holds the transactions, these the rules applied within them.
+The statements go out in batches (one SELECT for all the reported devices, one executemany per
+kind of write) because a poll cycle writes every node.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -16,8 +19,8 @@ from sqlalchemy.engine import Connection
 from accelmesh.errors import FailedPrecondition, NotFound
 from accelmesh.hardware.model import DeviceSample, DeviceSpec
 from inventory_svc.records import DeviceChange, NodeRecord
-from inventory_svc.rows import NODE_BY_ADDRESS, SPEC_COLUMNS, spec_values, upsert
-from inventory_svc.tables import devices, status_samples
+from inventory_svc.rows import NODE_BY_ADDRESS, NODE_SELECT, SPEC_COLUMNS, spec_values, upsert
+from inventory_svc.tables import devices, inventory_replicas, nodes, status_samples
 
 
 def node_record(conn: Connection, address: str) -> NodeRecord:
@@ -110,3 +113,85 @@ def prune_samples(conn: Connection, device_ids: Sequence[str], *, cutoff: float,
     """Drop each device's samples older than `cutoff` or beyond its newest `keep`."""
     if device_ids:
         conn.execute(_PRUNE, [{"b_device": d, "b_cutoff": cutoff, "b_keep": keep - 1} for d in device_ids])
+
+
+# -- who polls which node ----------------------------------------------------------------------
+
+_node, _live = nodes.c, inventory_replicas.c
+_HELD = nodes.c.poller == sa.bindparam("b_replica")
+_LAPSED = sa.or_(_node.poller.is_(None), _node.poll_lease_until.is_(None), _node.poll_lease_until <= sa.bindparam("b_now"))
+
+
+def _replica_update(new: sa.ColumnCollection) -> dict:
+    return {"seen_at": new.seen_at, "live_until": new.live_until}
+
+
+def heartbeat(conn: Connection, replica: str, now: float, lease_s: float) -> None:
+    """Record ``replica`` as live until ``now + lease_s``, and forget replicas no longer live (each
+    restart is a new id). Those rows are taken with SKIP LOCKED, so two replicas forgetting the
+    same dead ones never wait on each other."""
+    dead = (
+        sa.select(_live.id).where(_live.live_until <= now, _live.id != replica)
+        .with_for_update(skip_locked=True).scalar_subquery()
+    )
+    conn.execute(sa.delete(inventory_replicas).where(_live.id.in_(dead)))
+    conn.execute(upsert(conn, inventory_replicas, _replica_update),
+                 {"id": replica, "seen_at": now, "live_until": now + lease_s})
+
+
+def claim_nodes(conn: Connection, replica: str, now: float, lease_s: float, renew: bool) -> list[NodeRecord]:
+    """The nodes ``replica`` polls from ``now``: its fair share, ceil(nodes / live replicas).
+
+    With ``renew`` (every poll cycle) the replica heartbeats, extends the leases it holds to
+    ``now + lease_s`` and gives back what is over its share (the last by address), so a replica
+    that just started finds nodes to take. Without it (the checks between cycles) it only takes:
+    a replica that stops renewing lets its leases and its liveness lapse at the same time, so its
+    nodes are never held back by a share still counting it.
+
+    Free nodes (no poller, or a lapsed lease) are taken in address order. On PostgreSQL the rows
+    are locked FOR UPDATE SKIP LOCKED: a row another replica is claiming at this moment is left
+    to it, and one it claimed and committed no longer matches, so no node is taken by two. The
+    replica's own rows are locked without SKIP: only a claim that finds their lease lapsed (a
+    skewed clock) competes for them, and it never waits while holding them. SQLite's writers
+    take the file's lock at BEGIN IMMEDIATE, where FOR UPDATE compiles to nothing.
+    """
+    until = now + lease_s
+    if renew:
+        heartbeat(conn, replica, now, lease_s)
+    others = conn.execute(
+        sa.select(sa.func.count()).where(_live.live_until > now, _live.id != replica)
+    ).scalar_one()
+    total = conn.execute(sa.select(sa.func.count()).select_from(nodes)).scalar_one()
+    share = math.ceil(total / (others + 1))
+    params = {"b_replica": replica, "b_now": now}
+    held = list(conn.execute(
+        sa.select(_node.address).where(_HELD, _node.poll_lease_until > sa.bindparam("b_now"))
+        .order_by(_node.address).with_for_update(), params,
+    ).scalars())
+    if renew:
+        held, over = held[:share], held[share:]
+        if held:
+            conn.execute(sa.update(nodes).where(_node.address.in_(held)).values(poll_lease_until=until))
+        if over:
+            conn.execute(sa.update(nodes).where(_node.address.in_(over)).values(poller=None, poll_lease_until=None))
+    if len(held) < share:
+        taken = list(conn.execute(
+            sa.select(_node.address).where(_LAPSED).order_by(_node.address)
+            .limit(share - len(held)).with_for_update(skip_locked=True), params,
+        ).scalars())
+        if taken:
+            conn.execute(sa.update(nodes).where(_node.address.in_(taken)).values(poller=replica, poll_lease_until=until))
+            held += taken
+    if not held:
+        return []
+    rows = conn.execute(NODE_SELECT.where(_node.address.in_(held)).order_by(_node.address))
+    return [NodeRecord(*row) for row in rows]
+
+
+def release_nodes(conn: Connection, replica: str) -> int:
+    """Give back every node ``replica`` holds and leave the live replicas: at a clean shutdown, so
+    the others take its nodes at their next claim instead of when its leases lapse."""
+    conn.execute(sa.delete(inventory_replicas).where(_live.id == replica))
+    return conn.execute(
+        sa.update(nodes).where(_HELD).values(poller=None, poll_lease_until=None), {"b_replica": replica}
+    ).rowcount

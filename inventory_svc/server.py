@@ -38,10 +38,14 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
     # which run_service prints before exiting non-zero. SQLite's folder is created by open_engine.
     store = SqlStore(config.db, config.max_samples_per_device, config.sample_retention_s)
     client = NodeClient(config.security, timeout_s=config.poll_timeout_s, tracer_provider=tracer_provider)
+    # Replicas on one database split the nodes by leases derived from each one's poll interval:
+    # give them the same ACCELMESH_POLL_INTERVAL_S, or a dead replica's nodes wait on the longest.
+    # The shutdown below (inventory.close) hands this replica's nodes back.
     inventory = Inventory(
-        store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__)
+        store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__),
+        poll_interval_s=config.poll_interval_s,
     )
-    poller = Poller(inventory.poll_all, config.poll_interval_s)
+    poller = Poller(inventory.poll_all, inventory.take_over, config.poll_interval_s)
     servicer = InventoryServicer(inventory, Authenticator(config.security))
 
     def shutdown():

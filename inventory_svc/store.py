@@ -3,7 +3,7 @@
 ``Store`` is the narrow interface the servicer, poller and planner use; ``SqlStore`` is its one
 implementation, on SQLite (a file, the embedded default) or PostgreSQL (shared by replicas),
 applying within its transactions the rules of ``reservations.py`` (what a job may claim) and
-``polls.py`` (what a node's report writes). Everything crossing the interface is a plain
+``polls.py`` (what a node's report writes, and which replica polls which node). Everything crossing the interface is a plain
 dataclass, and every method that depends on the clock takes ``now`` so callers (and tests)
 decide what time it is. The engine plumbing (pool, timeouts, retries of serialisation failures,
 a lost database answering UNAVAILABLE) is ``accelmesh.runtime.database``'s.
@@ -25,7 +25,9 @@ from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample, NodeDescription
 from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction
 from inventory_svc.filtering import DeviceFilter
-from inventory_svc.polls import node_record, prune_samples, store_samples, upsert_devices
+from inventory_svc.polls import (
+    claim_nodes, heartbeat, node_record, prune_samples, release_nodes, store_samples, upsert_devices,
+)
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
 from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
 from inventory_svc.rows import (
@@ -68,6 +70,9 @@ class Store(Protocol):
     def list_nodes(self) -> list[NodeRecord]: ...
     def record_poll_success(self, address: str, description: NodeDescription, now: float) -> list[DeviceChange]: ...
     def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]: ...
+    def heartbeat(self, replica: str, now: float, lease_s: float) -> None: ...
+    def claim_nodes(self, replica: str, now: float, lease_s: float, renew: bool = True) -> list[NodeRecord]: ...
+    def release_nodes(self, replica: str) -> int: ...
     def get_device(self, device_id: str, now: float | None = None) -> DeviceRecord: ...
     def list_devices(
         self, filter: DeviceFilter | None = None, page_size: int = DEFAULT_PAGE_SIZE, after_id: str = "",
@@ -201,6 +206,23 @@ class SqlStore:
             return lost
 
         return self._write(work)
+
+    # -- which replica polls which node ----------------------------------------------------
+
+    def heartbeat(self, replica: str, now: float, lease_s: float) -> None:
+        """``replica`` is live until ``now + lease_s``: counted in every replica's fair share."""
+        _check_lease(replica, lease_s)
+        self._write(lambda conn: heartbeat(conn, replica, now, lease_s))
+
+    def claim_nodes(self, replica: str, now: float, lease_s: float, renew: bool = True) -> list[NodeRecord]:
+        """The nodes ``replica`` polls from ``now``, by address: those it holds (renewed with
+        ``renew``, down to its fair share) and free ones taken up to that share (polls.claim_nodes)."""
+        _check_lease(replica, lease_s)
+        return self._write(lambda conn: claim_nodes(conn, replica, now, lease_s, renew))
+
+    def release_nodes(self, replica: str) -> int:
+        """Give back every node ``replica`` holds (a clean shutdown); how many it held."""
+        return self._write(lambda conn: release_nodes(conn, replica))
 
     # -- devices and samples ---------------------------------------------------------------
 
@@ -345,6 +367,13 @@ def _migrate(engine: Engine) -> str:
         raise FailedPrecondition(
             f"database {where} cannot be opened ({reason}); point the inventory at a database it may write"
         ) from None
+
+def _check_lease(replica: str, lease_s: float) -> None:
+    if not replica:
+        raise InvalidArgument("replica must not be empty; pass the inventory replica's id")
+    if not lease_s > 0:
+        raise InvalidArgument(f"lease_s must be positive, got {lease_s}; derive it from the poll interval")
+
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else now

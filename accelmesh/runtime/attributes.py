@@ -4,7 +4,7 @@ DEVICE_ID = "accelmesh.device.id"
 DEVICE_COUNT = "accelmesh.device.count"
 NODE_ADDRESS = "accelmesh.node.address"
 JOB_ID = "accelmesh.job.id"
-POLL_REASON = "accelmesh.poll.reason"  # "interval" or "refresh"
+POLL_REASON = "accelmesh.poll.reason"  # "interval", "refresh" or "takeover"
 POLL_OUTCOME = "accelmesh.poll.outcome"  # "ok" or the error
 
 JOB_KIND = "accelmesh.job.kind"

@@ -75,6 +75,18 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def allow_connections(self, url: str, allowed: bool) -> None:
+        """As an operator takes a database away (and gives it back): refuse new sessions and end
+        the live ones, or let them in again. The server itself stays up for the other tests."""
+        import psycopg
+        import sqlalchemy as sa
+
+        name = sa.make_url(url).database
+        with psycopg.connect(f"host={self.socket} user=accelmesh dbname=postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
+            if not allowed:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
     def stop(self) -> None:
         try:
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")

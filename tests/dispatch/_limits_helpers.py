@@ -55,9 +55,11 @@ class RecordingMesh(FakeMesh):
 
 
 class Dispatcher:
-    def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20):
+    def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20,
+                 database_url=""):
         self.mesh = RecordingMesh()
-        self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600), ThroughputModel(),
+        self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600, database_url=database_url),
+                                ThroughputModel(),
                                 max_shard_bytes=MAX_SHARD_BYTES, inflight_bytes=1 << 20, job_limits=limits)
         security = CREDENTIALS.service(Role.DISPATCH)
         servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,

@@ -273,3 +273,29 @@ def test_list_and_get_still_work_with_an_oversized_stored_record_present(tmp_pat
         assert job.state == job_pb.JOB_STATE_CANCELLED and not job.plan.shards and job.ByteSize() < 16384
         assert d.stub.GetJob(pb.GetJobRequest(job_id=newer), timeout=WAIT_S).job.state == job_pb.JOB_STATE_SUCCEEDED
 
+
+
+def test_a_job_book_database_that_goes_away_answers_unavailable_and_keeps_every_finished_result(
+        tmp_path, postgres_url):
+    from conftest import _postgres_server
+
+    with serving(tmp_path, database_url=postgres_url) as d:
+        x = X[:64]
+        done = submit(d.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)).job_id
+        assert d.runner.wait_idle(WAIT_S)
+
+        def result():
+            return b"".join(p.chunk.data for p in d.stub.FetchResult(pb.FetchResultRequest(job_id=done), timeout=WAIT_S)
+                            if p.HasField("chunk"))
+
+        before = result()
+        _postgres_server().allow_connections(postgres_url, False)
+        try:
+            for call, request in ((d.stub.GetJob, pb.GetJobRequest(job_id=done)), (d.stub.ListJobs, pb.ListJobsRequest()),
+                                  (d.stub.CancelJob, pb.CancelJobRequest(job_id=done))):
+                error = rpc_error(call, request, timeout=WAIT_S)
+                assert error.code() == grpc.StatusCode.UNAVAILABLE and "try again" in error.details(), error.details()
+        finally:
+            _postgres_server().allow_connections(postgres_url, True)
+        assert d.stub.GetJob(pb.GetJobRequest(job_id=done), timeout=WAIT_S).job.state == job_pb.JOB_STATE_SUCCEEDED
+        assert before and result() == before  # the finished result, whole, as before the outage

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import threading
 
-import psycopg
 import pytest
-import sqlalchemy as sa
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from conftest import _postgres_server
@@ -69,12 +67,7 @@ def test_an_unreachable_server_is_refused_naming_the_url_without_its_password(tm
 
 
 def _allow_connections(url: str, allowed: bool) -> None:
-    """As an operator would take the database away: refuse new sessions and end the live ones."""
-    server, name = _postgres_server(), sa.make_url(url).database
-    with psycopg.connect(f"host={server.socket} user=accelmesh dbname=postgres", autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
-        if not allowed:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+    _postgres_server().allow_connections(url, allowed)
 
 
 def test_a_database_that_goes_away_answers_unavailable_and_serves_again_once_back(replicas, postgres_url):

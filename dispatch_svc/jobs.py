@@ -41,6 +41,7 @@ RESTART_ERROR = "the dispatcher restarted while the job was running; submit it a
 # Job message about half as long (JSON is the wordier), far below the 16 MiB message limit. A job
 # within the dispatcher's limits (config.JobLimits) stays well under it.
 MAX_RECORD_CHARS = 4 * 1024 * 1024
+WATCH_POLL_S = 0.5  # how often a watcher looks for events another process (a dispatch replica) wrote
 # Records longer than this are trimmed by SQLite for a listing, which shows no per-shard lists:
 # the dispatcher then parses kilobytes per listed job, not megabytes.
 LISTING_TRIM_CHARS = 64 * 1024
@@ -264,7 +265,9 @@ class JobBook:
                 if not rows:
                     if self.get(job_id).final:
                         return
-                    self._changed.wait()
+                    # Woken at once by this process's writes; another replica's (a job it runs,
+                    # watched through this one) are read at the next look, WATCH_POLL_S on.
+                    self._changed.wait(WATCH_POLL_S)
                     continue
             for idx, text in rows:
                 index = idx + 1

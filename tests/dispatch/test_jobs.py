@@ -251,3 +251,26 @@ def test_two_books_on_one_database_create_one_job_per_request_id(tmp_path, book_
     assert second.by_request("alice", "retry-me").job_id == job.job_id
     assert second.by_request("bob", "retry-me") is None and second.by_request("alice", "") is None
     assert second.create(spec, owner="bob").job_id != job.job_id
+
+
+def test_a_watcher_on_one_book_sees_the_events_another_book_on_the_database_writes(tmp_path, book_db):
+    """WatchJob through a dispatch replica other than the one running the job: its events come,
+    the last one included, though no write of this process wakes the watcher."""
+    url = book_db or str(tmp_path / "shared.db")
+    running, watching = (JobBook(tmp_path / name, retention_s=60, database_url=url) for name in ("a", "b"))
+    job = running.create(SPEC)
+    running.emit(job, m.PLANNED, message="2 shards")
+    seen = []
+    watcher = threading.Thread(target=lambda: seen.extend(e.type for e in watching.events(job.job_id)), daemon=True)
+    watcher.start()
+    waiting = threading.Event()  # never set: its wait() is a bounded poll interval
+    for _ in range(3000):  # until the watcher has read the log so far and waits for more
+        if watching._changed._waiters:
+            break
+        waiting.wait(0.01)
+    assert watching._changed._waiters, "the watcher never waited for events"
+    running.emit(job, m.SHARD_FINISHED, message="0")
+    running.finish(job, m.SUCCEEDED)
+    watcher.join(timeout=30)
+    assert not watcher.is_alive(), "the watcher never saw the job end"
+    assert seen == [m.PLANNED, m.SHARD_FINISHED, "succeeded"]

@@ -87,8 +87,7 @@ class JobBook:
         except BaseException:
             self._engine.dispose()
             raise
-        self._upsert = database.upsert(self._engine, jobs_table, ("job_id",),
-                                       ("state", "record", "expires", "program", "summary"))  # not request_id
+        self._upsert = database.upsert(self._engine, jobs_table, _record_update)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
@@ -293,6 +292,11 @@ class JobBook:
     def wake_watchers(self) -> None:
         with self._lock:
             self._changed.notify_all()
+
+
+def _record_update(new) -> dict:
+    """What saving a job again changes in its row: not its creation, owner or request id."""
+    return {name: new[name] for name in ("state", "record", "expires", "program", "summary")}
 
 
 def _without(text: str, paths) -> str:

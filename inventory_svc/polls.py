@@ -19,7 +19,8 @@ from sqlalchemy.engine import Connection
 from accelmesh.errors import FailedPrecondition, NotFound
 from accelmesh.hardware.model import DeviceSample, DeviceSpec
 from inventory_svc.records import DeviceChange, NodeRecord
-from inventory_svc.rows import NODE_BY_ADDRESS, NODE_SELECT, SPEC_COLUMNS, spec_values, upsert
+from accelmesh.runtime.database import upsert
+from inventory_svc.rows import NODE_BY_ADDRESS, NODE_SELECT, SPEC_COLUMNS, spec_values
 from inventory_svc.tables import devices, inventory_replicas, nodes, status_samples
 
 

@@ -15,7 +15,8 @@ from sqlalchemy.engine import Connection
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from accelmesh.hardware.model import free_memory_bytes
 from inventory_svc.records import Reservation
-from inventory_svc.rows import DEVICE_BY_ID, RESERVATION_COLUMNS, device_record, upsert
+from accelmesh.runtime.database import upsert
+from inventory_svc.rows import DEVICE_BY_ID, RESERVATION_COLUMNS, device_record
 from inventory_svc.tables import devices, reservations
 
 _r = reservations.c

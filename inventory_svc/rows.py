@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 
@@ -119,28 +117,6 @@ NODE_SELECT = sa.select(
     nodes.c.address, nodes.c.ip, nodes.c.hostname, nodes.c.state, nodes.c.registered_at,
     nodes.c.last_seen_at, nodes.c.missed_polls, nodes.c.last_error,
 )
-
-
-_INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
-
-
-@functools.lru_cache(maxsize=64)
-def _upsert(dialect: str, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None):
-    statement = _INSERTS[dialect](table)
-    keys = [column.name for column in table.primary_key.columns]
-    if update is None:
-        values = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
-    else:
-        values = update(statement.excluded)
-    return statement.on_conflict_do_update(index_elements=keys, set_=values)
-
-
-def upsert(conn: Connection, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None = None):
-    """An insert into ``table`` that, on a primary-key clash, sets what ``update(excluded)`` returns,
-    or (without ``update``) every non-key column to the inserted value. Both engines spell it
-    INSERT ... ON CONFLICT DO UPDATE, but SQLAlchemy builds it from each dialect's own ``insert``.
-    Built once per dialect and ``update`` (a module-level function), as a poll cycle runs it per node."""
-    return _upsert(conn.dialect.name, table, update)
 
 
 # One device, as of :now: run with {"id": ..., "now": ...}. Built once: the statement's cache key

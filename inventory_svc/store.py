@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample, NodeDescription
-from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction
+from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction, upsert
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.polls import (
     claim_nodes, heartbeat, node_record, prune_samples, release_nodes, store_samples, upsert_devices,
@@ -32,7 +32,7 @@ from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reserv
 from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
 from inventory_svc.rows import (
     DEVICE_BY_ID, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
-    pushdown, sample, upsert,
+    pushdown, sample,
 )
 from inventory_svc.tables import devices, nodes, reservations, status_samples
 

@@ -68,21 +68,23 @@ class PostgresServer:
 
     def database(self) -> str:
         """A new, empty database; its URL."""
+        name = "t_" + uuid.uuid4().hex[:12]
+        with self._admin() as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def _admin(self):
         import psycopg
 
-        name = "t_" + uuid.uuid4().hex[:12]
-        with psycopg.connect(f"host={self.socket} user=accelmesh dbname=postgres", autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
+        return psycopg.connect(f"host={self.socket} user=accelmesh dbname=postgres", autocommit=True)
 
     def allow_connections(self, url: str, allowed: bool) -> None:
         """As an operator takes a database away (and gives it back): refuse new sessions and end
         the live ones, or let them in again. The server itself stays up for the other tests."""
-        import psycopg
         import sqlalchemy as sa
 
         name = sa.make_url(url).database
-        with psycopg.connect(f"host={self.socket} user=accelmesh dbname=postgres", autocommit=True) as admin:
+        with self._admin() as admin:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
             if not allowed:
                 admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))

@@ -16,6 +16,7 @@ INTERNAL, and the pool's pre-ping replaces dead connections once it is back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from accelmesh import errors
@@ -113,16 +115,23 @@ def open_engine(target: str | Path, *, service: str, statement_timeout_ms: int |
     return engine
 
 
-def upsert(engine: Engine, table: sa.Table, keys: tuple[str, ...], updates: tuple[str, ...]):
-    """An INSERT of a row that, when `keys` match an existing one, sets `updates` from it instead:
-    both engines say ON CONFLICT ... DO UPDATE, each through its own dialect's construct."""
-    if is_postgres(engine):
-        from sqlalchemy.dialects.postgresql import insert
+@functools.lru_cache(maxsize=64)
+def _upsert(dialect: str, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None):
+    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    keys = [column.name for column in table.primary_key.columns]
+    if update is None:
+        values = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
     else:
-        from sqlalchemy.dialects.sqlite import insert
-    statement = insert(table)
-    return statement.on_conflict_do_update(index_elements=list(keys),
-                                           set_={name: statement.excluded[name] for name in updates})
+        values = update(statement.excluded)
+    return statement.on_conflict_do_update(index_elements=keys, set_=values)
+
+
+def upsert(conn: Connection | Engine, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None = None):
+    """An insert into ``table`` that, on a primary-key clash, sets what ``update(excluded)`` returns,
+    or (without ``update``) every non-key column to the inserted value. Both engines spell it
+    INSERT ... ON CONFLICT DO UPDATE, but SQLAlchemy builds it from each dialect's own ``insert``.
+    Built once per dialect and ``update`` (a module-level function), as a poll cycle runs it per node."""
+    return _upsert(conn.dialect.name, table, update)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -1,5 +1,5 @@
 """Freed memory goes back to the system (accelmesh/runtime/memory.py): in a fresh process, 150 MiB
-freed in 100 KiB blocks below a block still in use stays resident until a trim pass, and the
+freed in 100 KiB blocks below a block still in use stays (mostly) resident until a trim pass, and the
 trimming thread hands it back. Linux with glibc (what the mesh's images run); elsewhere the
 module has nothing to trim and says so by returning None."""
 
@@ -19,15 +19,17 @@ from accelmesh.runtime.memory import start_trimming
 def rss_mib():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) >> 10
 
+base = rss_mib()
 blocks = [bytes(100 * 1024) for _ in range(1500)]  # under the mmap threshold: from the heap
 keep = blocks[-1]  # in use above the rest, so free() cannot shrink the heap by itself
 del blocks
 freed = rss_mib()
+target = base + (freed - base) // 4
 stop = start_trimming(0.05)
 deadline = time.monotonic() + 30
-while rss_mib() > freed - 100 and time.monotonic() < deadline:
+while rss_mib() > target and time.monotonic() < deadline:
     time.sleep(0.05)
-print(freed, rss_mib())
+print(base, freed, rss_mib())
 stop.set()
 """
 
@@ -37,9 +39,14 @@ def test_the_trimming_thread_hands_freed_heap_memory_back():
         assert start_trimming(0.05) is None
         return
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True)
-    freed, trimmed = map(int, out.stdout.split())
-    assert freed >= 100, f"the freed blocks were not resident ({freed} MiB): the test measures nothing"
-    assert trimmed <= freed - 100, f"{freed} MiB resident after the free, {trimmed} MiB after trimming"
+    base, freed, trimmed = map(int, out.stdout.split())
+    # How much of the 150 MiB free() keeps resident by itself varies with the host's glibc and
+    # kernel; the test needs a good part of it, and the trim to hand back three quarters of that.
+    held = freed - base
+    assert held >= 50, f"only {held} MiB of the freed blocks stayed resident: the test measures nothing"
+    assert trimmed - base <= held // 4, (
+        f"{base} MiB before, {freed} MiB resident after the free, {trimmed} MiB after trimming"
+    )
 
 
 def test_trimming_can_be_turned_off():

@@ -14,6 +14,8 @@ from accelmesh.security.identity import Role
 from dispatch_svc.interface import RESERVATION_TTL_S
 from dispatch_svc.planner.placement_types import MAX_LAYERS
 
+DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
@@ -78,6 +80,10 @@ class DispatchConfig:
     # ACCELMESH_DISPATCH_DB: the job book (jobs, events); empty: the SQLite file jobs.db in data_dir,
     # or a postgresql://user:password@host:5432/dbname URL
     db: str = ""
+    # ACCELMESH_DISPATCH_LEASE_S: replicas share the job book and take over the jobs of one that
+    # stopped once its lease on them ran out; 0: this dispatcher is the book's only one. Default:
+    # takeover.DEFAULT_LEASE_S on a PostgreSQL book, 0 on a SQLite file.
+    lease_s: float = 0.0
     result_retention_s: float = 24 * 3600.0  # ACCELMESH_RESULT_RETENTION_S: results deleted after this
     max_shard_bytes: int = 16 * MIB  # ACCELMESH_MAX_SHARD_BYTES: inputs of one shard, at most
     inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
@@ -113,6 +119,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         compile=args.compile,
         data_dir=args.data_dir,
         db=args.db,
+        lease_s=env_float("ACCELMESH_DISPATCH_LEASE_S", DEFAULT_LEASE_S if args.db.startswith("postgres") else 0.0,
+                          env, minimum=0),
         result_retention_s=env_float("ACCELMESH_RESULT_RETENTION_S", d.result_retention_s, env, minimum=1),
         max_shard_bytes=env_int("ACCELMESH_MAX_SHARD_BYTES", d.max_shard_bytes, env, minimum=1024),
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),

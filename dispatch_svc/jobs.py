@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -37,6 +38,8 @@ from dispatch_svc.schema.tables import jobs as jobs_table
 log = logging.getLogger(__name__)
 
 RESTART_ERROR = "the dispatcher restarted while the job was running; submit it again"
+INPUTS_LOST_ERROR = ("the dispatch replica running this job stopped before the job's inputs had all arrived, so no "
+                     "other replica could take it over; submit it again")
 # A stored record or event longer than this is read without its plan, shards and losses: a
 # Job message about half as long (JSON is the wordier), far below the 16 MiB message limit. A job
 # within the dispatcher's limits (config.JobLimits) stays well under it.
@@ -56,8 +59,25 @@ _J, _E = jobs_table.c, events_table.c
 _BY_REQUEST = sa.select(_J.job_id).where(_J.owner == sa.bindparam("owner"), _J.request_id == sa.bindparam("request_id"))
 _EVENT_COUNT = sa.select(sa.func.count()).select_from(events_table).where(_E.job_id == sa.bindparam("job_id"))
 _INSERT_EVENT = events_table.insert()
+# Leased: an event is logged only by the replica that holds the job (none back: another one does).
+_INSERT_HELD_EVENT = events_table.insert().from_select(
+    ["job_id", "idx", "event", "brief"],
+    sa.select(sa.bindparam("e_job", type_=sa.Text), sa.bindparam("e_idx", type_=sa.Integer),
+              sa.bindparam("e_event", type_=sa.Text), sa.bindparam("e_brief", type_=sa.Text)).where(
+        sa.exists().where(_J.job_id == sa.bindparam("e_job"), _J.runner == sa.bindparam("me")))).returning(_E.idx)
 _UNFINISHED = sa.select(_J.job_id).where(_J.state.not_in(m.FINAL_STATES))
 _EXPIRED = sa.select(_J.job_id).where(_J.expires.is_not(None), _J.expires <= sa.bindparam("now"))
+# Leases (takeover.py): renewed in one statement for every job a replica runs; a lapsed one claimed
+# in one statement, so two replicas never both take a job over.
+_RENEW = jobs_table.update().where(_J.runner == sa.bindparam("me"), _J.runner_until.is_not(None)).values(
+    runner_until=sa.bindparam("until")).returning(_J.job_id, _J.cancel_requested)
+_CLAIM = jobs_table.update().where(_J.runner_until.is_not(None), _J.runner_until < sa.bindparam("now")).values(
+    runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id, _J.inputs_stored)
+_INPUTS_STORED = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(inputs_stored=True)
+_REQUEST_CANCEL = jobs_table.update().where(_J.job_id == sa.bindparam("job"), _J.runner_until.is_not(None)).values(
+    cancel_requested=sa.bindparam("reason"))
+_RUNNER = sa.select(_J.runner, _J.runner_until).where(_J.job_id == sa.bindparam("job_id"))
+_ALL_EVENTS = sa.select(_E.event).where(_E.job_id == sa.bindparam("job_id")).order_by(_E.idx)
 _DELETE_EVENTS = events_table.delete().where(_E.job_id.in_(sa.bindparam("ids", expanding=True)))
 _DELETE_JOBS = jobs_table.delete().where(_J.job_id.in_(sa.bindparam("ids", expanding=True)))
 _RECORD = sa.select(sa.case((sa.func.length(_J.record) <= MAX_RECORD_CHARS, _J.record)), _J.summary).where(
@@ -74,11 +94,22 @@ def job_not_found(job_id: str) -> errors.NotFound:
 
 
 class JobBook:
-    def __init__(self, data_dir: Path, *, retention_s: float, clock=time.time, database_url: str = ""):
-        """`database_url`: where records and events live; empty, the SQLite file jobs.db in `data_dir`."""
+    def __init__(self, data_dir: Path, *, retention_s: float, clock=time.time, database_url: str = "",
+                 lease_s: float = 0.0, replica: str = ""):
+        """`database_url`: where records and events live; empty, the SQLite file jobs.db in `data_dir`.
+
+        `lease_s` 0: this process is the book's only dispatcher, and a job it finds unfinished at
+        start was cut off by its own restart (FAILED). Above 0, several replicas share the book:
+        each job is leased to the replica running it (`replica`, a fresh id by default) for
+        `lease_s`, renewed while it runs, and its inputs are stored under `data_dir` (shared by
+        every replica) so that another replica can take it over once the lease lapses
+        (takeover.py)."""
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.results = ResultStore(self.data_dir / "results")
+        self.inputs = ResultStore(self.data_dir / "inputs")  # a leased job's inputs, until it ends
+        self.lease_s = lease_s
+        self.replica = replica or uuid.uuid4().hex[:12]
         self._retention_s = retention_s
         self._clock = clock
         self._engine = database.open_engine(database_url or self.data_dir / "jobs.db", service="dispatch")
@@ -87,12 +118,14 @@ class JobBook:
         except BaseException:
             self._engine.dispose()
             raise
-        self._upsert = database.upsert(self._engine, jobs_table, _record_update)
+        # Leased, fenced on the runner: a replica that lost a job's lease to another cannot overwrite it.
+        self._upsert = database.upsert(self._engine, jobs_table, _record_update, same="runner" if lease_s else "")
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
         self._event_counts: dict[str, int] = {}  # events logged per job: the next event's index
-        self.interrupted = self._fail_interrupted_jobs()  # their reservations are the caller's to release
+        # Their reservations are the caller's to release. Leased, they are found by takeover.py.
+        self.interrupted = [] if lease_s else self._fail_interrupted_jobs()
         self.expire_results()
 
     @property
@@ -125,6 +158,75 @@ class JobBook:
             job_id = connection.execute(_BY_REQUEST, {"owner": owner, "request_id": request_id}).scalar()
         return None if job_id is None else self.get(job_id)
 
+    # -- leases (takeover.py) ---------------------------------------------------------------
+
+    def renew_leases(self) -> list[tuple[str, str | None]]:
+        """Move this replica's leases on; (job id, cancel asked through another replica or None)
+        for every unfinished job it still holds."""
+        values = {"me": self.replica, "until": self._clock() + self.lease_s}
+        return [tuple(row) for row in database.transaction(self._engine, lambda c: c.execute(_RENEW, values).all())]
+
+    def claim_lapsed(self) -> list[tuple[str, bool]]:
+        """Take the jobs whose runner stopped renewing: (job id, whether its inputs are stored)."""
+        now = self._clock()
+        values = {"me": self.replica, "now": now, "until": now + self.lease_s}
+        rows = database.transaction(self._engine, lambda c: c.execute(_CLAIM, values).all())
+        return [(job_id, bool(stored)) for job_id, stored in rows]
+
+    def runner_of(self, job_id: str) -> tuple[str, float | None]:
+        with database.connected(self._engine) as connection:
+            row = connection.execute(_RUNNER, {"job_id": job_id}).first()
+        if row is None:
+            raise job_not_found(job_id)
+        return row[0], row[1]
+
+    def inputs_stored(self, job_id: str) -> None:
+        """Every input of the job is in `inputs`: another replica can run it from there."""
+        database.transaction(self._engine, lambda c: c.execute(_INPUTS_STORED, {"job": job_id}))
+
+    def request_cancel(self, job_id: str, reason: str) -> bool:
+        """Ask the replica running the job to cancel it (at its next renewal); False: not leased."""
+        count = database.transaction(
+            self._engine, lambda c: c.execute(_REQUEST_CANCEL, {"job": job_id, "reason": reason}).rowcount)
+        return bool(count)
+
+    def drop_stored(self, job_id: str) -> None:
+        """What only a takeover reads: the job's stored inputs and folded parts (outputs.py)."""
+        self.inputs.delete(job_id)
+        shutil.rmtree(self.results.root / job_id / "parts", ignore_errors=True)
+
+    def adopt(self, job: m.JobRecord) -> None:
+        """A job this replica took over: held live here from now on, its event count from the book."""
+        with self._lock:
+            self._live[job.job_id] = job
+            self._event_counts.pop(job.job_id, None)
+
+    def finished_shards(self, job_id: str) -> set[int]:
+        """The shards a SHARD_FINISHED event says are done (their outputs were written before it)."""
+        with database.connected(self._engine) as connection:
+            texts = connection.execute(_ALL_EVENTS, {"job_id": job_id}).scalars().all()
+        done = set()
+        for text in texts:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                continue
+            if data.get("type") == m.SHARD_FINISHED and isinstance(data.get("shard"), dict):
+                done.add(int(data["shard"]["index"]))
+        return done
+
+    def wait_final(self, job_id: str, timeout_s: float) -> m.JobRecord:
+        """The job once final, or as it is after `timeout_s` (a job another replica runs is read
+        from the book every WATCH_POLL_S)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            left = deadline - time.monotonic()
+            if job.final or left <= 0:
+                return job
+            with self._lock:
+                self._changed.wait(min(WATCH_POLL_S, left))
+
     def update(self, job: m.JobRecord, **changes) -> None:
         with self._lock:
             for key, value in changes.items():
@@ -143,18 +245,37 @@ class JobBook:
 
     def emit(self, job: m.JobRecord, type_: str, **fields) -> m.Event:
         with self._lock:
-            count = self._event_counts.get(job.job_id)
-            if count is None:  # first event of this job in this process: counted once, then kept
-                with database.connected(self._engine) as connection:
-                    count = connection.execute(_EVENT_COUNT, {"job_id": job.job_id}).scalar_one()
+            for attempt in range(3):
+                count = self._event_counts.get(job.job_id)
+                if count is None:  # first event of this job in this process: counted once, then kept
+                    with database.connected(self._engine) as connection:
+                        count = connection.execute(_EVENT_COUNT, {"job_id": job.job_id}).scalar_one()
+                event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
+                try:
+                    self._log(job.job_id, event)
+                    break
+                except sa.exc.IntegrityError:
+                    # That index is taken: the replica this one took the job over from logged it
+                    # as the job changed hands. Counted again.
+                    self._event_counts.pop(job.job_id, None)
+                    if attempt == 2:
+                        raise _lease_lost(job.job_id) from None
             self._event_counts[job.job_id] = count + 1
-            event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
-            text = event_text(event)
-            brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
-            row = {"job_id": job.job_id, "idx": count, "event": text, "brief": brief}
-            database.transaction(self._engine, lambda c: c.execute(_INSERT_EVENT, row))
             self._changed.notify_all()
             return event
+
+    def _log(self, job_id: str, event: m.Event) -> None:
+        text = event_text(event)
+        brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
+        if not self.lease_s:
+            row = {"job_id": job_id, "idx": event.index, "event": text, "brief": brief}
+            database.transaction(self._engine, lambda c: c.execute(_INSERT_EVENT, row),
+                                 reraise=(sa.exc.IntegrityError,))
+            return
+        row = {"e_job": job_id, "e_idx": event.index, "e_event": text, "e_brief": brief, "me": self.replica}
+        if database.transaction(self._engine, lambda c: c.execute(_INSERT_HELD_EVENT, row).first(),
+                                reraise=(sa.exc.IntegrityError,)) is None:
+            raise _lease_lost(job_id)
 
     def _save(self, job: m.JobRecord, *, request_id: str | None = None) -> None:
         """Insert or update the job's row; `request_id` is written by the insert only."""
@@ -162,8 +283,13 @@ class JobBook:
         row = {"job_id": job.job_id, "created": job.created, "state": job.state, "record": text,
                "expires": job.expires, "owner": job.owner, "program": job.spec.program[:256],
                "summary": _without(text, _LISTING_DROPS) if len(text) > LISTING_TRIM_CHARS else None,
-               "request_id": request_id}
-        database.transaction(self._engine, lambda c: c.execute(self._upsert, row), reraise=(sa.exc.IntegrityError,))
+               "request_id": request_id, "runner": self.replica,
+               "runner_until": None if job.final or not self.lease_s else self._clock() + self.lease_s}
+        if not self.lease_s:
+            database.transaction(self._engine, lambda c: c.execute(self._upsert, row), reraise=(sa.exc.IntegrityError,))
+        elif database.transaction(self._engine, lambda c: c.execute(self._upsert, row).first(),
+                                  reraise=(sa.exc.IntegrityError,)) is None:
+            raise _lease_lost(job.job_id)
 
     def _fail_interrupted_jobs(self) -> list[str]:
         with database.connected(self._engine) as connection:
@@ -192,6 +318,7 @@ class JobBook:
                 self._live.pop(job_id, None)
                 self._event_counts.pop(job_id, None)
                 self.results.delete(job_id)
+                self.inputs.delete(job_id)
         return len(expired)
 
     # -- reads ----------------------------------------------------------------------------
@@ -294,9 +421,18 @@ class JobBook:
             self._changed.notify_all()
 
 
+class LeaseLost(errors.FailedPrecondition):
+    """Another dispatch replica runs the job now: this one's writes to it are refused."""
+
+
+def _lease_lost(job_id: str) -> LeaseLost:
+    return LeaseLost(f"job {job_id} is run by another dispatch replica now: this one lost its lease on it (it did "
+                     "not renew in time) and stops")
+
+
 def _record_update(new) -> dict:
-    """What saving a job again changes in its row: not its creation, owner or request id."""
-    return {name: new[name] for name in ("state", "record", "expires", "program", "summary")}
+    """What saving a job again changes in its row: not its creation, owner, request id or runner."""
+    return {name: new[name] for name in ("state", "record", "expires", "program", "summary", "runner_until")}
 
 
 def _without(text: str, paths) -> str:

@@ -1,12 +1,16 @@
 """A job's outputs as its pieces finish (data-parallel shards, or micro-batches leaving the last
 pipeline stage): concatenated outputs written in place on disk, the others folded by their
 combine rule, and `LiveJob.released_rows` advanced over the rows that are final from row 0, so
-RunJob can stream them while later pieces still run."""
+RunJob can stream them while later pieces still run.
+
+A job that another dispatch replica may take over (its book leases jobs) also keeps each finished
+piece's folded outputs on disk beside its results (``parts``), so the replica that takes it over
+folds them in again instead of running those pieces twice (`finished`)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -15,24 +19,47 @@ from dispatch_svc import records as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.interface import LiveJob, ShardWork
+from dispatch_svc.results import ResultStore
+
+PARTS = "parts"  # the folder of a leased job's folded parts, in its results folder
 
 
 class JobOutputs:
     """Thread-safe: pieces finish on several device threads at once."""
 
     def __init__(self, book: JobBook, job: m.JobRecord, live: LiveJob, program: Program,
-                 pieces: Sequence[ShardWork]):
+                 pieces: Sequence[ShardWork], finished: Iterable[int] = ()):
         self._book, self._job, self._live, self._program = book, job, live, program
         self.total = sum(p.rows for p in pieces)
         self._at_row = {p.first_row: p for p in pieces}
         concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
-        self._writers = {i: book.results.create(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:]))
-                         for i, o in concat}
+        open_ = book.results.reopen if finished else book.results.create
+        self._writers = {i: open_(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:])) for i, o in concat}
         self._folds = {i: Accumulator(o.combine, [p.rows for p in pieces]) for i, o in enumerate(program.outputs)
                        if o.combine != "concat"}
         live.concat_names = tuple(o.name for _, o in concat)
         self._finished: set[int] = set()  # piece indices only: their outputs are on disk once written
         self._lock = threading.Lock()
+        # A leased job's folded parts, kept until it ends (deleted with its results).
+        self._parts = ResultStore(book.results.root / job.job_id) if book.lease_s and self._folds else None
+        if finished:
+            self._restore(set(finished))
+
+    def _restore(self, finished: set[int]) -> None:
+        """The pieces a replica that ran the job before finished: their rows are on disk, their
+        folded parts beside them."""
+        parts = {e.name: e for e in self._parts.entries(PARTS)} if self._parts is not None else {}
+        for index in sorted(finished):
+            for i, fold in self._folds.items():
+                fold.add(index, parts[f"{index}.{i}"].read())
+        self._finished |= finished
+        self._advance()
+
+    def _advance(self) -> None:
+        live = self._live
+        while live.released_rows < self.total and self._at_row[live.released_rows].index in self._finished:
+            live.released_rows += self._at_row[live.released_rows].rows
+        self._job.progress = live.released_rows / self.total if self.total else 0.0
 
     def take(self, piece: ShardWork, outputs: Sequence[np.ndarray]) -> int:
         """Write or fold one finished piece's outputs; returns how many pieces are in."""
@@ -40,12 +67,11 @@ class JobOutputs:
             for i, writer in self._writers.items():
                 writer.write_rows(piece.first_row, outputs[i])
             for i, fold in self._folds.items():
+                if self._parts is not None:
+                    self._parts.save(PARTS, f"{piece.index}.{i}", np.asarray(outputs[i]))
                 fold.add(piece.index, outputs[i])
             self._finished.add(piece.index)
-            live = self._live
-            while live.released_rows < self.total and self._at_row[live.released_rows].index in self._finished:
-                live.released_rows += self._at_row[live.released_rows].rows
-            self._job.progress = live.released_rows / self.total
+            self._advance()
             return len(self._finished)
 
     def close(self) -> None:

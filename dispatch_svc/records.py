@@ -16,8 +16,8 @@ PLANNING, COMPILING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
 FINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
 
 # Event types.
-PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP = (
-    "planned", "compiled", "shard_started", "shard_finished", "shard_retried", "training_step",
+PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP, TAKEN_OVER = (
+    "planned", "compiled", "shard_started", "shard_finished", "shard_retried", "training_step", "taken_over",
 )
 EVENT_FOR_STATE = {SUCCEEDED: "succeeded", FAILED: "failed", CANCELLED: "cancelled"}
 

@@ -77,6 +77,14 @@ class ResultStore:
         os.replace(staged, folder / "manifest.json")
         return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
 
+    def reopen(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:
+        """The writer of result `name`, as written so far (a job taken over goes on writing it);
+        created when the job has none of that name yet."""
+        for index, item in enumerate(self._manifest(job_id)):
+            if item["name"] == name and item["dtype"] == dtype and tuple(item["shape"]) == tuple(shape):
+                return ResultWriter(self._entry(job_id, index, item))
+        return self.create(job_id, name, dtype, shape)
+
     def save(self, job_id: str, name: str, value: np.ndarray) -> None:
         writer = self.create(job_id, name, str(value.dtype), value.shape)
         writer.write_rows(0, value)

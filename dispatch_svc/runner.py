@@ -24,10 +24,11 @@ from dispatch_svc import records as m
 from dispatch_svc.config import JobLimits
 from dispatch_svc.device_queues import Cancelled, DevicePool
 from dispatch_svc.interface import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.strategies.context import JobContext, Limits
+from dispatch_svc.stored_inputs import SpoolingFeed, StoredFeed
 from dispatch_svc.validation import check_limits
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,14 @@ class JobRunner:
         with self._lock:
             return self._live.get(job_id)
 
-    def cancel(self, job_id: str) -> m.JobRecord:
+    def cancel(self, job_id: str, reason: str = "cancelled by CancelJob") -> m.JobRecord:
+        """Cancel the job here if this replica runs it, else ask the one that does (takeover.py)."""
         job = self.book.get(job_id)
         live = self.live(job_id)
         if live is not None and not job.final:
-            live.scope.cancel("cancelled by CancelJob")
+            live.scope.cancel(reason)
+        elif not job.final and self.book.lease_s:
+            self.book.request_cancel(job_id, reason)
         return job
 
     def plan(self, spec: m.JobSpec) -> tuple[Program | None, m.Plan, list[Build], list[JobDevice]]:
@@ -98,15 +102,21 @@ class JobRunner:
             self._live[job.job_id] = live
         return job, live
 
-    def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True) -> None:
+    def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
+            taken_over: bool = False) -> None:
         """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
-        caller); the shards' results are collected in a background thread (or here)."""
+        caller); the shards' results are collected in a background thread (or here). A leased job
+        (its book shared by dispatch replicas) stores its inputs as they are read, so another
+        replica can take it over (`take_over`)."""
         live.span = self._tracer.start_span("dispatch.job", attributes={
             attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
         token = trace.use_span(live.span, end_on_exit=False)
         token.__enter__()  # everything this job does, on any thread, is part of its trace
+        if self.book.lease_s and not taken_over:
+            feed = self._spooled(job, feed)
         try:
-            ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer)
+            ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
+                             taken_over=taken_over)
             work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
         except BaseException as exc:
             self._end(job, live, live.pool, exc, feed)
@@ -119,6 +129,48 @@ class JobRunner:
                              name=f"job-{job.job_id}").start()
         else:
             context.run(self._collect, job, live, live.pool, work, feed)
+
+    def _spooled(self, job: m.JobRecord, feed: InputFeed) -> InputFeed:
+        def stored():
+            self.book.inputs_stored(job.job_id)
+        if not job.spec.inputs and not job.spec.client_parameters:
+            stored()  # nothing comes from the client: any replica can run it from its spec
+            return feed
+        return SpoolingFeed(feed, self.book.inputs, job, stored)
+
+    def take_over(self, job_id: str, inputs_stored: bool) -> None:
+        """Run a job whose replica stopped renewing its lease (takeover.py claimed it for this one):
+        the reservations it held released, then from its stored inputs, an inference job keeping
+        the shards finished; a job whose inputs never all arrived ends FAILED, saying so."""
+        job = self.book.get(job_id)
+        if job.final or self.live(job_id) is not None:
+            return
+        self.book.adopt(job)
+        try:
+            self.mesh.release(job_id)  # the stopped replica's: this one reserves what it needs anew
+        except errors.AccelmeshError as exc:  # their leases lapse on their own
+            log.warning("releasing the reservations of %s before taking it over failed: %s", job_id, exc)
+        if not inputs_stored:
+            self.book.finish(job, m.FAILED, INPUTS_LOST_ERROR)
+            self.book.drop_stored(job_id)
+            self.book.forget_live(job_id)
+            return
+        resumable = job.plan is not None and job.spec.kind == m.INFERENCE and job.spec.placement is None
+        kept = len(self.book.finished_shards(job_id)) if resumable else 0
+        if not resumable:  # its outputs so far are the stopped run's: it starts again from its inputs
+            self.book.results.delete(job_id)
+            job.shards, job.progress = [], 0.0
+        self.book.emit(job, m.TAKEN_OVER, message=(
+            f"dispatch replica {self.book.replica} took the job over from one that stopped renewing its lease: "
+            + (f"{kept} of {len(job.plan.shards)} shards were finished and are kept" if resumable
+               else "it runs again from its stored inputs")))
+        live = LiveJob()
+        with self._lock:
+            self._live[job_id] = live
+        try:
+            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, taken_over=True)
+        except Exception:  # noqa: BLE001 - ended and recorded by run
+            pass
 
     def _collect(self, job, live, pool, work, feed) -> None:
         try:
@@ -144,9 +196,36 @@ class JobRunner:
         if pool is not None:
             pool.close()
         try:
-            self.mesh.release(job.job_id)
+            if self._still_runs(job.job_id):  # a replica that took it over holds its reservations now
+                self.mesh.release(job.job_id)
         except errors.AccelmeshError as release_error:  # the lease runs out on its own
             log.warning("releasing %s failed: %s", job.job_id, release_error)
+        try:
+            self._finish(job, live, exc, cancelled)
+        except LeaseLost as lost:  # another replica took the job over: its record is that one's to write
+            log.warning("%s", lost)
+            live.error = live.error or lost
+        if live.span is not None:
+            if exc is not None:
+                live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
+            live.span.end()
+        _let_go(live, feed, exc)
+        if self.book.lease_s:
+            self.book.drop_stored(job.job_id)  # no replica takes a final job over
+        # Final: the book has it all. Kept here, every job ever run (its error, traceback and
+        # inputs among them) would stay in memory until the dispatcher stops.
+        self.book.forget_live(job.job_id)
+        with self._ended:
+            self._live.pop(job.job_id, None)
+            self._ended.notify_all()
+        live.done.set()  # last: whoever waits for the job's end finds it out of every map
+
+
+    def _still_runs(self, job_id: str) -> bool:
+        """Whether this replica still holds the job's lease (always, unleased)."""
+        return not self.book.lease_s or self.book.runner_of(job_id)[0] == self.book.replica
+
+    def _finish(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
         if exc is None:
             self.book.finish(job, m.SUCCEEDED, message="done")
         elif cancelled:
@@ -157,18 +236,6 @@ class JobRunner:
                 log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())
             live.error = detached(exc)
             self.book.finish(job, m.FAILED, error=bounded(str(exc) or type(exc).__name__, MAX_ERROR_BYTES))
-        if live.span is not None:
-            if exc is not None:
-                live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
-            live.span.end()
-        _let_go(live, feed, exc)
-        # Final: the book has it all. Kept here, every job ever run (its error, traceback and
-        # inputs among them) would stay in memory until the dispatcher stops.
-        self.book.forget_live(job.job_id)
-        with self._ended:
-            self._live.pop(job.job_id, None)
-            self._ended.notify_all()
-        live.done.set()  # last: whoever waits for the job's end finds it out of every map
 
 
 def detached(exc: BaseException) -> BaseException:

@@ -17,6 +17,7 @@ from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.runner import JobRunner
 from dispatch_svc.servicer import DispatchServicer
+from dispatch_svc.takeover import Takeover
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
 # People only; what each may see of the jobs (their own, or an operator's everyone's) is the servicer's.
@@ -31,7 +32,8 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         tracer_provider = configure_telemetry("accelmesh-dispatch")
     mesh = GrpcMesh(config.inventory, config.compile, config.security.without_token(), tracer_provider=tracer_provider,
                     max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
-    book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s, database_url=config.db)
+    book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s, database_url=config.db,
+                   lease_s=config.lease_s)
     for job_id in book.interrupted:  # a crashed dispatcher left them holding devices
         try:
             mesh.release(job_id)
@@ -44,7 +46,11 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                                 max_parameter_bytes=config.max_client_parameter_bytes,
                                 max_message_bytes=config.max_message_bytes)
 
+    takeover = Takeover(runner).start() if config.lease_s else None
+
     def shutdown():
+        if takeover is not None:
+            takeover.stop()
         mesh.close()
         book.close()
 

@@ -39,6 +39,7 @@ MAX_LIST = 1000  # a larger page_size is read as this (AIP-158): each listed job
 # A ListJobs page stops before its jobs pass this share of the message limit, whatever page_size
 # asked: listed jobs are summaries (translate.job_to_proto), so only specs near the limits fill it.
 LIST_MESSAGE_SHARE = 0.5
+CANCEL_WAIT_S = 30  # CancelJob answers once the job has stopped, or with it as it is after this
 
 
 def _first_spec(requests) -> job_pb.JobSpec:
@@ -166,8 +167,11 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         self.runner.cancel(request.job_id)
         live = self.runner.live(request.job_id)
         if live is not None:
-            live.done.wait(30)
-        return pb.CancelJobResponse(job=tr.job_to_proto(self.book.get(request.job_id)))
+            live.done.wait(CANCEL_WAIT_S)
+            job = self.book.get(request.job_id)
+        else:  # run by another replica (or by none): as the book says once that one has acted
+            job = self.book.wait_final(request.job_id, CANCEL_WAIT_S if self.book.lease_s else 0)
+        return pb.CancelJobResponse(job=tr.job_to_proto(job))
 
     def FetchResult(self, request, context):
         job = self._job(request.job_id, context)

@@ -116,22 +116,30 @@ def open_engine(target: str | Path, *, service: str, statement_timeout_ms: int |
 
 
 @functools.lru_cache(maxsize=64)
-def _upsert(dialect: str, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None):
+def _upsert(dialect: str, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None, same: str):
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
     keys = [column.name for column in table.primary_key.columns]
     if update is None:
         values = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
     else:
         values = update(statement.excluded)
-    return statement.on_conflict_do_update(index_elements=keys, set_=values)
+    if not same:
+        return statement.on_conflict_do_update(index_elements=keys, set_=values)
+    fenced = statement.on_conflict_do_update(index_elements=keys, set_=values,
+                                             where=table.c[same] == statement.excluded[same])
+    return fenced.returning(*table.primary_key.columns)  # no row back: fenced off (rowcount says -1 on psycopg)
 
 
-def upsert(conn: Connection | Engine, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None = None):
+def upsert(conn: Connection | Engine, table: sa.Table, update: Callable[[sa.ColumnCollection], dict] | None = None,
+           *, same: str = ""):
     """An insert into ``table`` that, on a primary-key clash, sets what ``update(excluded)`` returns,
     or (without ``update``) every non-key column to the inserted value. Both engines spell it
     INSERT ... ON CONFLICT DO UPDATE, but SQLAlchemy builds it from each dialect's own ``insert``.
+    With ``same``, a row whose column of that name differs from the inserted one is left as it
+    is, and the statement returns no row (it returns the key otherwise): a fence, e.g. on the
+    writer that holds the row.
     Built once per dialect and ``update`` (a module-level function), as a poll cycle runs it per node."""
-    return _upsert(conn.dialect.name, table, update)
+    return _upsert(conn.dialect.name, table, update, same)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -162,12 +170,13 @@ def retryable(exc: BaseException) -> bool:
     return getattr(original, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
 
-def unavailable(exc: sa.exc.SQLAlchemyError, engine: Engine) -> errors.AccelmeshError:
-    """What a failed database call answers: UNAVAILABLE when the server is gone (try again later)."""
+def unavailable(exc: sa.exc.SQLAlchemyError, engine: Engine) -> Exception:
+    """What a failed database call answers: UNAVAILABLE when the server is gone (try again later);
+    anything else is a bug of the caller's (INTERNAL, logged with its traceback by the server)."""
     if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)):
         return errors.Unavailable(f"the database {redacted(_as_typed(engine.url))} is not answering ({_reason(exc)}); "
                                   "try again when it is back")
-    return errors.Internal(f"database error: {_reason(exc)}")
+    return RuntimeError(f"database error: {_reason(exc)}")
 
 
 @contextmanager

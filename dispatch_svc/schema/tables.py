@@ -21,6 +21,13 @@ jobs = sa.Table(
     sa.Column("program", sa.Text, nullable=False, server_default=""),
     sa.Column("summary", sa.Text),
     sa.Column("request_id", sa.Text),  # the client's (AIP-155), unique per owner; NULL for none
+    # The dispatch replica running the job, and until when its lease holds (NULL once final);
+    # whether its inputs are stored whole, so another replica can take it over; a cancel asked
+    # through a replica that does not run it (the reason), for the runner to act on.
+    sa.Column("runner", sa.Text, nullable=False, server_default=""),
+    sa.Column("runner_until", sa.Float),
+    sa.Column("inputs_stored", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("cancel_requested", sa.Text),
 )
 
 events = sa.Table(

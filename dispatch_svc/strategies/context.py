@@ -173,6 +173,7 @@ class JobContext:
     live: LiveJob
     feed: InputFeed
     tracer: trace.Tracer = field(default_factory=trace.NoOpTracer)
+    taken_over: bool = False  # from a dispatch replica that stopped (takeover.py): resume if the strategy can
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -58,6 +58,8 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
 def start(ctx: JobContext):
     """Plan shards, build per target type, reserve; returns the strategy's collecting work."""
     job = ctx.job
+    if ctx.taken_over and job.plan is not None and job.plan.shards and job.spec.kind == m.INFERENCE:
+        return _resume(ctx)
     program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
     ctx.book.update(job, plan=job_plan, state=m.COMPILING)
     ctx.book.emit(job, m.PLANNED, plan=job_plan, message=f"{len(job_plan.shards)} shards on {len(devices)} devices")
@@ -74,6 +76,29 @@ def start(ctx: JobContext):
     # An inference job's parameters are the same for every shard: each worker gets them once.
     pool = ctx.open_pool(spares, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
     return inference.collect(ctx, program, pool)
+
+
+def _resume(ctx: JobContext):
+    """An inference job taken over from a dispatch replica that stopped: its plan's shards as they
+    were, those finished kept, the rest run on the devices the mesh has now (a shard whose planned
+    device is no longer a candidate goes to one the job would be planned on today)."""
+    job = ctx.job
+    program, fresh, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
+    sizes = sorted({s.rows for s in job.plan.shards})
+    if len(sizes) <= MAX_EXECUTABLE_SIZES:
+        builds = ctx.mesh.compile(program, devices, sizes)  # the old plan's sizes: from the cache
+    finished = frozenset(ctx.book.finished_shards(job.job_id)) & {s.index for s in job.plan.shards}
+    have = {d.id for d in devices}
+    spare = [s.device_id for s in fresh.shards] or sorted(have)
+    lost = [s for s in job.plan.shards if s.device_id not in have and s.index not in finished]
+    moved = {s.index: spare[k % len(spare)] for k, s in enumerate(lost)}
+    used = {moved.get(s.index, s.device_id) for s in job.plan.shards if s.index not in finished}
+    ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
+    params = ctx.parameters(program)
+    param_bytes = sum(v.nbytes for _, v in params)
+    ctx.reserve([(d.id, param_bytes + ctx.limits.max_shard_bytes) for d in devices if d.id in used])
+    pool = ctx.open_pool(devices, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
+    return inference.collect(ctx, program, pool, finished, moved)
 
 
 def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: m.JobSpec,

@@ -40,6 +40,7 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_EVENT_TYPE_SUCCEEDED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_FAILED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_CANCELLED: _ClassVar[JobEventType]
+    JOB_EVENT_TYPE_TAKEN_OVER: _ClassVar[JobEventType]
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
@@ -60,6 +61,7 @@ JOB_EVENT_TYPE_TRAINING_STEP: JobEventType
 JOB_EVENT_TYPE_SUCCEEDED: JobEventType
 JOB_EVENT_TYPE_FAILED: JobEventType
 JOB_EVENT_TYPE_CANCELLED: JobEventType
+JOB_EVENT_TYPE_TAKEN_OVER: JobEventType
 
 class JobConstraints(_message.Message):
     __slots__ = ("platforms", "required_capabilities", "max_devices", "filter")

@@ -1,0 +1,216 @@
+"""Dispatch replicas on one job book (dispatch_svc/takeover.py): a job is leased to the replica
+running it; once that one stops renewing, another claims the job and takes it over, keeping the
+shards finished, or ends it FAILED when its inputs never all arrived; a replica that lost a lease
+can no longer write the job; a cancel through any replica reaches the runner. Each on SQLite and
+PostgreSQL, two books sharing one database and one data dir, as two replicas would; the clock is
+the test's, so a lease runs out when the test says."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeMesh, Feed, spec_for
+
+from accelmesh import errors
+from dispatch_svc import records as m
+from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.runner import JobRunner
+from dispatch_svc.takeover import Takeover
+
+LEASE_S = 10.0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def book_db(database_url):
+    return "" if "://" not in database_url else database_url
+
+
+class HoldingMesh(FakeMesh):
+    """Shards from `hold_from` on wait until `let_go` (the replica "dies" with them running)."""
+
+    def __init__(self, hold_from: int):
+        super().__init__(AFFINE)
+        self.hold_from = hold_from
+
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
+        if shard_index >= self.hold_from:
+            self.started.set()
+            while not self.let_go.wait(0.01):
+                if scope.cancelled.is_set():
+                    from dispatch_svc.device_queues import ShardFailed
+                    raise ShardFailed("CANCELLED: the job was cancelled")
+        return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys)
+
+
+def replica(mesh, tmp_path, book_db, clock) -> JobRunner:
+    book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=LEASE_S)
+    return JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=512, inflight_bytes=1 << 20)
+
+
+def finished_events(book: JobBook, job_id: str, count: int) -> None:
+    seen = 0
+    for event in book.events(job_id):
+        seen += event.type == m.SHARD_FINISHED
+        if seen == count:
+            return
+
+
+def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_db):
+    clock = Clock()
+    first_mesh, second_mesh = HoldingMesh(hold_from=3), FakeMesh(AFFINE)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))  # 200 rows of 32 bytes, 16 a shard: 13 shards; 0-2 finish
+        finished_events(first.book, job.job_id, 3)
+        shards = len(job.plan.shards)
+        assert shards > 3 and first.book.runner_of(job.job_id)[0] == first.book.replica
+        takeover = Takeover(second)
+        assert takeover.check() == []  # the lease holds: nothing to take
+
+        clock.now += LEASE_S + 1  # the first replica renewed no more
+        assert takeover.check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        y = next(e for e in second.book.results.entries(job.job_id) if e.name == "y").read()
+        s = next(e for e in second.book.results.entries(job.job_id) if e.name == "s").read()
+        np.testing.assert_array_equal(y, 2 * X + BIAS)
+        np.testing.assert_allclose(s, X.sum(axis=0), rtol=1e-5)
+        ran_again = {shard for _, shard, _ in second_mesh.attempts}
+        assert ran_again == set(range(3, shards))  # the finished shards were not run twice
+        assert second_mesh.released.count(job.job_id) == 2  # the stopped replica's, then its own
+        events = [e.type for e in second.book.events(job.job_id)]
+        assert m.TAKEN_OVER in events and events[-1] == "succeeded"
+        taken = next(e for e in second.book.events(job.job_id) if e.type == m.TAKEN_OVER)
+        assert f"3 of {shards} shards" in taken.message
+        assert not any(second.book.inputs.entries(job.job_id))  # stored inputs go with the job's end
+        assert takeover.check() == []  # a final job is nobody's to claim
+
+        # The first replica comes back: its writes to the job are refused, its end changes nothing.
+        with pytest.raises(LeaseLost):
+            first.book.update(first.book.get(job.job_id), state=m.FAILED, error="stale")
+        first_mesh.let_go.set()
+        assert first.wait_idle(WAIT_S)
+        again = second.book.get(job.job_id)
+        assert again.state == m.SUCCEEDED and again.error == ""
+        assert job.job_id not in first_mesh.released  # it did not release what the second one held
+    finally:
+        first_mesh.let_go.set()
+        first.book.close()
+        second.book.close()
+
+
+class StalledFeed(Feed):
+    """A client that sent part of its input, then stopped (its replica dies before the rest)."""
+
+    def __init__(self, arrays, stop_at: int):
+        super().__init__(arrays)
+        self.stop_at, self.reached, self.resume = stop_at, threading.Event(), threading.Event()
+
+    def blocks(self):
+        for first, arrays in super().blocks():
+            if first >= self.stop_at:
+                self.reached.set()
+                self.resume.wait(WAIT_S)
+                return
+            yield first, arrays
+
+
+def test_a_job_whose_inputs_had_not_all_arrived_ends_failed_saying_so(tmp_path, book_db):
+    clock = Clock()
+    first_mesh, second_mesh = FakeMesh(AFFINE), FakeMesh(AFFINE)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    feed = StalledFeed([X], stop_at=64)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        def feed_the_first():
+            with pytest.raises(errors.AccelmeshError):  # its input ends short once the test lets it go
+                first.run(job, live, feed)
+
+        threading.Thread(target=feed_the_first, daemon=True).start()
+        assert feed.reached.wait(WAIT_S)
+        clock.now += LEASE_S + 1
+        assert Takeover(second).check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.FAILED and done.error == INPUTS_LOST_ERROR
+        assert job.job_id in second_mesh.released and not second_mesh.attempts
+    finally:
+        live.scope.cancel("the test ends")
+        feed.resume.set()
+        first.wait_idle(WAIT_S)
+        first.book.close()
+        second.book.close()
+
+
+def test_a_cancel_through_another_replica_stops_the_job_where_it_runs(tmp_path, book_db):
+    clock = Clock()
+    first_mesh, second_mesh = HoldingMesh(hold_from=0), FakeMesh(AFFINE)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))
+        assert first_mesh.started.wait(WAIT_S)
+        second.cancel(job.job_id, "cancelled by CancelJob")
+        assert second.book.get(job.job_id).state == m.RUNNING  # asked, not yet acted on
+        Takeover(first).check()  # the runner's next renewal reads the request
+        assert live.done.wait(WAIT_S)
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.CANCELLED and "CancelJob" in done.error
+    finally:
+        first_mesh.let_go.set()
+        first.book.close()
+        second.book.close()
+
+
+def test_a_lease_is_renewed_while_the_job_runs_and_dropped_when_it_ends(tmp_path, book_db):
+    clock = Clock()
+    mesh = HoldingMesh(hold_from=0)
+    runner = replica(mesh, tmp_path, book_db, clock)
+    try:
+        job, live = runner.start(spec_for(AFFINE, [X]))
+        runner.run(job, live, Feed([X]))
+        takeover = Takeover(runner)
+        for _ in range(3):  # three leases pass, renewed each time: never lapsed, never claimed
+            clock.now += LEASE_S * 0.9
+            assert takeover.check() == []
+        assert runner.book.runner_of(job.job_id) == (runner.book.replica, clock.now + LEASE_S)
+        mesh.let_go.set()
+        assert live.done.wait(WAIT_S)
+        assert runner.book.runner_of(job.job_id)[1] is None
+        assert runner.book.get(job.job_id).state == m.SUCCEEDED
+    finally:
+        mesh.let_go.set()
+        runner.book.close()
+
+
+def test_an_unleased_book_fails_its_unfinished_jobs_at_start_as_before(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    job = book.create(m.JobSpec(program="affine"))
+    book.close()
+    again = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    assert again.interrupted == [job.job_id] and again.get(job.job_id).state == m.FAILED
+    again.close()
+    with pytest.raises(ValueError, match="leases no jobs"):
+        Takeover(JobRunner(FakeMesh(AFFINE), JobBook(tmp_path, retention_s=60, database_url=book_db),
+                           ThroughputModel(), max_shard_bytes=512, inflight_bytes=1 << 20))
+
+
+def test_a_cancel_of_a_job_no_replica_leases_is_refused_quietly(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db, lease_s=LEASE_S)
+    job = book.create(m.JobSpec(program="affine"))
+    book.finish(job, m.SUCCEEDED)
+    assert book.request_cancel(job.job_id, "too late") is False
+    with pytest.raises(errors.NotFound):
+        book.runner_of("0" * 16)
+    book.close()

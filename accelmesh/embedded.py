@@ -78,24 +78,29 @@ def start_worker(
 
 def start_inventory(
     data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0, lost_after_polls: int = 3,
-    echo: bool = False,
+    echo: bool = False, db: str = "", name: str = "inventory",
 ) -> ServiceProcess:
-    args = ["--listen", listen, "--db", str(data_dir / "inventory.db"),
+    """`db`: the inventory's database URL (replicas share one); default, the SQLite file in `data_dir`."""
+    args = ["--listen", listen, "--db", db or str(data_dir / "inventory.db"),
             "--poll-interval", str(poll_interval_s), "--lost-after", str(lost_after_polls)]
-    return start_service("inventory", "inventory_svc", args, echo=echo, env=service_env(credentials, Role.INVENTORY))
+    return start_service(name, "inventory_svc", args, echo=echo, env=service_env(credentials, Role.INVENTORY))
 
 
 def start_compile(data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0",
-                  echo: bool = False) -> ServiceProcess:
+                  echo: bool = False, name: str = "compile") -> ServiceProcess:
+    """Replicas started on one `data_dir` share its artifact store and uploaded programs."""
     args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"), "--programs-dir", str(data_dir / "programs")]
-    return start_service("compile", "compile_svc", args, echo=echo, env=service_env(credentials, Role.COMPILE))
+    return start_service(name, "compile_svc", args, echo=echo, env=service_env(credentials, Role.COMPILE))
 
 
 def start_dispatch(data_dir: Path, inventory: str, compile_address: str, credentials: MeshCredentials | None, *,
-                   listen: str = "127.0.0.1:0", echo: bool = False, env: dict[str, str] | None = None) -> ServiceProcess:
+                   listen: str = "127.0.0.1:0", echo: bool = False, env: dict[str, str] | None = None,
+                   name: str = "dispatch") -> ServiceProcess:
+    """`inventory` and `compile_address` may name several replicas (`ipv4:host:port,host:port`);
+    replicas of dispatch share `data_dir` and, through `env`, their job book's database."""
     args = ["--listen", listen, "--inventory", inventory, "--compile", compile_address,
             "--data-dir", str(data_dir / "dispatch")]
-    return start_service("dispatch", "dispatch_svc", args, echo=echo,
+    return start_service(name, "dispatch_svc", args, echo=echo,
                          env={**service_env(credentials, Role.DISPATCH), **(env or {})})
 
 

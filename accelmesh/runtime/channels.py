@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 
 import grpc
@@ -28,6 +30,8 @@ def open_channel(
     without, the server's certificate must name the host of ``address``."""
     security = security if security is not None else security_from_env(Role.CLIENT)
     options = channel_options(max_message_bytes)
+    if role in _REPLICATED:
+        options = [*options, ("grpc.service_config", _replicas_config(role)), ("grpc.enable_retries", 1)]
     if security.insecure:
         channel = grpc.insecure_channel(address, options=options)
     else:
@@ -36,6 +40,33 @@ def open_channel(
         credentials = channel_credentials(security.tls, security.token_file)
         channel = grpc.secure_channel(address, credentials, options=options)
     return instrument_channel(channel, tracer_provider)
+
+
+# Services that run as replicas: an address may name several (gRPC's `ipv4:10.0.0.5:50061,10.0.0.6:50061`,
+# or a `dns:///compile:50061` name that resolves to each replica). Calls are spread round robin, and
+# the idempotent ones, those a replica that went away (UNAVAILABLE) can be asked again without
+# doing anything twice, are retried by gRPC on another.
+_REPLICATED = {
+    Role.COMPILE: ("accelmesh.compile.v1.CompileService", (
+        "ListPrograms", "DescribeProgram", "ListRules", "ExplainRule", "Compile", "FetchArtifact", "FetchParameters")),
+    Role.INVENTORY: ("accelmesh.inventory.v1.InventoryService", (
+        "ListNodes", "ListDevices", "GetDevice", "RefreshDevices", "ScoreDevices", "RenewReservations",
+        "ReleaseDevices", "ListReservations")),
+}
+RETRY_ATTEMPTS = 4  # one call and three retries, each on the next replica
+
+
+@functools.cache
+def _replicas_config(role: Role) -> str:
+    service, methods = _REPLICATED[role]
+    return json.dumps({
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{
+            "name": [{"service": service, "method": method} for method in methods],
+            "retryPolicy": {"maxAttempts": RETRY_ATTEMPTS, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+        }],
+    })
 
 
 class ChannelPool:

@@ -1,6 +1,7 @@
-"""The deploy files, checked as text (no YAML parser is a dependency): every accelmesh process they
-run exports traces to the collector, the collector forwards to Jaeger, and the modules and
-ACCELMESH_* variables they name exist. Docker and a cluster are not needed."""
+"""The deploy files, checked as text: every accelmesh process they run exports traces to the
+collector, the collector forwards to Jaeger in compose, every manifest is part of a kustomization,
+and the modules and ACCELMESH_* variables they name exist. Docker and a cluster are not needed;
+tests/shared/test_k8s.py checks the rendered Kubernetes objects."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
+BASE = K8S / "base"
+COLLECTOR_CONFIG = BASE / "otel-collector-config.yaml"  # compose mounts it; kustomize makes its ConfigMap
 SERVICES = {"inventory": "inventory_svc", "compile": "compile_svc", "worker": "worker_svc",
             "dispatch": "dispatch_svc"}
 COLLECTOR = "http://otel-collector:4317"
@@ -47,40 +50,49 @@ def test_every_compose_service_of_the_mesh_exports_to_the_collector():
         assert "credentials:/credentials:ro" in block, f"{name} has no credentials"
         assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in block, f"{name} does not export to the collector"
         assert f'OTEL_SERVICE_NAME: "accelmesh-{name}"' in block
-    assert "./otel-collector.yaml:/etc/otelcol/config.yaml" in services["otel-collector"]
+    assert f"./{COLLECTOR_CONFIG.relative_to(DEPLOY)}:/etc/otelcol/config.yaml" in services["otel-collector"]
     assert '"16686:16686"' in services["jaeger"]
 
 
-def test_the_collector_sends_traces_to_jaeger():
-    config = (DEPLOY / "otel-collector.yaml").read_text()
+def test_the_collector_sends_traces_to_jaeger_in_compose():
+    config = COLLECTOR_CONFIG.read_text()
     receivers, exporters = children(config, "receivers"), children(config, "exporters")
     assert "endpoint: 0.0.0.0:4317" in receivers["otlp"]  # reachable from the other containers
-    assert re.search(r"^\s+endpoint: jaeger:4317$", exporters["otlp/jaeger"], re.M)
+    backend = re.search(r"^\s+endpoint: \$\{env:(\w+)\}$", exporters["otlp/backend"], re.M)
+    assert backend, "the exporter's endpoint is not taken from the environment"
+    collector = children((DEPLOY / "compose.yaml").read_text(), "services")["otel-collector"]
+    assert f"{backend[1]}: jaeger:4317" in collector
     pipeline = re.search(r"^    traces:\n((?:      .*\n?)+)", config, re.M)
     assert pipeline, "no traces pipeline"
-    assert "receivers: [otlp]" in pipeline[1] and "exporters: [otlp/jaeger]" in pipeline[1]
+    assert "receivers: [otlp]" in pipeline[1] and "exporters: [otlp/backend]" in pipeline[1]
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_every_k8s_workload_runs_a_module_and_traces(name):
-    manifest = (K8S / f"{name}.yaml").read_text()
+    manifest = (BASE / f"{name}.yaml").read_text()
     assert f'command: ["python", "-m", "{SERVICES[name]}"]' in manifest
     assert "name: accelmesh-env" in manifest  # envFrom the shared ConfigMap
     assert re.search(rf"name: OTEL_SERVICE_NAME\n\s+value: accelmesh-{name}\n", manifest)
-    assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in (K8S / "config.yaml").read_text()
+    assert f'OTEL_EXPORTER_OTLP_ENDPOINT: "{COLLECTOR}"' in (BASE / "config.yaml").read_text()
 
 
 def test_k8s_workers_are_a_daemonset_named_by_the_node_ip():
-    manifest = (K8S / "worker.yaml").read_text()
+    manifest = (BASE / "worker.yaml").read_text()
     assert "kind: DaemonSet" in manifest
     assert re.search(r"name: ACCELMESH_NODE_IP\n\s+valueFrom:\n\s+fieldRef:\n\s+fieldPath: status.hostIP", manifest)
-    kustomization = (K8S / "kustomization.yaml").read_text()
-    listed = set(re.findall(r"^  - ([\w-]+\.yaml)$", kustomization, re.M))
-    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+@pytest.mark.parametrize("folder", ["base", "overlays/dev", "overlays/production"])
+def test_every_k8s_file_is_part_of_its_kustomization(folder):
+    """A manifest left out of `resources:` (or a generator's file gone missing) is caught here."""
+    kustomization = (K8S / folder / "kustomization.yaml").read_text()
+    named = set(re.findall(r"^  - (?:path: )?([\w.-]+\.yaml)$", kustomization, re.M))  # resources, patches
+    named |= set(re.findall(r"^      - (?:[\w.-]+=)?([\w.-]+\.yaml)$", kustomization, re.M))  # generators' files
+    assert named == {p.name for p in (K8S / folder).glob("*.yaml")} - {"kustomization.yaml"}
 
 
 def test_deploy_names_only_modules_and_variables_the_code_has():
-    texts = [p.read_text() for p in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.glob("*.yaml")]]
+    texts = [p.read_text() for p in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.rglob("*.yaml")]]
     for module in set(re.findall(r'"-m", "([\w.]+)"', "\n".join(texts))):
         assert importlib.util.find_spec(module) is not None, f"deploy runs {module}, which does not exist"
     source = "\n".join(p.read_text() for package in ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc", "worker_svc"]

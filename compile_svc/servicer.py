@@ -27,6 +27,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         self._max_chunk_bytes = max_message_bytes - 1024
 
     def ListPrograms(self, request, context):
+        self.uploads.refresh()  # every lookup first: uploads and deletes through another replica
         programs = self.compiler.registry.list()
         return pb.ListProgramsResponse(programs=[programs_pb.program_to_proto(p, with_layers=False) for p in programs])
 
@@ -34,6 +35,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         if not request.name:
             raise errors.InvalidArgument("name is required; ListPrograms shows what is registered")
         check_reference(request.name, request.version)
+        self.uploads.refresh()
         return pb.DescribeProgramResponse(program=programs_pb.program_to_proto(self.compiler.registry.get(request.name, request.version)))
 
     def UploadProgram(self, request_iterator, context):
@@ -92,6 +94,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
         check_reference(request.program, request.version, name_field="program")
+        self.uploads.refresh()
         targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
         inputs = [programs_pb.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
         layers = tr.layer_range_from_proto(request.layers) if request.HasField("layers") else None
@@ -120,6 +123,7 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
         check_reference(request.program, request.version, name_field="program")
+        self.uploads.refresh()
         program = self.compiler.registry.get(request.program, request.version)
         if program.init_params is None:
             raise errors.FailedPrecondition(

@@ -55,6 +55,7 @@ class UploadStore:
         self.max_uploads = max_uploads
         self.max_total_bytes = max_total_bytes
         self._sizes: dict[tuple[str, str], int] = {}  # every stored upload's artifact bytes
+        self._skipped: set[str] = set()  # sidecars that could not be restored: not read again
         self._lock = threading.Lock()
 
     def check(self, name: str, version: str, total_bytes: int = 0, input_names: Sequence[str] = (),
@@ -117,37 +118,61 @@ class UploadStore:
 
         Uploads over today's limits are still restored (refusing them would lose them); new
         uploads are refused until some are deleted."""
-        count = 0
-        for meta_path in sorted(self.root.glob(f"*{META}")):
-            try:
-                meta = json.loads(meta_path.read_text())
-                _check_name(meta["name"], meta["version"], MAX_NAME_CHARS, MAX_VERSION_CHARS)  # stays inside root
-                self.registry.check_upload(meta["name"], meta["version"])
-                data_path = meta_path.with_name(meta_path.name.removesuffix(META) + DATA)
-                data = data_path.read_bytes()
-                digest = hashlib.sha256(data).hexdigest()
-                if meta.get("digest", digest) != digest:  # sidecars written before the digest have none
-                    raise ValueError(f"{data_path.name} is not the artifact its sidecar was written for")
-                program = self._program(meta, data)
-                with self._lock:
-                    self.registry.add_upload(program)
-                    try:
-                        if meta_path != self._path(program.name, program.version, META):
-                            self._save(meta, data)  # named before <name>@<version>: move it there
-                            meta_path.unlink()
-                            data_path.unlink()
-                    except OSError:
-                        self.registry.remove_upload(program.name, program.version)
-                        raise
-                    self._sizes[(program.name, program.version)] = len(data)
-                count += 1
-            except (OSError, ValueError, KeyError, TypeError, errors.AccelmeshError) as exc:
-                log.warning("skipping stored upload %s in %s: %s", meta_path.name, self.root, exc)
+        count = sum(self._restore_one(meta_path) for meta_path in sorted(self.root.glob(f"*{META}")))
         if len(self._sizes) > self.max_uploads or sum(self._sizes.values()) > self.max_total_bytes:
             log.warning("%d stored uploads (%d bytes) are over the limits of %d uploads and %d bytes; new "
                         "uploads are refused until some are deleted", len(self._sizes), sum(self._sizes.values()),
                         self.max_uploads, self.max_total_bytes)
         return count
+
+    def refresh(self) -> None:
+        """Bring the registry in line with the folder, which compile replicas share: register what
+        another replica uploaded, drop what another deleted. A directory listing when nothing
+        changed; called before every lookup of a program, so a program uploaded through one
+        replica is known to the next call on any other."""
+        stored = {p.name for p in self.root.glob(f"*{META}")}
+        with self._lock:
+            known = {self._path(name, version, META).name: (name, version) for name, version in self._sizes}
+        for file_name, (name, version) in known.items():
+            if file_name not in stored:
+                with self._lock:
+                    try:
+                        self.registry.remove_upload(name, version)
+                    except errors.NotFound:
+                        pass
+                    self._sizes.pop((name, version), None)
+        for file_name in sorted(stored - known.keys() - self._skipped):
+            self._restore_one(self.root / file_name)
+
+    def _restore_one(self, meta_path: Path) -> bool:
+        """Register one stored upload; a damaged, duplicate or reserved one is logged, skipped and
+        not read again by `refresh`."""
+        try:
+            meta = json.loads(meta_path.read_text())
+            _check_name(meta["name"], meta["version"], MAX_NAME_CHARS, MAX_VERSION_CHARS)  # stays inside root
+            self.registry.check_upload(meta["name"], meta["version"])
+            data_path = meta_path.with_name(meta_path.name.removesuffix(META) + DATA)
+            data = data_path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            if meta.get("digest", digest) != digest:  # sidecars written before the digest have none
+                raise ValueError(f"{data_path.name} is not the artifact its sidecar was written for")
+            program = self._program(meta, data)
+            with self._lock:
+                self.registry.add_upload(program)
+                try:
+                    if meta_path != self._path(program.name, program.version, META):
+                        self._save(meta, data)  # named before <name>@<version>: move it there
+                        meta_path.unlink()
+                        data_path.unlink()
+                except OSError:
+                    self.registry.remove_upload(program.name, program.version)
+                    raise
+                self._sizes[(program.name, program.version)] = len(data)
+            return True
+        except (OSError, ValueError, KeyError, TypeError, errors.AccelmeshError) as exc:
+            log.warning("skipping stored upload %s in %s: %s", meta_path.name, self.root, exc)
+            self._skipped.add(meta_path.name)
+            return False
 
     def _check_room(self, total_bytes: int) -> None:
         """Call under the lock."""

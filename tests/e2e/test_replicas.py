@@ -36,9 +36,11 @@ POLL_INTERVAL_S = 0.5
 LEASE_S = 2.0  # the dispatchers' job leases: a killed one's job moves on within 1.25 of them
 JOB_ROWS = 1024  # 32 shards of 32 token rows
 DISPATCH_ENV = {"ACCELMESH_MAX_SHARD_BYTES": str(4096), "ACCELMESH_DISPATCH_LEASE_S": str(LEASE_S)}
-# Scheduling on a loaded machine: a poll cycle is recorded when its answers are, a moment after it
-# began. The bound itself is two intervals.
-POLL_SLACK_S = 0.5
+# The bounds themselves (two poll intervals; 1.25 leases) are proven on a test clock in
+# tests/inventory/test_poll_leases.py and tests/dispatch/test_takeover.py. Here real processes
+# share a loaded machine: a poll is recorded when its answers are, a moment after it began, and
+# a process may wait for a core. bench/ha.py reports the times measured.
+SCHEDULING_SLACK_S = 1.0
 
 
 def both(processes) -> str:
@@ -126,7 +128,7 @@ def test_a_job_outlives_the_dispatch_replica_running_it(replicas, fault_free):
         takeovers.append(taken.time.seconds + taken.time.nanos / 1e9 - killed_at)
         replicas.dispatchers[owner] = replicas.start_dispatch(owner, replicas.dispatchers[owner].address)
     # The lease lapses LEASE_S after its last renewal, and the other replica looks every quarter lease.
-    assert max(takeovers) <= 1.25 * LEASE_S + 1.0, takeovers
+    assert max(takeovers) <= 1.25 * LEASE_S + SCHEDULING_SLACK_S, takeovers
 
 
 def node_polls(db: str) -> dict[str, tuple[str, float]]:
@@ -167,4 +169,4 @@ def test_the_nodes_of_a_killed_inventory_replica_are_polled_by_the_other(replica
         # From the dead replica's last poll of its node to the survivor's first, as the book records them.
         gaps.append(after[orphan][1] - polls[orphan][1])
         replicas.inventories[victim] = replicas.start_inventory(victim, replicas.inventories[victim].address)
-    assert max(gaps) <= 2 * POLL_INTERVAL_S + POLL_SLACK_S, gaps
+    assert max(gaps) <= 2 * POLL_INTERVAL_S + SCHEDULING_SLACK_S, gaps

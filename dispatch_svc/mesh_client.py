@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -32,6 +33,10 @@ from dispatch_svc.held_keys import HeldKeys, Transfer
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 CALL_TIMEOUT_S = 120.0
+# A call to replicas that every replica failed (gRPC retried it already) is asked again up to this
+# many times in all, 0.5 s, 1 s, then 1.5 s later: longer than a replica back up takes to be
+# dialled again (runtime/channels.py caps that backoff at a second).
+REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
 SHARD_TIMEOUT_S = 600.0
 RELEASE_TIMEOUT_S = 5.0  # a worker's ReleaseJob at a job's end: held tensors, best effort
 
@@ -80,11 +85,19 @@ class GrpcMesh:
         for pool in (self._inventory_channels, self._compile_channels, self._workers):
             pool.close()
 
-    def _call(self, what: str, method, request):
-        try:
-            return method(request, timeout=CALL_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc, what) from None
+    def _call(self, what: str, method, request, *, replicated: bool = False):
+        """`replicated`: an idempotent call to a service that may run as replicas. gRPC retries it
+        on another replica at once (runtime/channels.py); while the channel still counts every
+        replica as failing (one was just killed while another is being dialled again after a
+        restart), it is asked again here, over a few seconds."""
+        for attempt in range(1, REPLICA_ATTEMPTS + 1):
+            try:
+                return method(request, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                if not (replicated and exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < REPLICA_ATTEMPTS):
+                    raise error_from_rpc(exc, what) from None
+                time.sleep(REPLICA_RETRY_S * attempt)
+        raise AssertionError("unreachable")
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -181,14 +194,14 @@ class GrpcMesh:
 
     def explain_rule(self, device: JobDevice) -> RuleChoice:
         response = self._call("compile service rules", self.compiler.ExplainRule,
-                              compile_pb.ExplainRuleRequest(device=device_to_proto(device.spec)))
+                              compile_pb.ExplainRuleRequest(device=device_to_proto(device.spec)), replicated=True)
         return RuleChoice(response.target_type, response.rule.name, response.rule.build.compute_dtype)
 
     def describe_program(self, name: str, version: str) -> Program:
         if not name:
             raise errors.InvalidArgument("spec.program is required; ListPrograms on the compile service shows them")
         response = self._call("compile service", self.compiler.DescribeProgram,
-                              compile_pb.DescribeProgramRequest(name=name, version=version))
+                              compile_pb.DescribeProgramRequest(name=name, version=version), replicated=True)
         return program_from_proto(response.program)
 
     def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]:
@@ -208,7 +221,7 @@ class GrpcMesh:
                  layers: compile_pb.LayerRange | None = None) -> compile_pb.CompileResponse:
         return self._call("compile service", self.compiler.Compile, compile_pb.CompileRequest(
             program=program.name, version=program.version, batch_sizes=list(batch_sizes),
-            targets=[device_to_proto(d.spec) for d in devices], layers=layers))
+            targets=[device_to_proto(d.spec) for d in devices], layers=layers), replicated=True)
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
         try:

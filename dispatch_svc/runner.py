@@ -195,8 +195,10 @@ class JobRunner:
             live.scope.cancel()  # stop the job's other shards on their workers
         if pool is not None:
             pool.close()
+        # A replica that took the job over holds its reservations and its stored inputs now.
+        ours = self._still_runs(job.job_id)
         try:
-            if self._still_runs(job.job_id):  # a replica that took it over holds its reservations now
+            if ours:
                 self.mesh.release(job.job_id)
         except errors.AccelmeshError as release_error:  # the lease runs out on its own
             log.warning("releasing %s failed: %s", job.job_id, release_error)
@@ -210,7 +212,7 @@ class JobRunner:
                 live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
             live.span.end()
         _let_go(live, feed, exc)
-        if self.book.lease_s:
+        if self.book.lease_s and ours:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
@@ -222,8 +224,15 @@ class JobRunner:
 
 
     def _still_runs(self, job_id: str) -> bool:
-        """Whether this replica still holds the job's lease (always, unleased)."""
-        return not self.book.lease_s or self.book.runner_of(job_id)[0] == self.book.replica
+        """Whether this replica still holds the job's lease (always, unleased). A book that does not
+        answer: no, since another replica may hold it; the reservations then lapse on their own
+        and the stored inputs go when the job's results expire."""
+        if not self.book.lease_s:
+            return True
+        try:
+            return self.book.runner_of(job_id)[0] == self.book.replica
+        except errors.AccelmeshError:
+            return False
 
     def _finish(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
         if exc is None:

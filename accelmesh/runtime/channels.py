@@ -31,7 +31,11 @@ def open_channel(
     security = security if security is not None else security_from_env(Role.CLIENT)
     options = channel_options(max_message_bytes)
     if role in _REPLICATED:
-        options = [*options, ("grpc.service_config", _replicas_config(role)), ("grpc.enable_retries", 1)]
+        options = [*options, ("grpc.service_config", _replicas_config(role)), ("grpc.enable_retries", 1),
+                   # A replica that was down is dialled again within a second of being back, not
+                   # after gRPC's default backoff (up to two minutes): until then a call could
+                   # find every replica failing, the one just back included.
+                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
     if security.insecure:
         channel = grpc.insecure_channel(address, options=options)
     else:

@@ -214,3 +214,32 @@ def test_a_cancel_of_a_job_no_replica_leases_is_refused_quietly(tmp_path, book_d
     with pytest.raises(errors.NotFound):
         book.runner_of("0" * 16)
     book.close()
+
+
+def test_the_replica_that_lost_a_job_leaves_what_the_new_runner_holds(tmp_path, book_db):
+    clock = Clock()
+    first_mesh, second_mesh = HoldingMesh(hold_from=3), HoldingMesh(hold_from=6)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))
+        finished_events(first.book, job.job_id, 3)
+        clock.now += LEASE_S + 1
+        assert Takeover(second).check() == [job.job_id]
+        assert second_mesh.started.wait(WAIT_S)  # the new runner holds shards 6 on
+        live.scope.cancel("the stopped replica wakes up")  # the old one's run ends while the new one runs
+        first_mesh.let_go.set()
+        assert first.wait_idle(WAIT_S)
+        assert job.job_id not in first_mesh.released
+        assert any(e.name.startswith("input:") for e in second.book.inputs.entries(job.job_id))  # still there
+        assert second.book.get(job.job_id).state == m.RUNNING
+        second_mesh.let_go.set()
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        s = next(e for e in second.book.results.entries(job.job_id) if e.name == "s").read()
+        np.testing.assert_allclose(s, X.sum(axis=0), rtol=1e-5)
+    finally:
+        first_mesh.let_go.set()
+        second_mesh.let_go.set()
+        first.book.close()
+        second.book.close()

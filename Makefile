@@ -37,7 +37,7 @@ lint: $(STAMP)
 	$(BIN)/buf lint
 
 bench: $(STAMP)
-	for b in inventory compile planning placement dispatch faults fuzz; do $(BIN)/python bench/$$b.py > bench-$$b.json || exit 1; done
+	for b in inventory compile planning placement dispatch faults fuzz ha; do $(BIN)/python bench/$$b.py > bench-$$b.json || exit 1; done
 
 clean:
 	rm -rf $(VENV) .accelmesh .pytest_cache .test-*.log

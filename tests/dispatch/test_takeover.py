@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeMesh, Feed, spec_for
+from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, Feed, linreg_data, linreg_sgd, spec_for
 
 from accelmesh import errors
 from dispatch_svc import records as m
@@ -19,6 +19,7 @@ from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.runner import JobRunner
 from dispatch_svc.takeover import Takeover
+from dispatch_svc.training import TrainingOptions
 
 LEASE_S = 10.0
 
@@ -39,8 +40,8 @@ def book_db(database_url):
 class HoldingMesh(FakeMesh):
     """Shards from `hold_from` on wait until `let_go` (the replica "dies" with them running)."""
 
-    def __init__(self, hold_from: int):
-        super().__init__(AFFINE)
+    def __init__(self, hold_from: int, program=AFFINE):
+        super().__init__(program)
         self.hold_from = hold_from
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
@@ -241,5 +242,32 @@ def test_the_replica_that_lost_a_job_leaves_what_the_new_runner_holds(tmp_path, 
     finally:
         first_mesh.let_go.set()
         second_mesh.let_go.set()
+        first.book.close()
+        second.book.close()
+
+
+def test_a_training_job_taken_over_runs_again_from_its_stored_inputs(tmp_path, book_db):
+    clock = Clock()
+    x, y = linreg_data()
+    options = TrainingOptions(epochs=2, batch_size=40, learning_rate=0.05, momentum=0.5, shuffle_seed=2)
+    first_mesh, second_mesh = HoldingMesh(hold_from=0, program=LINREG), FakeMesh(LINREG)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(LINREG, [x, y], kind=m.TRAINING, training=options))
+        threading.Thread(target=first.run, args=(job, live, Feed([x, y])), daemon=True).start()
+        assert first_mesh.started.wait(WAIT_S)  # its first step is on the devices, its inputs all stored
+        clock.now += LEASE_S + 1
+        assert Takeover(second).check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        w, losses = linreg_sgd(x, y, options)  # the steps from the start, as one process would take them
+        entries = {e.name: e for e in second.book.results.entries(job.job_id)}
+        np.testing.assert_allclose(entries["w"].read(), w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(entries["losses"].read(), losses, rtol=1e-5)
+        taken = next(e for e in second.book.events(job.job_id) if e.type == m.TAKEN_OVER)
+        assert "runs again from its stored inputs" in taken.message
+    finally:
+        first_mesh.let_go.set()
+        first.wait_idle(WAIT_S)
         first.book.close()
         second.book.close()

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from accelmesh import errors
+from accelmesh.runtime import database
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
@@ -25,6 +26,11 @@ ACCESS: Access = {method: PEOPLE for method in (
     "PlanJob", "SubmitJob", "RunJob", "WatchJob", "GetJob", "ListJobs", "CancelJob", "FetchResult")}
 
 log = logging.getLogger(__name__)
+
+
+def dependencies(book: JobBook) -> dict:
+    """What dispatch cannot work without: readiness is NOT_SERVING while one of these fails."""
+    return {"job book": lambda: database.ping(book.engine)}
 
 
 def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
@@ -64,4 +70,5 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         tracer_provider=tracer_provider,
         on_stop=[shutdown],
     )
+    server.watch_dependencies(dependencies(book))
     return server, runner

@@ -189,6 +189,12 @@ def connected(engine: Engine) -> Iterator[Connection]:
         raise unavailable(exc, engine) from None
 
 
+def ping(engine: Engine) -> None:
+    """Raise Unavailable unless the database answers a trivial query now (a readiness check)."""
+    with connected(engine) as connection:
+        connection.execute(sa.text("SELECT 1"))
+
+
 def transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = RETRIES,
                 reraise: tuple[type[Exception], ...] = ()) -> T:
     """`work` in one transaction, run again (after a short random wait) when the database aborted it

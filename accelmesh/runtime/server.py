@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ from accelmesh.security.tls import server_credentials
 log = logging.getLogger(__name__)
 
 SERVING, NOT_SERVING = health.SERVING, health.NOT_SERVING
+DEPENDENCY_CHECK_S = 5.0  # how often readiness checks the dependencies a service names
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class MeshServer:
         self._probe, self.health_port = probe if probe else (None, 0)
         self._pools, self.streams = pools, streams
         self._stopped = threading.Event()
+        self._dependencies: dict[str, Callable[[], None]] = {}
+        self._dependency_interval_s = DEPENDENCY_CHECK_S
         self._finished = threading.Event()  # set once stop() has run every hook and flushed
 
     def start(self) -> MeshServer:
@@ -78,6 +81,8 @@ class MeshServer:
         if self._probe is not None:
             self._probe.start()
         self.set_serving(True)
+        if self._dependencies:
+            threading.Thread(target=self._watch_dependencies, name="dependencies", daemon=True).start()
         return self
 
     def set_serving(self, serving: bool) -> None:
@@ -85,6 +90,34 @@ class MeshServer:
         self.health.set("", status)
         for service in self.services:
             self.health.set(service.name, status)
+
+    def watch_dependencies(self, checks: Mapping[str, Callable[[], None]],
+                           interval_s: float = DEPENDENCY_CHECK_S) -> None:
+        """Readiness, from `start` on: every `interval_s` each check (a dependency the service
+        cannot work without, say its database) is run; while one raises, the server itself ('')
+        answers NOT_SERVING, with a log line when that changes, and each service's own name stays
+        SERVING (liveness: restarting the process would not bring the dependency back)."""
+        self._dependencies, self._dependency_interval_s = dict(checks), interval_s
+
+    def _watch_dependencies(self) -> None:
+        failing: str | None = None
+        while True:
+            reason = None
+            for name, check in self._dependencies.items():
+                try:
+                    check()
+                except Exception as exc:  # noqa: BLE001 - any failure makes the server not ready
+                    reason = f"{name}: {exc}"
+                    break
+            if reason is None and failing is not None:
+                log.warning("ready again: %s answers", failing.split(":", 1)[0])
+            elif reason is not None and failing is None:
+                log.warning("not ready (health NOT_SERVING): %s", reason)
+            if not self._stopped.is_set():
+                self.health.set("", SERVING if reason is None else NOT_SERVING)
+            failing = reason
+            if self._stopped.wait(self._dependency_interval_s):
+                return
 
     def stop(self, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Health goes NOT_SERVING, in-flight calls get `grace_s` to finish, telemetry is flushed."""

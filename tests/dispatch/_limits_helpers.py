@@ -20,7 +20,7 @@ from dispatch_svc.config import JobLimits
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.runner import JobRunner
-from dispatch_svc.server import ACCESS, SERVICE_NAME
+from dispatch_svc.server import ACCESS, SERVICE_NAME, dependencies
 from dispatch_svc.servicer import DispatchServicer
 
 LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_training_bytes=4096, max_training_steps=50,
@@ -56,7 +56,7 @@ class RecordingMesh(FakeMesh):
 
 class Dispatcher:
     def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20,
-                 database_url=""):
+                 database_url="", readiness_interval_s=None):
         self.mesh = RecordingMesh()
         self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600, database_url=database_url),
                                 ThroughputModel(),
@@ -66,7 +66,10 @@ class Dispatcher:
                                     max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)
         self.server = create_server([Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server,
                                              servicer)], security=security, access=ACCESS,
-                                    max_message_bytes=max_message_bytes).start()
+                                    max_message_bytes=max_message_bytes)
+        if readiness_interval_s is not None:  # what build_dispatch watches, looked at this often
+            self.server.watch_dependencies(dependencies(self.runner.book), readiness_interval_s)
+        self.server.start()
         self.channel = open_channel(f"127.0.0.1:{self.server.port}", security=CREDENTIALS.client(),
                                     max_message_bytes=max_message_bytes)
         self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self.channel)

@@ -279,7 +279,18 @@ def test_a_job_book_database_that_goes_away_answers_unavailable_and_keeps_every_
         tmp_path, postgres_url):
     from conftest import _postgres_server
 
-    with serving(tmp_path, database_url=postgres_url) as d:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dispatch_svc.server import SERVICE_NAME
+
+    def health(service=""):
+        stub = health_pb2_grpc.HealthStub(d.channel)
+        return stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=WAIT_S)
+
+    def until(watch, status):
+        return next(r.status for r in watch if r.status == status)
+
+    with serving(tmp_path, database_url=postgres_url, readiness_interval_s=0.05) as d:
         x = X[:64]
         done = submit(d.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)).job_id
         assert d.runner.wait_idle(WAIT_S)
@@ -289,13 +300,22 @@ def test_a_job_book_database_that_goes_away_answers_unavailable_and_keeps_every_
                             if p.HasField("chunk"))
 
         before = result()
+        readiness = health()
+        until(readiness, health_pb2.HealthCheckResponse.SERVING)
         _postgres_server().allow_connections(postgres_url, False)
         try:
+            # Not ready while the book is away (a Service sends it no callers), but alive: the
+            # service's own name stays SERVING, so a liveness probe does not restart it for nothing.
+            assert until(readiness, health_pb2.HealthCheckResponse.NOT_SERVING)
+            alive = health_pb2_grpc.HealthStub(d.channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+            assert alive.status == health_pb2.HealthCheckResponse.SERVING
             for call, request in ((d.stub.GetJob, pb.GetJobRequest(job_id=done)), (d.stub.ListJobs, pb.ListJobsRequest()),
                                   (d.stub.CancelJob, pb.CancelJobRequest(job_id=done))):
                 error = rpc_error(call, request, timeout=WAIT_S)
                 assert error.code() == grpc.StatusCode.UNAVAILABLE and "try again" in error.details(), error.details()
         finally:
             _postgres_server().allow_connections(postgres_url, True)
+        assert until(readiness, health_pb2.HealthCheckResponse.SERVING)  # ready again once it is back
+        readiness.cancel()
         assert d.stub.GetJob(pb.GetJobRequest(job_id=done), timeout=WAIT_S).job.state == job_pb.JOB_STATE_SUCCEEDED
         assert before and result() == before  # the finished result, whole, as before the outage

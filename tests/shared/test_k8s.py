@@ -290,6 +290,23 @@ def test_every_container_is_probed_and_the_mesh_is_probed_on_its_plaintext_healt
             assert container[probe]["grpc"]["port"] == health_port, f"{service} {probe}"
 
 
+# A service that watches its database (MeshServer.watch_dependencies) reports it on '' (the
+# server itself): readiness. Liveness and startup ask for the service's own name, which stays
+# SERVING while the process runs, so a database outage takes replicas out of their Service
+# instead of restarting every one of them.
+DATABASE_SERVICES = {"inventory": "accelmesh.inventory.v1.InventoryService",
+                     "dispatch": "accelmesh.dispatch.v1.DispatchService"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("service", sorted(DATABASE_SERVICES))
+def test_readiness_follows_the_database_and_liveness_the_process(overlay, service):
+    container = mesh_container(overlay, service)
+    assert container["readinessProbe"]["grpc"].get("service", "") == ""
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["grpc"].get("service") == DATABASE_SERVICES[service], probe
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_runs_as_the_image_user_unprivileged_on_a_read_only_root(overlay):
     for name, workload, container in all_containers(overlay):

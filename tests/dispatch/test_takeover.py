@@ -95,6 +95,7 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         assert m.TAKEN_OVER in events and events[-1] == "succeeded"
         taken = next(e for e in second.book.events(job.job_id) if e.type == m.TAKEN_OVER)
         assert f"3 of {shards} shards" in taken.message
+        assert second.wait_idle(WAIT_S)  # the run has let go of all it held (after the final record)
         assert not any(second.book.inputs.entries(job.job_id))  # stored inputs go with the job's end
         assert takeover.check() == []  # a final job is nobody's to claim
 

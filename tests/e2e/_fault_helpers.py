@@ -15,6 +15,7 @@ import pytest
 from conftest import CREDENTIALS
 
 from accelmesh.client import MeshClient
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import (
     EmbeddedMesh,
     start_compile,
@@ -111,3 +112,12 @@ def node_state(mesh, address: str) -> int:
 
 def seconds(stamp) -> float:
     return stamp.seconds + stamp.nanos / 1e9
+
+
+def await_shards_running(client: MeshClient, job_id: str, finished: int) -> None:
+    """Until `finished` of the job's shards have finished (so others are running)."""
+    for event in client.watch(job_id):
+        finished -= event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED
+        if finished <= 0:
+            return
+    raise AssertionError(f"job {job_id} ended before {finished} more shards finished")

@@ -21,7 +21,9 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_dispatch
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from _fault_helpers import DISPATCH_ENV, EMULATE, JOB_ROWS, NODE_IPS, TOKENS, inventory_stub, port_of, seconds
+from _fault_helpers import (
+    DISPATCH_ENV, EMULATE, JOB_ROWS, NODE_IPS, TOKENS, await_shards_running, inventory_stub, port_of, seconds,
+)
 from _fault_helpers import client_fixture, expected_fixture, mesh_fixture, pool_fixture  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -79,14 +81,6 @@ def worker_pids(mesh) -> list[int]:
 
 
 # -- cancel and deadline -----------------------------------------------------------------------
-
-
-def await_shards_running(client: MeshClient, job_id: str, finished: int) -> None:
-    for event in client.watch(job_id):
-        finished -= event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED
-        if finished <= 0:
-            return
-    raise AssertionError(f"job {job_id} ended before {finished} more shards finished")
 
 
 def test_cancel_stops_the_workers_within_a_shard_and_releases_the_devices(pool, client):

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from _fault_helpers import TOKENS
+from _fault_helpers import TOKENS, await_shards_running
 from conftest import CREDENTIALS, _postgres_server
 from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds
 
@@ -52,21 +52,13 @@ def fault_free(replicas):
         return client.run("transformer_encoder", {"tokens": TOKENS[:JOB_ROWS]}).outputs["logits"]
 
 
-def await_finished(client: MeshClient, job_id: str, count: int) -> None:
-    for event in client.watch(job_id):
-        count -= event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED
-        if count <= 0:
-            return
-    raise AssertionError(f"job {job_id} ended before {count} more shards finished")
-
-
 def test_a_job_outlives_the_dispatch_replica_running_it(replicas, fault_free):
     takeovers = []
     for repeat in range(REPEATS):
         owner, other = repeat % 2, 1 - repeat % 2
         with MeshClient(replicas.dispatchers[owner].address) as client:
             job_id = client.submit("transformer_encoder", {"tokens": TOKENS[:JOB_ROWS]})
-            await_finished(client, job_id, 4)
+            await_shards_running(client, job_id, finished=4)
         killed_at = time.time()
         replicas.dispatchers[owner].kill()
         with MeshClient(replicas.dispatchers[other].address) as client:

@@ -21,6 +21,9 @@ class InventoryConfig:
     poll_interval_s: float = 5.0  # ACCELMESH_POLL_INTERVAL_S: time between poll cycles
     poll_timeout_s: float = 2.0  # ACCELMESH_POLL_TIMEOUT_S: deadline of one DescribeNode
     lost_after_polls: int = 3  # ACCELMESH_LOST_AFTER_POLLS: missed polls in a row before a node is lost
+    # ACCELMESH_INVENTORY_FOLLOW_INTERVAL_S: how often the changes other replicas on the database wrote
+    # are read (device index, WatchDevices); a ranking also reads them first, whatever this says
+    follow_interval_s: float = 0.25
     max_samples_per_device: int = 720  # ACCELMESH_MAX_SAMPLES: status history kept per device
     sample_retention_s: float = 3600.0  # ACCELMESH_SAMPLE_RETENTION_S: status history age limit
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
@@ -49,11 +52,17 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     parser.add_argument(
         "--lost-after", type=int, default=env_int("ACCELMESH_LOST_AFTER_POLLS", d.lost_after_polls, env, minimum=1)
     )
+    parser.add_argument(
+        "--follow-interval", type=float,
+        default=env_float("ACCELMESH_INVENTORY_FOLLOW_INTERVAL_S", d.follow_interval_s, env, minimum=0.01),
+        help="seconds between reads of the changes other replicas wrote (default %(default)s)",
+    )
     add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     database_url(args.db)  # a URL of an engine not supported, or one that does not parse, fails here
-    if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1:
-        raise errors.InvalidArgument("--poll-interval and --poll-timeout must be positive and --lost-after >= 1")
+    if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1 or args.follow_interval <= 0:
+        raise errors.InvalidArgument("--poll-interval, --poll-timeout and --follow-interval must be positive "
+                                     "and --lost-after >= 1")
     return InventoryConfig(
         security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
         health_listen=args.health_listen,
@@ -62,6 +71,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         lost_after_polls=args.lost_after,
+        follow_interval_s=args.follow_interval,
         max_samples_per_device=env_int("ACCELMESH_MAX_SAMPLES", d.max_samples_per_device, env, minimum=1),
         sample_retention_s=env_float("ACCELMESH_SAMPLE_RETENTION_S", d.sample_retention_s, env, minimum=1),
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),

@@ -1,4 +1,8 @@
-"""Fan-out of device changes to WatchDevices streams: each watcher gets its own bounded queue."""
+"""Fan-out of device changes to WatchDevices streams: each watcher gets its own bounded queue.
+
+The hub hears this replica's own changes as they commit and the other replicas' as the replica
+follows the change feed (``Inventory.follow``), so a watcher on any replica sees every change.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class DeviceEvent:
 
 
 class Overflowed(Exception):
-    """The watcher fell too far behind and its stream ends."""
+    """The watcher fell too far behind (or its replica did) and its stream ends."""
 
 
 class Subscription:
@@ -30,13 +34,17 @@ class Subscription:
         self._hub = hub
         self._queue: queue.Queue = queue.Queue(maxsize=WATCH_QUEUE_EVENTS)
         self.overflowed = False
+        self._reason = f"watcher fell more than {WATCH_QUEUE_EVENTS} events behind; watch again"
 
     def _offer(self, event: DeviceEvent) -> None:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            self.overflowed = True
-            self.close()
+            self._drop(self._reason)
+
+    def _drop(self, reason: str) -> None:
+        self._reason, self.overflowed = reason, True
+        self.close()
 
     def close(self) -> None:
         self._hub._unsubscribe(self)
@@ -53,7 +61,7 @@ class Subscription:
         item = self._queue.get()
         if item is self._CLOSED or self.overflowed:
             if self.overflowed:
-                raise Overflowed(f"watcher fell more than {WATCH_QUEUE_EVENTS} events behind; watch again")
+                raise Overflowed(self._reason)
             raise StopIteration
         return item
 
@@ -73,6 +81,13 @@ class EventHub:
         with self._lock:
             if sub in self._subscribers:
                 self._subscribers.remove(sub)
+
+    def drop_all(self, reason: str) -> None:
+        """End every stream with ``reason``: events were missed that no one can replay."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for sub in subscribers:
+            sub._drop(f"{reason}; watch again (with include_existing to resynchronise)")
 
     def publish(self, events: list[DeviceEvent]) -> None:
         with self._lock:

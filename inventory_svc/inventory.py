@@ -1,7 +1,10 @@
 """The inventory's behaviour, apart from gRPC: registration, polling, refresh, listing, scoring,
 reservations. The servicer translates protos to calls on `Inventory`; the poller drives
 `poll_all` and `take_over`; nodes are reached through an injected `describe(address, device_ids)`.
-Replicas sharing one database each poll the nodes they hold a lease on (`Store.claim_nodes`).
+Replicas sharing one database each poll the nodes they hold a lease on (`Store.claim_nodes`),
+and each keeps a device index (`index.py`) that ScoreDevices ranks from: `follow` (before every
+ranking, and every follow interval on the follower's thread) brings it, and this replica's
+watchers, up to the changes the other replicas wrote.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,10 +28,12 @@ from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription, parse_device_id
 from accelmesh.runtime import attributes as attr
 from inventory_svc import events as ev
+from inventory_svc.changes import CHANGE_RETENTION_S
 from inventory_svc.filtering import DeviceFilter, parse_filter
+from inventory_svc.index import DeviceIndex
 from inventory_svc.poller import CLAIMS_PER_INTERVAL
 from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
-from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, score_devices, weights_for
+from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights
 from inventory_svc.store import Store
 
 log = logging.getLogger(__name__)
@@ -108,6 +114,8 @@ class Inventory:
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=poll_workers, thread_name_prefix="poll")
         self._tracer = tracer or trace.NoOpTracer()
+        self.index = DeviceIndex(store)
+        self._following = threading.Lock()  # the followed changes reach the watchers in feed order
 
     def close(self) -> None:
         """Hand this replica's nodes back, so the others take them at their next claim rather
@@ -185,7 +193,9 @@ class Inventory:
             nodes = self.store.claim_nodes(self.replica_id, self._clock(), self.lease_s)
             self._polling = frozenset(n.address for n in nodes)
             outcomes = dict(zip((n.address for n in nodes), self._map_in_context(self.poll_node, nodes)))
-            self.store.expire_reservations(self._clock())
+            now = self._clock()
+            self.store.expire_reservations(now)
+            self.store.prune_changes(now - CHANGE_RETENTION_S)
             return outcomes
 
     def take_over(self) -> dict[str, bool]:
@@ -223,6 +233,18 @@ class Inventory:
         if changes:
             self.hub.publish([ev.DeviceEvent(kind, device_id, now) for kind, device_id in changes])
 
+    def follow(self) -> int:
+        """Apply what other replicas committed since the last call to the device index, and tell
+        this replica's watchers; how many changes that was."""
+        with self._following:
+            changes = self.index.follow()
+            if changes is None:  # reloaded after falling behind: the events in between are unknown
+                self.hub.drop_all("the inventory replica fell behind the others' changes")
+                return 0
+            for change in changes:
+                self._publish(change.events, change.written_at)
+            return len(changes)
+
     # -- reading -------------------------------------------------------------------------
 
     def get_device(self, device_id: str) -> DeviceRecord:
@@ -240,6 +262,11 @@ class Inventory:
         records, last = self.store.list_devices(flt, page_size, after, self._clock())
         return records, encode_page_token(last, filter_text) if last else ""
 
+    def device_counts(self) -> dict[str, int]:
+        """Devices (lost ones too) per node address."""
+        self.follow()
+        return self.index.device_counts()
+
     def all_devices(self, flt: DeviceFilter) -> list[DeviceRecord]:
         found, after = [], ""
         while True:
@@ -256,13 +283,14 @@ class Inventory:
             raise errors.InvalidArgument(f"device_ids lists {len(device_ids)} devices; score at most {MAX_SCORED_IDS} "
                                          "at a time, or narrow the candidates with filter instead")
         flt = parse_filter(filter_text)
-        if device_ids:
-            records = [self.get_device(device_id) for device_id in dict.fromkeys(device_ids)]
-            candidates = [r for r in records if flt.matches(r)]
-        else:
-            candidates = self.all_devices(flt)
-        ranked = score_devices(candidates, profile, limit or None)
-        weights = ranked[0].weights if ranked else weights_for(profile, candidates)
+        named = list(dict.fromkeys(device_ids))
+        for device_id in named:
+            try:
+                parse_device_id(device_id)
+            except ValueError as exc:
+                raise errors.InvalidArgument(f"device_id: {exc}") from None
+        self.follow()
+        ranked, weights = self.index.score(profile, flt, limit, self._clock(), named)
         return Ranking(ranked, weights, explain_weights(profile, weights))
 
     # -- reservations --------------------------------------------------------------------

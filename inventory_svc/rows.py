@@ -122,6 +122,7 @@ NODE_SELECT = sa.select(
 # One device, as of :now: run with {"id": ..., "now": ...}. Built once: the statement's cache key
 # is then computed once, not on every call of the busiest query.
 DEVICE_BY_ID = DEVICE_SELECT.where(_d.c.id == sa.bindparam("id"))
+DEVICES_BY_IDS = DEVICE_SELECT.where(_d.c.id.in_(sa.bindparam("ids", expanding=True)))
 NODE_BY_ADDRESS = NODE_SELECT.where(nodes.c.address == sa.bindparam("address"))
 
 

@@ -85,7 +85,6 @@ def weights_for(profile: TaskProfile, records: Iterable[DeviceRecord]) -> Weight
     """The task's weights: explicit ones normalised, else the default rule in the module docstring."""
     if profile.weights is not None:
         return profile.weights.normalised()
-    intensity = profile.arithmetic_intensity or DEFAULT_INTENSITY_FLOP_PER_BYTE[profile.kind]
     balances = [
         # TFLOP/s x 1e12 over GB/s x 1e9 = FLOP per byte.
         record.spec.performance.rate_tflops(profile.precision) * 1e3 / record.spec.performance.memory_bandwidth_gbps
@@ -93,7 +92,15 @@ def weights_for(profile: TaskProfile, records: Iterable[DeviceRecord]) -> Weight
         if record.spec.performance.memory_bandwidth_gbps > 0
         and record.spec.performance.rate_tflops(profile.precision) > 0
     ]
-    balance = statistics.median(balances) if balances else intensity
+    return weights_from_balance(profile, statistics.median(balances) if balances else None)
+
+
+def weights_from_balance(profile: TaskProfile, balance: float | None) -> Weights:
+    """The default rule's weights from the candidates' median balance point B in FLOP per byte
+    (None when no candidate has one); explicit weights are the caller's to prefer."""
+    intensity = profile.arithmetic_intensity or DEFAULT_INTENSITY_FLOP_PER_BYTE[profile.kind]
+    if balance is None:
+        balance = intensity
     compute = intensity / (intensity + balance)
     memory = (1.0 - compute) * MEMORY_SHARE[profile.kind]
     return Weights(compute, memory, 1.0 - compute - memory)

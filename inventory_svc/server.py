@@ -1,13 +1,15 @@
-"""Build, serve and shut down the inventory: store + node client + poller + servicer."""
+"""Build, serve and shut down the inventory: store + node client + poller + follower + servicer."""
 
 from __future__ import annotations
 
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
+from accelmesh.runtime import database
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
 from inventory_svc.config import InventoryConfig
+from inventory_svc.follower import Follower
 from inventory_svc.inventory import Inventory
 from inventory_svc.node_client import NodeClient
 from inventory_svc.poller import Poller
@@ -46,10 +48,13 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
         poll_interval_s=config.poll_interval_s,
     )
     poller = Poller(inventory.poll_all, inventory.take_over, config.poll_interval_s)
+    # Started with the server, poller or not: watchers hear of other replicas' changes through it.
+    follower = Follower(inventory.follow, config.follow_interval_s)
     servicer = InventoryServicer(inventory, Authenticator(config.security))
 
     def shutdown():
         poller.stop()
+        follower.stop()
         servicer.close()
         inventory.close()
         client.close()
@@ -65,6 +70,9 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
         tracer_provider=tracer_provider,
         on_stop=[shutdown],
     )
+    # Readiness: NOT_SERVING while the database does not answer (liveness stays SERVING).
+    server.watch_dependencies({"inventory database": lambda: database.ping(store.engine)})
+    follower.start()
     if start_poller:
         poller.start()
     return server, inventory

@@ -115,9 +115,7 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
             )
 
     def ListNodes(self, request, context):
-        counts: dict[str, int] = {}
-        for record in self.inventory.all_devices(DeviceFilter(include_lost=True)):
-            counts[record.node_address] = counts.get(record.node_address, 0) + 1
+        counts = self.inventory.device_counts()
         nodes = self.inventory.store.list_nodes()
         return pb.ListNodesResponse(nodes=[node_proto(n, counts.get(n.address, 0)) for n in nodes])
 

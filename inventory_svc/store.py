@@ -3,17 +3,21 @@
 ``Store`` is the narrow interface the servicer, poller and planner use; ``SqlStore`` is its one
 implementation, on SQLite (a file, the embedded default) or PostgreSQL (shared by replicas),
 applying within its transactions the rules of ``reservations.py`` (what a job may claim) and
-``polls.py`` (what a node's report writes, and which replica polls which node). Everything crossing the interface is a plain
-dataclass, and every method that depends on the clock takes ``now`` so callers (and tests)
-decide what time it is. The engine plumbing (pool, timeouts, retries of serialisation failures,
+``polls.py`` (what a node's report writes, and which replica polls which node). Every write that
+changes a device also adds its ``Change`` to the feed (``changes.py``) in the same transaction, and
+hands it to the store's listeners once committed (this replica's device index); the other
+replicas read it from the feed. Everything crossing the interface is a plain dataclass, and
+every method that depends on the clock takes ``now`` so callers (and tests) decide what time it is. The engine plumbing (pool, timeouts, retries of serialisation failures,
 a lost database answering UNAVAILABLE) is ``accelmesh.runtime.database``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -24,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample, NodeDescription
 from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction, upsert
+from inventory_svc.changes import Change, horizon, prune_changes, read_changes, write_change
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.polls import (
     claim_nodes, heartbeat, node_record, prune_samples, release_nodes, store_samples, upsert_devices,
@@ -31,7 +36,7 @@ from inventory_svc.polls import (
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
 from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
 from inventory_svc.rows import (
-    DEVICE_BY_ID, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
+    DEVICE_BY_ID, DEVICES_BY_IDS, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
     pushdown, sample,
 )
 from inventory_svc.tables import devices, nodes, reservations, status_samples
@@ -43,6 +48,9 @@ MAX_PAGE_SIZE = 1000
 SCHEMA = Path(__file__).resolve().parent / "schema"  # the Alembic script directory
 VERSION_TABLE = "inventory_alembic_version"
 T = TypeVar("T")
+Listener = Callable[[Change], None]
+
+log = logging.getLogger(__name__)
 
 _SAMPLES = sa.select(*(status_samples.c[c] for c in SAMPLE_COLUMNS))
 _HEALTHY_ON_NODE = (
@@ -94,6 +102,12 @@ class Store(Protocol):
         self, device_id: str | None = None, job_id: str | None = None, now: float | None = None
     ) -> list[Reservation]: ...
     def expire_reservations(self, now: float) -> int: ...
+    def add_listener(self, listener: Listener) -> None: ...
+    def change_cursor(self) -> int: ...
+    def read_changes(self, cursor: int) -> tuple[list[Change], int]: ...
+    def prune_changes(self, before: float) -> int: ...
+    def device_records(self, device_ids: Sequence[str]) -> list[DeviceRecord]: ...
+    def reservations_on(self, device_ids: Sequence[str] | None) -> list[Reservation]: ...
     def close(self) -> None: ...
 
 
@@ -118,6 +132,9 @@ class SqlStore:
         # handler sleeps in milliseconds (32 poll workers would spend the cycle asleep). Other
         # processes still serialise on the file; PostgreSQL writers need neither.
         self._writing = contextlib.nullcontext() if is_postgres(self._engine) else threading.Lock()
+        # This store's name in the change feed: the rows it wrote its listeners heard already.
+        self.writer = uuid.uuid4().hex
+        self._listeners: list[Listener] = []
         try:
             self.schema_version = _migrate(self._engine)
         except BaseException:
@@ -137,6 +154,22 @@ class SqlStore:
     def _write(self, work: Callable[[Connection], T]) -> T:
         with self._writing:
             return transaction(self._engine, work)
+
+    def _write_change(self, work: Callable[[Connection], tuple[T, Change]]) -> T:
+        """``work`` returns its result and the Change it wrote to the feed; once committed the
+        listeners hear the change, in the writing thread, before the result is returned."""
+        result, change = self._write(work)
+        if change:
+            for listener in list(self._listeners):
+                try:
+                    listener(change)
+                except Exception:  # noqa: BLE001 - a listener's bug must not undo a committed write
+                    log.exception("a listener of the inventory's changes failed")
+        return result
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(change)`` after each write of this store that changed a device."""
+        self._listeners.append(listener)
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -164,7 +197,7 @@ class SqlStore:
     def record_poll_success(self, address: str, description: NodeDescription, now: float) -> list[DeviceChange]:
         """Store what a node reported; return what changed. Devices it no longer reports become lost."""
 
-        def work(conn: Connection) -> list[DeviceChange]:
+        def work(conn: Connection) -> tuple[list[DeviceChange], Change]:
             node_record(conn, address)
             conn.execute(_NODE_SEEN, {"b_address": address, "b_ip": description.ip,
                                       "b_hostname": description.hostname, "b_now": now})
@@ -180,32 +213,36 @@ class SqlStore:
             store_samples(conn, samples)
             prune_samples(conn, sorted({s.device_id for s in samples}),
                           cutoff=now - self._retention_s, keep=self._max_samples)
-            return changes
+            change = Change(self.writer, now, tuple(changes), tuple(samples))
+            write_change(conn, change)
+            return changes, change
 
-        return self._write(work)
+        return self._write_change(work)
 
     def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]:
         """Count a missed poll; after ``lost_after`` in a row the node and its devices are lost."""
         if lost_after < 1:
             raise InvalidArgument(f"lost_after must be >= 1, got {lost_after}")
 
-        def work(conn: Connection) -> list[str]:
+        def work(conn: Connection) -> tuple[list[str], Change]:
             node_record(conn, address)
             missed = conn.execute(
                 sa.update(nodes).where(nodes.c.address == address)
                 .values(missed_polls=nodes.c.missed_polls + 1, last_error=error).returning(nodes.c.missed_polls)
             ).scalar_one()
             if missed < lost_after:
-                return []
+                return [], Change(self.writer, now)
             conn.execute(sa.update(nodes).where(nodes.c.address == address).values(state="lost"))
             lost = list(conn.execute(_HEALTHY_ON_NODE, {"address": address}).scalars())
             conn.execute(
                 sa.update(devices).where(devices.c.node_address == address, devices.c.health == "healthy")
                 .values(health="lost", updated_at=now)
             )
-            return lost
+            change = Change(self.writer, now, tuple(DeviceChange("lost", device) for device in lost))
+            write_change(conn, change)
+            return lost, change
 
-        return self._write(work)
+        return self._write_change(work)
 
     # -- which replica polls which node ----------------------------------------------------
 
@@ -301,11 +338,14 @@ class SqlStore:
         bytes of a device, exactly one gets them."""
         check_claims(job_id, claims, ttl_s)
 
-        def work(conn: Connection) -> list[Reservation]:
+        def work(conn: Connection) -> tuple[list[Reservation], Change]:
             lock_devices(conn, [claim[0] for claim in claims])
-            return [reserve_one(conn, job_id, *claim, ttl_s, now) for claim in claims]
+            made = [reserve_one(conn, job_id, *claim, ttl_s, now) for claim in claims]
+            change = Change(self.writer, now, reserved=tuple(claim[0] for claim in claims))
+            write_change(conn, change)
+            return made, change
 
-        return self._write(work)
+        return self._write_change(work)
 
     def renew(
         self, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float
@@ -314,13 +354,28 @@ class SqlStore:
         if not job_id:
             raise InvalidArgument("job_id must not be empty; pass the id of the job whose reservations to renew")
         check_ttl(ttl_s)
-        return self._write(lambda conn: renew_leases(conn, job_id, device_ids, ttl_s, now))
+
+        def work(conn: Connection) -> tuple[list[Reservation], Change]:
+            renewed = renew_leases(conn, job_id, device_ids, ttl_s, now)
+            change = Change(self.writer, now, reserved=tuple(r.device_id for r in renewed))
+            write_change(conn, change)
+            return renewed, change
+
+        return self._write_change(work)
 
     def release(self, job_id: str, device_ids: Sequence[str] | None = None) -> int:
         statement = sa.delete(reservations).where(reservations.c.job_id == job_id)
         if device_ids is not None:
             statement = statement.where(reservations.c.device_id.in_(sorted(set(device_ids))))
-        return self._write(lambda conn: conn.execute(statement).rowcount)
+        statement = statement.returning(reservations.c.device_id)
+
+        def work(conn: Connection) -> tuple[int, Change]:
+            released = list(conn.execute(statement).scalars())
+            change = Change(self.writer, time.time(), reserved=tuple(sorted(set(released))))
+            write_change(conn, change)
+            return len(released), change
+
+        return self._write_change(work)
 
     def reservations(
         self, device_id: str | None = None, job_id: str | None = None, now: float | None = None
@@ -338,8 +393,41 @@ class SqlStore:
         return [Reservation(*row) for row in rows]
 
     def expire_reservations(self, now: float) -> int:
+        # No change to the feed: a lapsed lease stopped counting at its expiry, in every reader.
         statement = sa.delete(reservations).where(reservations.c.expires_at <= now)
         return self._write(lambda conn: conn.execute(statement).rowcount)
+
+    # -- the change feed and the device index's reads ---------------------------------------
+
+    def change_cursor(self) -> int:
+        """A cursor from which ``read_changes`` returns every change committed after this call."""
+        with self._read() as conn:
+            return horizon(conn)
+
+    def read_changes(self, cursor: int) -> tuple[list[Change], int]:
+        """Other stores' changes past ``cursor``, in order, and the cursor to read on from."""
+        with self._read() as conn:
+            return read_changes(conn, cursor, self.writer)
+
+    def prune_changes(self, before: float) -> int:
+        """Drop the feed's rows written before ``before`` (every replica's poll cycle does)."""
+        return self._write(lambda conn: prune_changes(conn, before))
+
+    def device_records(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        """The named devices that exist, as of now, in no particular order."""
+        if not device_ids:
+            return []
+        with self._read() as conn:
+            rows = conn.execute(DEVICES_BY_IDS, {"ids": list(device_ids), "now": time.time()}).all()
+        return [device_record(row) for row in rows]
+
+    def reservations_on(self, device_ids: Sequence[str] | None) -> list[Reservation]:
+        """Every reservation row (lapsed ones too, until expired) on ``device_ids``, or on all devices."""
+        query = sa.select(*RESERVATION_COLUMNS)
+        if device_ids is not None:
+            query = query.where(reservations.c.device_id.in_(list(device_ids)))
+        with self._read() as conn:
+            return [Reservation(*row) for row in conn.execute(query)]
 
 def _migrate(engine: Engine) -> str:
     """Alembic to head; a database this build cannot bring there is refused, naming it and the fix."""

@@ -1,7 +1,8 @@
 """The inventory's tables as SQLAlchemy Core objects: one schema for SQLite and PostgreSQL.
 
 What the store's statements are built from, and what Alembic's revisions
-(``schema/versions/``: the baseline ``0001``, the poll leases of ``0002``) create. Byte counts are BigInteger (an 80 GB device is
+(``schema/versions/``: the baseline ``0001``, the poll leases of ``0002``, the change feed of
+``0003``) create. Byte counts are BigInteger (an 80 GB device is
 far past 2**31); times are Unix seconds as doubles; ``capabilities`` and ``performance`` are JSON
 text written canonically (sorted) so that equal specs store equal strings. Changing a table here
 needs a new Alembic revision: databases in the field only ever move forward through revisions.
@@ -84,4 +85,23 @@ reservations = sa.Table(
     sa.Column("expires_at", sa.Double, nullable=False),
     sa.Index("reservations_device", "device_id", "expires_at"),
     sa.Index("reservations_expiry", "expires_at"),
+)
+
+# The change feed (changes.py): one row per write that changed devices, so every replica keeps
+# its device index and its watchers current with what the others wrote. ``txid`` is the writing
+# transaction's id on PostgreSQL (its server default, set by revision 0003), which readers page
+# by: rows of transactions older than every running one are final, whatever order they committed
+# in. SQLite, whose writers take turns, pages by ``seq``. Rows are dropped after CHANGE_RETENTION_S.
+inventory_changes = sa.Table(
+    "inventory_changes", metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("txid", sa.BigInteger),
+    sa.Column("writer", sa.Text, nullable=False),  # the store that wrote it (SqlStore.writer): it skips its own
+    sa.Column("written_at", sa.Double, nullable=False),
+    sa.Column("events", sa.Text, nullable=False, server_default="[]"),  # JSON [[kind, device id], ...]
+    sa.Column("samples", sa.Text, nullable=False, server_default="[]"),  # JSON [[device id, ts, total, used, ...]]
+    sa.Column("reserved", sa.Text, nullable=False, server_default="[]"),  # JSON [device id, ...]
+    sa.Index("inventory_changes_txid", "txid"),
+    sa.Index("inventory_changes_written", "written_at"),
+    sqlite_autoincrement=True,  # a seq is never handed out twice, even once every row is pruned
 )

@@ -99,6 +99,10 @@ class MeshServer:
         SERVING (liveness: restarting the process would not bring the dependency back)."""
         self._dependencies, self._dependency_interval_s = dict(checks), interval_s
 
+    @property
+    def dependencies(self) -> dict[str, Callable[[], None]]:
+        return dict(self._dependencies)
+
     def _watch_dependencies(self) -> None:
         failing: str | None = None
         while True:

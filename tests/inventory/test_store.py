@@ -15,7 +15,7 @@ from inventory_svc.store import VERSION_TABLE, SqlStore
 from inventory_svc.tables import metadata
 from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 # -- migrations -------------------------------------------------------------------------------

@@ -91,3 +91,35 @@ def test_the_database_setting_takes_a_postgresql_url_and_refuses_other_engines()
     assert parse_args(["--insecure"], env={"ACCELMESH_INVENTORY_DB": url}).db == url
     with pytest.raises(InvalidArgument, match=r"mysql://inventory:\*\*\*@db/x.*not supported"):
         parse_args(["--insecure", "--db", "mysql://inventory:pw@db/x"])
+
+
+def test_the_inventory_is_not_ready_while_its_database_is_away(postgres_url):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from accelmesh.runtime.channels import open_channel
+    from inventory_svc.config import InventoryConfig
+    from inventory_svc.server import SERVICE_NAME, build_inventory
+
+    server, _ = build_inventory(InventoryConfig(listen="127.0.0.1:0", db=postgres_url), start_poller=False)
+    server.watch_dependencies(server.dependencies, interval_s=0.05)  # what build_inventory watches, often
+    server.start()
+    try:
+        with open_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            readiness = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+
+            def until(status):
+                return next(r.status for r in readiness if r.status == status)
+
+            until(health_pb2.HealthCheckResponse.SERVING)
+            _allow_connections(postgres_url, False)
+            try:
+                until(health_pb2.HealthCheckResponse.NOT_SERVING)
+                alive = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=30)
+                assert alive.status == health_pb2.HealthCheckResponse.SERVING  # liveness: the process is fine
+            finally:
+                _allow_connections(postgres_url, True)
+            until(health_pb2.HealthCheckResponse.SERVING)
+            readiness.cancel()
+    finally:
+        server.stop(0)

@@ -4,6 +4,12 @@ chosen to minimise the pipeline's predicted step time under each device's memory
 The ranked method (ranked.py) ignores layer order, so neighbouring layers can land on
 different devices and activations cross devices many times; here each device takes one run
 of consecutive layers.
+
+Over a large pool most devices cannot matter: a plan uses at most `count` devices, so a device
+that `count` others match or beat on everything a stage's time and memory depend on (rate,
+memory bandwidth, link, usable memory) is never needed, since one of those is always free to
+take its place at no loss. `_useful` keeps only the classes of the rest, which over 80,000
+devices is a few hundred; the per-class tables are numpy arrays.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dispatch_svc.planner.layer_model import (
-    Model, by_score, capacity, evaluate, initial_scores, link_gbps, required_devices, summary,
+    BANDWIDTH_EFFICIENCY, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
+    summary,
 )
-from dispatch_svc.planner.placement_types import BALANCED, Device, NoRoom, Placement
+from dispatch_svc.planner.placement_types import BALANCED, ByDevice, Device, NoRoom, Placement
+from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
 # Count vectors the search may visit before it merges device classes (see _classes).
 MAX_SEARCH_STATES = 200_000
@@ -51,12 +59,13 @@ def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
     split is then found only if it also fits with the copy.
     """
     task = model.task
-    scores = initial_scores(devices, task.weights)
-    count = required_devices(model, devices, scores)
+    figures = _Figures.of(devices, task)
+    values = status_scores(figures.rate, figures.bandwidth, figures.free, np.zeros(len(devices)), task.weights)
+    count = required_devices(model, devices, values)
     explain = []
     while True:
         try:
-            placement = _balanced(model, devices, scores, count, explain)
+            placement = _balanced(model, devices, values, count, explain, figures)
             return placement
         except NoRoom:
             if task.device_count or count >= len(devices):
@@ -65,44 +74,44 @@ def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
             count += 1
 
 
-def _balanced(model: Model, devices: Sequence[Device], scores: dict[str, float], count: int,
-              explain: list[str]) -> Placement:
+@dataclass(frozen=True)
+class _Figures:
+    """What each device offers a stage, as arrays in the devices' order, read off them once."""
+
+    ids: list[str]
+    rate: np.ndarray  # TFLOP/s
+    bandwidth: np.ndarray  # GB/s
+    link: np.ndarray  # GB/s, link_gbps
+    free: np.ndarray  # bytes, as floats (what scores read)
+    caps: np.ndarray  # usable bytes (capacity), int64
+    kind: np.ndarray  # target type, numbered
+
+    @classmethod
+    def of(cls, devices: Sequence[Device], task) -> _Figures:
+        rate, bandwidth = rates(devices)
+        free = np.array([d.memory_free_bytes for d in devices], float)
+        types: dict[str, int] = {}
+        return cls([d.id for d in devices], rate, bandwidth, np.array([link_gbps(d) for d in devices], float), free,
+                   (free * (1.0 - task.headroom)).astype(np.int64),  # capacity(), the same product and truncation
+                   np.array([types.setdefault(d.target_type, len(types)) for d in devices], np.int64))
+
+
+def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count: int,
+              explain: list[str], figures: _Figures) -> Placement:
     """The order-preserving dynamic program over device classes and a binary search on the step
     time. Kept in one function on purpose: its arrays (prefix sums, send costs, memory reach) and
     the recurrence that reads them are one invariant, easier to check read together than split."""
     n = len(model)
-    classes, note = _classes(model, devices, scores, count)
+    useful, all_classes = _useful(figures, count)
+    pool = [devices[i] for i in useful]
+    classes, note = _classes(model, pool, dict(zip((d.id for d in pool), values[useful].tolist())), count)
     k_count = len(classes)
-    # Per class: compute prefix sums, the send cost at each boundary, the memory reach.
-    cum = np.zeros((k_count, n + 1))
-    send = np.zeros((k_count, n + 1))  # send[k][j]: a stage ending before layer j sends layer j-1's output
-    for k, cls in enumerate(classes):
-        d = cls.example
-        cum[k, 1:] = np.cumsum([model.compute_seconds(i, d) for i in range(n)])
-        send[k, 1:n] = [model.send_seconds(j - 1, d) for j in range(1, n)]
-    reach_mem = np.zeros((k_count, n), dtype=np.int64)  # largest j with layers i..j-1 fitting class k
-    for k, cls in enumerate(classes):
-        for i in range(n):
-            used, j = 0, i
-            while j < n:
-                extra = model.need[j] + (model.shared_need[j] if 0 <= model.owner[j] < i else 0)
-                if used + extra > cls.capacity:
-                    break
-                used += extra
-                j += 1
-            reach_mem[k, i] = j
-    spans = {}  # (k, i) -> stage times for j = i+1 .. reach
-    values = []
-    for k in range(k_count):
-        for i in range(n):
-            j_max = reach_mem[k, i]
-            if j_max > i:
-                times = cum[k, i + 1: j_max + 1] - cum[k, i] + send[k, i + 1: j_max + 1]
-                spans[k, i] = times
-                values.append(times)
-    if not values:
+    cum, send = _stage_tables(model, [cls.example for cls in classes])
+    reach_mem = _memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
+    spans = _Spans(cum, send, reach_mem)
+    if not spans.any():
         raise _no_split(model, classes)
-    candidates = np.unique(np.concatenate(values))
+    candidates = spans.candidates()
     avail = tuple(min(len(c.devices), count) for c in classes)
 
     exact = _search_states(count, k_count) <= MAX_SEARCH_STATES
@@ -113,11 +122,7 @@ def _balanced(model: Model, devices: Sequence[Device], scores: dict[str, float],
 
     def cover(limit: float) -> list[tuple[int, int]] | None:
         """Stages (class, first layer) covering every layer with stage times <= limit, or None."""
-        reach = np.full((k_count, n), -1, dtype=np.int64)
-        for (k, i), times in spans.items():
-            ok = np.nonzero(times <= limit)[0]
-            if ok.size:
-                reach[k, i] = i + 1 + int(ok[-1])
+        reach = spans.reach(limit)
         if not exact:
             stages, prefix = [], 0
             for k, _ in in_order:
@@ -167,20 +172,130 @@ def _balanced(model: Model, devices: Sequence[Device], scores: dict[str, float],
         device = classes[k].devices[taken[k]]
         taken[k] += 1
         assignment.extend([device.id] * (end - prefix))
-    evaluation = evaluate(model, devices, assignment)
-    caps = {d.id: capacity(d, model.task) for d in devices}
+    evaluation = evaluate(model, pool, assignment)
+    caps = ByDevice(figures.ids, figures.caps)
+    usable = {d.id: capacity(d, model.task) for d in pool}
+    unused = (f", of which the {k_count} not outmatched {count} times over can matter" if k_count < all_classes
+              else "")
     lines = [
-        f"balanced: {n} layers in order over {len(devices)} devices in {k_count} classes of identical devices"
-        f"{note}; at most {count} stage(s); binary search over {len(candidates):,} candidate step times "
+        f"balanced: {n} layers in order over {len(devices)} devices in {all_classes} classes of identical devices"
+        f"{unused}{note}; at most {count} stage(s); binary search over {len(candidates):,} candidate step times "
         f"-> {evaluation.step_seconds * 1e3:.3f} ms per micro-batch with {len(stages)} stage(s)"]
     for stage in evaluation.stages:
         last = model.layers[stage.first_layer + stage.layer_count - 1].name
         lines.append(
             f"stage {stage.index}: {model.layers[stage.first_layer].name}..{last} ({stage.layer_count} layers, "
-            f"{evaluation.memory_bytes[stage.device_id]:,} of {caps[stage.device_id]:,} B) on {stage.device_id} "
+            f"{evaluation.memory_bytes[stage.device_id]:,} of {usable[stage.device_id]:,} B) on {stage.device_id} "
             f"compute {stage.compute_seconds * 1e3:.3f} ms + send {stage.transfer_seconds * 1e3:.3f} ms")
     lines.append(summary(BALANCED, evaluation))
-    return Placement(BALANCED, tuple(assignment), evaluation, caps, scores, explain + lines)
+    # initial_scores and capacity of every device, as the arrays at hand
+    return Placement(BALANCED, tuple(assignment), evaluation, caps, ByDevice(figures.ids, values), explain + lines)
+
+
+SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array; past it, one per first layer
+
+
+class _Spans:
+    """The time of every stage (layers i..j-1 on a device of class k) that the class's memory
+    holds: the candidate step times, and for a limit the longest stage from each i within it.
+    One (k, i, j) array when it is small enough, else one (k, j) array per first layer i."""
+
+    def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray):
+        k_count, n = reach_mem.shape
+        self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
+        last = np.arange(1, n + 1)
+        if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
+            self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:]
+            self._fits = (last[None, None, :] > np.arange(n)[None, :, None]) & (last[None, None, :] <= reach_mem[:, :, None])
+        else:
+            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:], last[None, i:] <= reach_mem[:, i:i + 1])
+                          for i in range(n)]
+
+    def any(self) -> bool:
+        return bool(self._fits.any()) if self._whole else any(fits.any() for _, fits in self._rows)
+
+    def candidates(self) -> np.ndarray:
+        if self._whole:
+            return np.unique(self._times[self._fits])
+        return np.unique(np.concatenate([times[fits] for times, fits in self._rows]))
+
+    def reach(self, limit: float) -> np.ndarray:
+        """reach[k, i]: the end j of the longest stage from i on class k within ``limit``; -1 if none."""
+        if self._whole:
+            ok = self._fits & (self._times <= limit)
+            last = self._n - 1 - np.argmax(ok[:, :, ::-1], axis=2)
+            return np.where(ok.any(axis=2), last + 1, -1)
+        reach = np.full((len(self._rows[0][0]), self._n), -1, dtype=np.int64)
+        for i, (times, fits) in enumerate(self._rows):
+            ok = fits & (times <= limit)
+            last = ok.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1)
+            reach[:, i] = np.where(ok.any(axis=1), i + 1 + last, -1)
+        return reach
+
+
+def _stage_tables(model: Model, examples: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (rows): prefix sums of Model.compute_seconds over the layers, and send[k][j], what
+    a stage ending before layer j pays to send layer j-1's output (Model.send_seconds); the same
+    arithmetic as those methods, over arrays."""
+    n = len(model)
+    rate = np.array([d.peak_tflops for d in examples], float)[:, None] * 1e12 * CATALOG_EFFICIENCY
+    bandwidth = np.array([d.memory_bandwidth_gbps for d in examples], float)[:, None] * 1e9 * BANDWIDTH_EFFICIENCY
+    flops, traffic = np.array(model.flops, float)[None, :], np.array(model.traffic, float)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        flops_s = np.where(rate > 0, flops / rate, np.where(flops > 0, np.inf, 0.0))
+        bytes_s = np.where(bandwidth > 0, traffic / bandwidth, 0.0)
+    cum = np.zeros((len(examples), n + 1))
+    cum[:, 1:] = np.cumsum(np.maximum(flops_s, bytes_s), axis=1)
+    send = np.zeros((len(examples), n + 1))
+    link = np.array([link_gbps(d) for d in examples], float)[:, None]
+    send[:, 1:n] = np.array(model.act[:-1], float)[None, :] / (link * 1e9 * BANDWIDTH_EFFICIENCY)
+    return cum, send
+
+
+def _memory_reach(model: Model, capacity_bytes: np.ndarray) -> np.ndarray:
+    """reach[k][i]: the largest j such that layers i..j-1 fit a device of usable memory
+    capacity_bytes[k], a tied layer's shared bytes counted when its owner comes before i."""
+    n = len(model)
+    reach = np.zeros((len(capacity_bytes), n), np.int64)
+    need, shared, owner = (np.array(x, np.int64) for x in (model.need, model.shared_need, model.owner))
+    for i in range(n):
+        extra = need[i:] + np.where((owner[i:] >= 0) & (owner[i:] < i), shared[i:], 0)
+        reach[:, i] = i + np.searchsorted(np.cumsum(extra), capacity_bytes, side="right")
+    return reach
+
+
+def _useful(f: _Figures, count: int) -> tuple[np.ndarray, int]:
+    """The indices of the devices a best placement on at most `count` of them may need, and how
+    many classes of identical devices (_classes' key) there are in all.
+
+    A device may be left out when `count` others have at least its rate, bandwidth, link and
+    usable memory: a plan using it uses fewer than `count` others, so one of those is free and
+    takes its stage as fast, with as much room. Found per (bandwidth, link) group as the first
+    `count` layers of its (usable memory, rate) skyline: sorted by memory, a device on the skyline
+    has more rate than every one before it, and one below the first `count` layers has at least
+    `count` before it with as much of both. A device as good as a kept one in every figure is
+    kept too, so a class is kept or dropped whole."""
+    # One sort: by (bandwidth, link) group, then most memory, then most rate, then type: a class
+    # of identical devices (_classes' key) is then a run, a group a run of runs.
+    order = np.lexsort((f.kind, -f.rate, -f.caps, f.link, f.bandwidth))
+    changed = [np.diff(values[order]) != 0 for values in (f.bandwidth, f.link, f.caps, f.rate, f.kind)]
+    new_group = np.concatenate(([True], changed[0] | changed[1]))
+    new_like = new_group | np.concatenate(([False], changed[2] | changed[3]))  # alike in every figure
+    new_class = new_like | np.concatenate(([False], changed[4]))
+    like = np.empty(len(order), np.int64)
+    like[order] = np.cumsum(new_like) - 1
+    kept = np.zeros(len(order), bool)
+    for members in np.split(order, np.flatnonzero(new_group)[1:]):
+        for _ in range(count):
+            if not members.size:
+                break
+            best_before = np.maximum.accumulate(np.concatenate(([-np.inf], f.rate[members][:-1])))
+            skyline = f.rate[members] > best_before
+            kept[members[skyline]] = True
+            members = members[~skyline]
+    wanted = np.zeros(int(like.max(initial=-1)) + 1, bool)
+    wanted[like[kept]] = True
+    return np.flatnonzero(wanted[like]), int(new_class.sum())
 
 
 def _classes(model: Model, devices: Sequence[Device], scores: dict[str, float], count: int

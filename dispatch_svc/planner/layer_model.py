@@ -28,7 +28,7 @@ The types it works on and their checks are in placement_types.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -121,6 +121,11 @@ def capacity(device: Device, task: Task) -> int:
     return int(device.memory_free_bytes * (1.0 - task.headroom))
 
 
+def capacities(devices: Sequence[Device], task: Task) -> np.ndarray:
+    """``capacity`` of every device as an int64 array (the same product, truncated the same way)."""
+    return (np.array([d.memory_free_bytes for d in devices], float) * (1.0 - task.headroom)).astype(np.int64)
+
+
 def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str]) -> Evaluation:
     """The predicted step time, memory and transfers of `assignment` (device id per layer)."""
     by_id = {d.id: d for d in devices}
@@ -182,10 +187,17 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
 
 
 def initial_scores(devices: Sequence[Device], weights: Weights) -> dict[str, float]:
+    return dict(zip((d.id for d in devices), initial_score_array(devices, weights).tolist()))
+
+
+def initial_score_array(devices: Sequence[Device], weights: Weights) -> np.ndarray:
+    """``initial_scores`` in the devices' order, as an array."""
     rate, bandwidth = rates(devices)
     free = np.array([d.memory_free_bytes for d in devices], float)
-    scores = status_scores(rate, bandwidth, free, np.zeros(len(devices)), weights)
-    return dict(zip((d.id for d in devices), scores.tolist()))
+    return status_scores(rate, bandwidth, free, np.zeros(len(devices)), weights)
+
+
+Scores = dict[str, float] | np.ndarray  # by device id, or in the devices' order
 
 
 def rates(devices: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +214,7 @@ def status_scores(rate: np.ndarray, bandwidth: np.ndarray, free: np.ndarray, loa
     return weighted(normalised(rate * idle, free, bandwidth * idle), weights)
 
 
-def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, float]) -> int:
+def required_devices(model: Model, devices: Sequence[Device], scores: Scores) -> int:
     """The client's count, else the fewest best-scored devices whose usable memory holds the model."""
     task = model.task
     if task.device_count:
@@ -212,7 +224,7 @@ def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, 
         return task.device_count
     total = model.total_need()
     usable = 0
-    for count, device in enumerate(by_score(devices, scores), start=1):
+    for count, device in enumerate(best_first(devices, scores), start=1):
         usable += capacity(device, task)
         if usable >= total:
             return count
@@ -226,6 +238,36 @@ def required_devices(model: Model, devices: Sequence[Device], scores: dict[str, 
 
 def by_score(devices: Sequence[Device], scores: dict[str, float]) -> list[Device]:
     return sorted(devices, key=lambda d: (-scores.get(d.id, 0.0), d.id))
+
+
+FIRST_CHUNK = 64  # best_first's first helping; each next one is four times larger
+
+
+def best_first(devices: Sequence[Device], scores: Scores) -> Iterator[Device]:
+    """``by_score``'s order, a helping at a time: the best of the devices not yet given (every
+    one tied with the last of them too), sorted. A caller that wants the best few of 80,000
+    devices then sorts a few hundred, not all of them."""
+    values = scores if isinstance(scores, np.ndarray) else np.array([scores.get(d.id, 0.0) for d in devices], float)
+    remaining, chunk = np.arange(len(devices)), FIRST_CHUNK
+    while remaining.size:
+        if remaining.size > chunk:
+            worst_taken = np.partition(-values[remaining], chunk - 1)[chunk - 1]
+            taken = -values[remaining] <= worst_taken
+            batch, remaining = remaining[taken], remaining[~taken]
+        else:
+            batch, remaining = remaining, remaining[:0]
+        yield from (devices[i] for i in sorted(batch.tolist(), key=lambda i: (-values[i], devices[i].id)))
+        chunk *= 4
+
+
+def top_by_score(devices: Sequence[Device], scores: Scores, count: int) -> list[Device]:
+    """``by_score(devices, scores)[:count]`` without sorting them all."""
+    out = []
+    for device in best_first(devices, scores):
+        if len(out) == count:
+            break
+        out.append(device)
+    return out
 
 
 def summary(strategy: str, evaluation: Evaluation) -> str:

@@ -6,8 +6,10 @@ a layer table. The cost model that fills them in is layer_model.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.scoring import Weights
@@ -88,13 +90,34 @@ class Evaluation:
         return self.latency_seconds + max(0, micro_batches - 1) * self.step_seconds
 
 
+class ByDevice(Mapping):
+    """A value per device id, kept as an array in the candidates' order: a placement over 80,000
+    candidates reads two of these back for the few devices it uses, so the index from id to
+    position is made on the first lookup, not while planning."""
+
+    def __init__(self, ids: Sequence[str], values: np.ndarray):
+        self._ids, self._values = ids, values
+        self._index: dict[str, int] | None = None
+
+    def __getitem__(self, device_id: str):
+        if self._index is None:
+            self._index = {d: i for i, d in enumerate(self._ids)}
+        return self._values[self._index[device_id]].item()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 @dataclass
 class Placement:
     strategy: str
     assignment: tuple[str, ...]  # device id of each layer, in layer order
     evaluation: Evaluation
-    capacity_bytes: dict[str, int]  # usable memory of each candidate before placing
-    scores: dict[str, float]  # each candidate's status score before placing
+    capacity_bytes: Mapping[str, int]  # usable memory of each candidate before placing
+    scores: Mapping[str, float]  # each candidate's status score before placing
     explain: list[str] = field(default_factory=list)
 
     @property

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from accelmesh import errors
+from accelmesh.runtime.periodic import Periodic
 from dispatch_svc.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -34,28 +34,16 @@ class Takeover:
             raise ValueError("the job book leases no jobs (lease_s is 0): nothing to take over")
         self._runner = runner
         self._book = runner.book
-        self._stopped = threading.Event()
         self.taken: list[str] = []  # jobs this replica took over, in order
-        self._thread = threading.Thread(target=self._loop, name="job-leases", daemon=True)
+        self._loop = Periodic("job-leases", self.check, self._book.lease_s / CHECKS_PER_LEASE,
+                              "renewing job leases and looking for lapsed ones")
 
     def start(self) -> Takeover:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        interval = self._book.lease_s / CHECKS_PER_LEASE
-        while not self._stopped.wait(interval):
-            try:
-                self.check()
-            except errors.AccelmeshError as exc:  # the database is away: the next check tries again
-                log.warning("renewing job leases failed: %s", exc)
-            except Exception:  # noqa: BLE001 - a bug must not end the leases' thread
-                log.exception("renewing job leases failed")
+        self._loop.stop(timeout_s=5)
 
     def check(self) -> list[str]:
         """One round: renew, act on cancels, claim lapsed jobs. Returns the jobs claimed."""

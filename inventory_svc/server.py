@@ -5,11 +5,11 @@ from __future__ import annotations
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime import database
+from accelmesh.runtime.periodic import Periodic
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
 from inventory_svc.config import InventoryConfig
-from inventory_svc.follower import Follower
 from inventory_svc.inventory import Inventory
 from inventory_svc.node_client import NodeClient
 from inventory_svc.poller import Poller
@@ -49,7 +49,9 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
     )
     poller = Poller(inventory.poll_all, inventory.take_over, config.poll_interval_s)
     # Started with the server, poller or not: watchers hear of other replicas' changes through it.
-    follower = Follower(inventory.follow, config.follow_interval_s)
+    # (Inventory.follow: the index stays close behind them between rankings.)
+    follower = Periodic("inventory-follower", inventory.follow, config.follow_interval_s,
+                        "reading the other inventory replicas' changes")
     servicer = InventoryServicer(inventory, Authenticator(config.security))
 
     def shutdown():

@@ -340,7 +340,11 @@ def bench_planning(inventory, plan: Plan) -> dict:
     from accelmesh.scoring import free_status
     from compile_svc.programs.registry import default_registry
     from compile_svc.rules import load_rules
+    from dispatch_svc import records as m
+    from dispatch_svc.interface import ArtifactRef, Build, JobDevice
     from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, Target, ThroughputModel, plan_shards
+    from dispatch_svc.strategies.context import Limits
+    from dispatch_svc.strategies.data_parallel import _split as data_parallel_split
     from dispatch_svc.planner.placement import INFERENCE, Device, Model, NoRoom, Task, place_balanced, place_ranked
 
     ranking = inventory.score(profile(), "", 0).devices  # every healthy device with its status
@@ -353,24 +357,29 @@ def bench_planning(inventory, plan: Plan) -> dict:
     throughput = ThroughputModel()
     rows, max_rows, program = 1_000_000, 4096, "resnet50-infer@1"
 
-    def inputs():
-        """What strategies/data_parallel._split makes per device before it plans: a Target per
-        device (one per type kept) and a PlannedDevice per device."""
-        targets = {per_type[r.spec.type][0]: Target(per_type[r.spec.type][0], r.spec.performance,
-                                                    per_type[r.spec.type][1]) for r in records}
-        rates = throughput.rates(program, list(targets.values()), flops_per_row=4.1e9)
-        return targets, [PlannedDevice(r.id, per_type[r.spec.type][0], rates[per_type[r.spec.type][0]].rows_per_second)
-                         for r in records]
-
-    targets, pool = inputs()
+    targets = {}
+    for r in records:
+        key, dtype = per_type[r.spec.type]
+        targets.setdefault(key, Target(key, r.spec.performance, dtype))
+    rates = throughput.rates(program, list(targets.values()), flops_per_row=4.1e9)
+    pool = [PlannedDevice(r.id, per_type[r.spec.type][0], rates[per_type[r.spec.type][0]].rows_per_second)
+            for r in records]
 
     def data_parallel():  # the planner's part: the rates of the job's target types, the split
         throughput.rates(program, list(targets.values()), flops_per_row=4.1e9)
         return plan_shards(rows, pool, max_shard_rows=max_rows, exact=True, bucket_rungs=BUCKET_RUNGS)
 
+    # The whole of a data-parallel job's planning step, strategies/data_parallel._split, as the
+    # dispatcher runs it on the devices the inventory ranked (a build per target type).
+    job_program = default_registry().get("mlp_classifier")
+    job_spec = m.JobSpec(program=job_program.name, inputs=(m.InputDecl("x", "float32", (rows, 64)),))
+    job_devices = [JobDevice(r.spec, r.node_address, per_type[r.spec.type][0]) for r in records]
+    builds = {key: Build(key, "bench", dtype, None, (), ArtifactRef(key, "", "stablehlo", 0), {})
+              for key, dtype in per_type.values()}
+    limits = Limits(max_rows * 64 * 4, 64 << 20)
+
     def data_parallel_with_inputs():
-        _, devices = inputs()
-        return plan_shards(rows, devices, max_shard_rows=max_rows, exact=True, bucket_rungs=BUCKET_RUNGS)
+        return data_parallel_split(throughput, limits, job_program, job_spec, job_devices, builds, rows)
 
     candidates = []  # as pipeline_plan._candidate builds them: compute at the dtype of the device's rule
     for scored in ranking:
@@ -393,7 +402,7 @@ def bench_planning(inventory, plan: Plan) -> dict:
     out = {"devices": len(records), "baseline_sort_by_peak": summary_ms(baseline)}
     sharding = data_parallel()
     for name, call in (("data_parallel_split", data_parallel),
-                       ("data_parallel_split_with_per_device_inputs", data_parallel_with_inputs),
+                       ("data_parallel_job_planning", data_parallel_with_inputs),
                        ("place_ranked", lambda: attempt(place_ranked)), ("place_balanced", lambda: attempt(place_balanced))):
         ms = time_calls(call, plan.planning_calls, 1)
         out[name] = {"wall": summary_ms(ms), "goal_met": percentile(ms, 50) < GOAL_MS,
@@ -403,8 +412,9 @@ def bench_planning(inventory, plan: Plan) -> dict:
                                       devices_used=len(sharding.rows_by_device()))
     # Outside dispatch_svc/planner: data_parallel._split's own per-device objects (and the
     # collector's pauses over a heap this large) come on top of the planner's split.
-    out["data_parallel_split_with_per_device_inputs"]["note"] = (
-        "adds what strategies/data_parallel._split builds per device (a Target and a PlannedDevice each)")
+    out["data_parallel_job_planning"]["note"] = (
+        "strategies/data_parallel._split itself: the planner's split plus what the dispatcher builds around it "
+        "(mlp_classifier, 1,000,000 rows)")
     for name, place in (("place_ranked", place_ranked), ("place_balanced", place_balanced)):
         result = attempt(place)
         out[name]["model"] = "gpt2_xl inference, micro-batches of 8"

@@ -38,6 +38,26 @@ class PlannedDevice(NamedTuple):
     rows_per_second: float
 
 
+class DeviceColumns(Sequence):
+    """Devices as three columns, a PlannedDevice made only for one asked for by index: what a job
+    over 80,000 devices plans with, so that planning makes no object per device (making them,
+    and the collector's passes over a heap that size, cost more than the split itself)."""
+
+    def __init__(self, ids: Sequence[str], target_types: Sequence[str], rates: Sequence[float]):
+        if not len(ids) == len(target_types) == len(rates):
+            raise InvalidArgument(f"{len(ids)} ids, {len(target_types)} target types and {len(rates)} rates: "
+                                  "give one of each per device")
+        self.ids, self.target_types, self.rates = ids, target_types, rates
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return PlannedDevice(self.ids[i], self.target_types[i], self.rates[i])
+
+
 class Shard(NamedTuple):
     """Consecutive rows run on one device (ShardPlan)."""
 
@@ -157,10 +177,11 @@ def _check(total_rows: int, devices: Sequence[PlannedDevice], max_shard_rows: in
     if not devices:
         raise FailedPrecondition("no devices to shard over; relax the job's constraints or add devices "
                                  "to the inventory")
-    raw = [device.rows_per_second for device in devices]
+    columns = isinstance(devices, DeviceColumns)
+    raw = list(devices.rates) if columns else [device.rows_per_second for device in devices]
+    ids = devices.ids if columns else [d.device_id for d in devices]
     rates = np.array(raw, float) if set(map(type, raw)) <= _NUMBERS else None
-    if rates is None or not (np.isfinite(rates).all() and (rates > 0).all()) \
-            or len({d.device_id for d in devices}) != len(devices):
+    if rates is None or not (np.isfinite(rates).all() and (rates > 0).all()) or len(set(ids)) != len(devices):
         _first_bad_device(devices)  # names the first device at fault, as checking one by one would
         rates = np.array(raw, float)  # none was: numbers of some other float type
     _check_bounds(max_shard_rows, min_shard_rows)

@@ -129,3 +129,29 @@ def test_by_device_reads_like_a_dict_of_every_candidate():
     values = ByDevice(["a", "b", "c"], np.array([3, 1, 2], np.int64))
     assert dict(values) == {"a": 3, "b": 1, "c": 2} and type(values["a"]) is int
     assert values.get("z", -1) == -1 and len(values) == 3 and "b" in values
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_devices_as_columns_plan_exactly_as_a_list_of_devices(seed):
+    from dispatch_svc.planner import DeviceColumns
+
+    rng = random.Random(seed)
+    rates = random_rates(rng, rng.choice([1, 5, 50, 500]))
+    ids, types = [f"d{i}" for i in range(len(rates))], [rng.choice(["a", "b"]) for _ in rates]
+    listed = [PlannedDevice(i, t, r) for i, t, r in zip(ids, types, rates)]
+    for options in ({}, {"exact": True, "max_shard_rows": 64}, {"exact": True, "max_shard_rows": 256, "bucket_rungs": 5},
+                    {"min_shard_rows": 8}):
+        total = rng.choice([1, 999, 10**5])
+        assert plan_shards(total, DeviceColumns(ids, types, rates), **options) == plan_shards(total, listed, **options)
+
+
+def test_columns_with_a_bad_device_are_refused_naming_it_as_a_list_would_be():
+    from accelmesh.errors import InvalidArgument
+    from dispatch_svc.planner import DeviceColumns
+
+    with pytest.raises(InvalidArgument, match="device 'b': rows_per_second"):
+        plan_shards(10, DeviceColumns(["a", "b"], ["t", "t"], [1.0, 0.0]))
+    with pytest.raises(InvalidArgument, match="device 'a' is listed twice"):
+        plan_shards(10, DeviceColumns(["a", "a"], ["t", "t"], [1.0, 2.0]))
+    with pytest.raises(InvalidArgument, match="one of each per device"):
+        DeviceColumns(["a"], [], [1.0])

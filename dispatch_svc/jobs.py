@@ -66,6 +66,10 @@ _INSERT_HELD_EVENT = events_table.insert().from_select(
               sa.bindparam("e_event", type_=sa.Text), sa.bindparam("e_brief", type_=sa.Text)).where(
         sa.exists().where(_J.job_id == sa.bindparam("e_job"), _J.runner == sa.bindparam("me")))).returning(_E.idx)
 _UNFINISHED = sa.select(_J.job_id).where(_J.state.not_in(m.FINAL_STATES))
+# Leased: the unfinished jobs no replica leases (from before leases, or an unleased dispatcher),
+# taken by this one to be ended, with a lease so that a replica starting with it leaves them be.
+_CLAIM_UNLEASED = jobs_table.update().where(_J.state.not_in(m.FINAL_STATES), _J.runner_until.is_(None)).values(
+    runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id)
 _EXPIRED = sa.select(_J.job_id).where(_J.expires.is_not(None), _J.expires <= sa.bindparam("now"))
 # Leases (takeover.py): renewed in one statement for every job a replica runs; a lapsed one claimed
 # in one statement, so two replicas never both take a job over.
@@ -124,8 +128,9 @@ class JobBook:
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
         self._event_counts: dict[str, int] = {}  # events logged per job: the next event's index
-        # Their reservations are the caller's to release. Leased, they are found by takeover.py.
-        self.interrupted = [] if lease_s else self._fail_interrupted_jobs()
+        # Their reservations are the caller's to release. Leased, only those no replica leases:
+        # the others are takeover.py's.
+        self.interrupted = self._fail_interrupted_jobs()
         self.expire_results()
 
     @property
@@ -292,8 +297,12 @@ class JobBook:
             raise _lease_lost(job.job_id)
 
     def _fail_interrupted_jobs(self) -> list[str]:
-        with database.connected(self._engine) as connection:
-            rows = connection.execute(_UNFINISHED).scalars().all()
+        if self.lease_s:
+            values = {"me": self.replica, "until": self._clock() + self.lease_s}
+            rows = database.transaction(self._engine, lambda c: c.execute(_CLAIM_UNLEASED, values).scalars().all())
+        else:
+            with database.connected(self._engine) as connection:
+                rows = connection.execute(_UNFINISHED).scalars().all()
         interrupted = []
         for job_id in rows:
             job = self.get(job_id)  # an oversized one is saved back summarised

@@ -272,3 +272,21 @@ def test_a_training_job_taken_over_runs_again_from_its_stored_inputs(tmp_path, b
         first.wait_idle(WAIT_S)
         first.book.close()
         second.book.close()
+
+
+def test_a_leased_book_ends_the_unfinished_jobs_no_replica_leases(tmp_path, book_db):
+    unleased = JobBook(tmp_path, retention_s=60, database_url=book_db)  # as a book before leases
+    job = unleased.create(m.JobSpec(program="affine"))
+    unleased.close()
+    clock = Clock()
+    leased = JobBook(tmp_path, retention_s=60, database_url=book_db, lease_s=LEASE_S, clock=clock)
+    running = leased.create(m.JobSpec(program="affine"))  # leased: not this start's to end
+    other = JobBook(tmp_path, retention_s=60, database_url=book_db, lease_s=LEASE_S, clock=clock)
+    try:
+        assert leased.interrupted == [job.job_id]
+        assert leased.get(job.job_id).state == m.FAILED and "restarted" in leased.get(job.job_id).error
+        assert other.interrupted == [] and other.get(running.job_id).state == m.PLANNING
+        assert other.runner_of(job.job_id)[1] is None  # final: nobody's to take over
+    finally:
+        leased.close()
+        other.close()

@@ -30,7 +30,7 @@ from accelmesh.runtime import database
 from accelmesh.errors import quoted
 from dispatch_svc import records as m
 from dispatch_svc.job_codec import event_from, event_text, record_from, record_text
-from dispatch_svc.results import ResultStore
+from dispatch_svc.results import PARTS, ResultStore
 from dispatch_svc.schema import SCRIPTS, VERSION_TABLE
 from dispatch_svc.schema.tables import events as events_table
 from dispatch_svc.schema.tables import jobs as jobs_table
@@ -198,7 +198,7 @@ class JobBook:
     def drop_stored(self, job_id: str) -> None:
         """What only a takeover reads: the job's stored inputs and folded parts (outputs.py)."""
         self.inputs.delete(job_id)
-        shutil.rmtree(self.results.root / job_id / "parts", ignore_errors=True)
+        shutil.rmtree(self.results.root / job_id / PARTS, ignore_errors=True)
 
     def adopt(self, job: m.JobRecord) -> None:
         """A job this replica took over: held live here from now on, its event count from the book."""

@@ -19,9 +19,7 @@ from dispatch_svc import records as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.interface import LiveJob, ShardWork
-from dispatch_svc.results import ResultStore
-
-PARTS = "parts"  # the folder of a leased job's folded parts, in its results folder
+from dispatch_svc.results import PARTS, ResultStore
 
 
 class JobOutputs:

@@ -15,6 +15,9 @@ import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
 import numpy as np
 
 
+PARTS = "parts"  # a leased job's folded parts (outputs.py), in its results folder, until it ends
+
+
 @dataclass(frozen=True)
 class ResultEntry:
     """One result tensor on disk: raw little-endian rows, read a slab at a time."""

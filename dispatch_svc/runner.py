@@ -103,9 +103,10 @@ class JobRunner:
         return job, live
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
-            taken_over: bool = False) -> None:
+            taken_over: bool = False, kept: frozenset[int] | None = None) -> None:
         """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
-        caller); the shards' results are collected in a background thread (or here). A leased job
+        caller); the shards' results are collected in a background thread (or here). `kept`: the
+        finished shards of a job taken over that its strategy keeps (None: it runs whole). A leased job
         (its book shared by dispatch replicas) stores its inputs as they are read, so another
         replica can take it over (`take_over`)."""
         live.span = self._tracer.start_span("dispatch.job", attributes={
@@ -116,7 +117,7 @@ class JobRunner:
             feed = self._spooled(job, feed)
         try:
             ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
-                             taken_over=taken_over)
+                             kept=kept)
             work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
         except BaseException as exc:
             self._end(job, live, live.pool, exc, feed)
@@ -155,20 +156,26 @@ class JobRunner:
             self.book.drop_stored(job_id)
             self.book.forget_live(job_id)
             return
-        resumable = job.plan is not None and job.spec.kind == m.INFERENCE and job.spec.placement is None
-        kept = len(self.book.finished_shards(job_id)) if resumable else 0
-        if not resumable:  # its outputs so far are the stopped run's: it starts again from its inputs
+        # An inference job's finished shards are kept (their outputs are on disk); the shards of
+        # any other kind depend on each other: its outputs so far go, it starts again from its inputs.
+        resumable = (job.plan is not None and bool(job.plan.shards) and job.spec.kind == m.INFERENCE
+                     and job.spec.placement is None)
+        if resumable:
+            planned = {s.index for s in job.plan.shards}
+            kept = frozenset(self.book.finished_shards(job_id) & planned)
+        else:
+            kept = None
             self.book.results.delete(job_id)
             job.shards, job.progress = [], 0.0
         self.book.emit(job, m.TAKEN_OVER, message=(
             f"dispatch replica {self.book.replica} took the job over from one that stopped renewing its lease: "
-            + (f"{kept} of {len(job.plan.shards)} shards were finished and are kept" if resumable
+            + (f"{len(kept)} of {len(job.plan.shards)} shards were finished and are kept" if resumable
                else "it runs again from its stored inputs")))
         live = LiveJob()
         with self._lock:
             self._live[job_id] = live
         try:
-            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, taken_over=True)
+            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, taken_over=True, kept=kept)
         except Exception:  # noqa: BLE001 - ended and recorded by run
             pass
 

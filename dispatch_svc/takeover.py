@@ -34,7 +34,6 @@ class Takeover:
             raise ValueError("the job book leases no jobs (lease_s is 0): nothing to take over")
         self._runner = runner
         self._book = runner.book
-        self.taken: list[str] = []  # jobs this replica took over, in order
         self._loop = Periodic("job-leases", self.check, self._book.lease_s / CHECKS_PER_LEASE,
                               "renewing job leases and looking for lapsed ones")
 
@@ -55,7 +54,6 @@ class Takeover:
         claimed = self._book.claim_lapsed()
         for job_id, stored in claimed:
             log.warning("taking over job %s: the dispatch replica running it stopped renewing its lease", job_id)
-            self.taken.append(job_id)
             threading.Thread(target=self._runner.take_over, args=(job_id, stored), name=f"takeover-{job_id}",
                              daemon=True).start()
         return [job_id for job_id, _ in claimed]

@@ -38,6 +38,8 @@ class Replicas:
         self.data_dir, self.credentials = data_dir, credentials
         self.inventory_db, self.dispatch_db = inventory_db, dispatch_db
         self.inventories, self.compiles, self.workers, self.dispatchers = [], [], [], []
+        # The inventory's book, read by the test as the replicas write it (one pool for every look).
+        self._inventory_engine = sa.create_engine(inventory_db.replace("postgresql://", "postgresql+psycopg://"))
         try:
             self.inventories = [self.start_inventory(i) for i in range(2)]
             self.compiles = [self.start_compile(i) for i in range(2)]
@@ -80,12 +82,8 @@ class Replicas:
 
     def node_polls(self) -> dict[str, tuple[str, float]]:
         """Each node's poller (an inventory replica's id) and when it was last seen, as the book says."""
-        engine = sa.create_engine(self.inventory_db.replace("postgresql://", "postgresql+psycopg://"))
-        try:
-            with engine.connect() as connection:
-                rows = connection.execute(sa.text("SELECT address, poller, last_seen_at FROM nodes")).all()
-        finally:
-            engine.dispose()
+        with self._inventory_engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT address, poller, last_seen_at FROM nodes")).all()
         return {address: (poller, seen) for address, poller, seen in rows}
 
     def kill_an_inventory(self, index: int) -> float:
@@ -123,6 +121,7 @@ class Replicas:
     def stop(self):
         for process in [*self.dispatchers, *self.workers, *self.compiles, *self.inventories]:
             process.terminate()
+        self._inventory_engine.dispose()
 
 
 def wait_for(predicate, timeout_s: float, what: str):

@@ -173,7 +173,9 @@ class JobContext:
     live: LiveJob
     feed: InputFeed
     tracer: trace.Tracer = field(default_factory=trace.NoOpTracer)
-    taken_over: bool = False  # from a dispatch replica that stopped (takeover.py): resume if the strategy can
+    # A job taken over from a dispatch replica that stopped (takeover.py), resumed: the shards of
+    # its plan that one finished, kept (None: the job runs whole).
+    kept: frozenset[int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

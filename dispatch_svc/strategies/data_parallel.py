@@ -27,8 +27,9 @@ from dispatch_svc.validation import check_inputs, check_program_kind
 MAX_EXECUTABLE_SIZES = 8
 
 
-def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
-         spec: m.JobSpec) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
+def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpec,
+         keep: m.Plan | None = None) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
+    """`keep`: the plan a job taken over goes on with; executables are built for its shard sizes."""
     program = mesh.describe_program(spec.program, spec.version)
     check_program_kind(program, spec)
     rows = check_inputs(program, spec)
@@ -45,7 +46,7 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
     devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]
     batch_rows = spec.training.batch_size if spec.kind == m.TRAINING else rows
     job_plan = _split(throughput, limits, program, spec, devices, by_type, min(batch_rows, rows))
-    sizes = {s.rows for s in job_plan.shards}  # the ladder's: at most BUCKET_RUNGS + 1
+    sizes = {s.rows for s in (keep or job_plan).shards}  # the ladder's: at most BUCKET_RUNGS + 1
     if spec.kind == m.TRAINING and rows % batch_rows:
         last = {count for _, count, _ in training.plan_rows(job_plan, rows % batch_rows)}
         if len(sizes | last) <= MAX_EXECUTABLE_SIZES:  # else the last mini-batch of an epoch runs portable
@@ -58,7 +59,7 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits,
 def start(ctx: JobContext):
     """Plan shards, build per target type, reserve; returns the strategy's collecting work."""
     job = ctx.job
-    if ctx.taken_over and job.plan is not None and job.plan.shards and job.spec.kind == m.INFERENCE:
+    if ctx.kept is not None:
         return _resume(ctx)
     program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
     ctx.book.update(job, plan=job_plan, state=m.COMPILING)
@@ -83,11 +84,8 @@ def _resume(ctx: JobContext):
     were, those finished kept, the rest run on the devices the mesh has now (a shard whose planned
     device is no longer a candidate goes to one the job would be planned on today)."""
     job = ctx.job
-    program, fresh, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
-    sizes = sorted({s.rows for s in job.plan.shards})
-    if len(sizes) <= MAX_EXECUTABLE_SIZES:
-        builds = ctx.mesh.compile(program, devices, sizes)  # the old plan's sizes: from the cache
-    finished = frozenset(ctx.book.finished_shards(job.job_id)) & {s.index for s in job.plan.shards}
+    program, fresh, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec, keep=job.plan)
+    finished = ctx.kept
     have = {d.id for d in devices}
     spare = [s.device_id for s in fresh.shards] or sorted(have)
     lost = [s for s in job.plan.shards if s.device_id not in have and s.index not in finished]

@@ -58,13 +58,14 @@ class LayerInfo:
     # owner's parameter_count/bytes), and their bytes, needed again where the owner is not.
     shared_from: str = ""
     shared_parameter_bytes: int = 0
+    buffer_bytes: int = 0  # state that is not trained (none in a JAX params pytree)
 
 
 # The cost columns of a layer row, whatever carries it (LayerInfo, the planner's LayerCost, the
 # compile and dispatch protos' rows): one list, so every translation copies every column.
 LAYER_COST_FIELDS = ("name", "order", "parameter_count", "parameter_bytes", "flops_per_sample",
                      "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from",
-                     "shared_parameter_bytes")
+                     "shared_parameter_bytes", "buffer_bytes")
 
 
 def layer_cost_fields(row: Any) -> dict[str, Any]:

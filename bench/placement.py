@@ -48,7 +48,7 @@ from compile_svc.programs.registry import ProgramRegistry, default_registry
 from compile_svc.rules import RuleTable, load_rules
 from dispatch_svc.planner.placement import (
     BANDWIDTH_EFFICIENCY, INFERENCE, TRAINING, Device, Evaluation, LayerCost, Model, NoRoom, Placement, Task,
-    capacity, check_layers, initial_scores, lower_bound_seconds, parameter_split, place_balanced, place_ranked,
+    capacity, check_layers, initial_scores, lower_bound_seconds, parameter_split, place, place_balanced, place_ranked,
     required_devices, sequential_fill,
 )
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
@@ -63,7 +63,9 @@ PAI_SAMPLE_DEVICES = 16
 MICRO_BATCH_ROWS = 8
 KINDS = (INFERENCE, TRAINING)
 MIX_SIZE, MEMORY_DERIVED = "mix_size", "memory_derived"
-STRATEGIES = ("ranked", "balanced", "sequential_fill", "parameter_split")
+STRATEGIES = ("auto", "ranked", "balanced", "sequential_fill", "parameter_split")
+DEFAULT_STRATEGY = "auto"  # what a placed job gets (PlacementStrategy AUTO): the faster of ranked and balanced
+GOAL_GEOMEAN = 1.05  # the default strategy's geometric-mean ratio to the lower bound over every device offered
 
 PLANNING_DEVICES = 1_000
 PLANNING_BLOCKS = 98  # + embedding + tied head = 100 layers
@@ -186,7 +188,8 @@ def outcome(placement: Placement | None, error: NoRoom | None, model: Model, dev
     types = Counter(by_id[d].target_type for d in placement.devices)
     return {
         "feasible": ev.feasible,
-        "step_ms": round(ev.step_seconds * 1e3, 3),
+        "step_ms": round(ev.step_seconds * 1e3, 6),
+        "strategy_taken": placement.strategy,
         "ratio_to_lower_bound": ratio(ev.step_seconds, bound),
         "devices_used": len(placement.devices),
         "devices_used_by_type": dict(sorted(types.items())),
@@ -214,6 +217,7 @@ def plan_case(layers: list[LayerCost], devices: list[Device], kind: str, count_m
     bound = lower_bound_seconds(model, devices)
     ranked, ranked_err = attempt(lambda: place_ranked(model, devices))
     balanced, balanced_err = attempt(lambda: place_balanced(model, devices))
+    auto, auto_err = attempt(lambda: place(model, devices)[2])
     derived = _derived_count(Model(layers, replace(model.task, device_count=0)), devices)
     if balanced is not None:
         split_count, split_from = len(balanced.devices), "devices balanced used"
@@ -222,6 +226,7 @@ def plan_case(layers: list[LayerCost], devices: list[Device], kind: str, count_m
         split_from = "the mix size (balanced found no placement)" if count else \
             "the memory-derived count (balanced found no placement)"
     placements = {
+        "auto": (auto, auto_err),
         "ranked": (ranked, ranked_err),
         "balanced": (balanced, balanced_err),
         "sequential_fill": (sequential_fill(model, devices), None),
@@ -254,7 +259,7 @@ def _geomean_of(cases: list[dict], strategy: str, key: str) -> float | None:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Per count mode: feasibility and geometric-mean ratios per strategy (overall, where all four
+    """Per count mode: feasibility and geometric-mean ratios per strategy (overall, where all
     fit, per mix); balanced against ranked; which strategies fail where another fits."""
     out = {}
     for mode in (MIX_SIZE, MEMORY_DERIVED):
@@ -263,7 +268,7 @@ def summarise(rows: list[dict]) -> dict:
         per = {s: {
             "feasible_cases": sum(r["strategies"][s]["feasible"] for r in cases),
             "geomean_ratio_to_lower_bound": _geomean_of(cases, s, "ratio_to_lower_bound"),
-            "geomean_ratio_to_lower_bound_where_all_four_feasible":
+            "geomean_ratio_to_lower_bound_where_all_feasible":
                 _geomean_of(all_feasible, s, "ratio_to_lower_bound"),
             "geomean_ratio_to_lower_bound_by_mix": {
                 mix: _geomean_of([r for r in cases if r["mix"] == mix], s, "ratio_to_lower_bound")
@@ -274,7 +279,7 @@ def summarise(rows: list[dict]) -> dict:
                     r["strategies"]["ranked"]["step_ms"] / r["strategies"]["balanced"]["step_ms"] for r in both}
         out[mode] = {
             "cases": len(cases),
-            "cases_all_four_feasible": len(all_feasible),
+            "cases_all_feasible": len(all_feasible),
             "strategies": per,
             "balanced_vs_ranked": {
                 "cases_both_feasible": len(both),
@@ -350,9 +355,9 @@ def bench_planning_cost(layers: list[LayerCost], pools: dict[str, list[Device]],
                 baseline = median_times_ms(lambda: sequential_fill(model, devices), runs)
                 entry = {"device_count_planned_from": _derived_count(model, devices),
                          "baseline_sequential_fill": baseline}
-                for strategy, place in (("ranked", place_ranked), ("balanced", place_balanced)):
-                    placement, error = attempt(lambda: place(model, devices))
-                    times = median_times_ms(lambda: attempt(lambda: place(model, devices)), runs)
+                for strategy, planner in (("ranked", place_ranked), ("balanced", place_balanced)):
+                    placement, error = attempt(lambda: planner(model, devices))
+                    times = median_times_ms(lambda: attempt(lambda: planner(model, devices)), runs)
                     entry[strategy] = {
                         **times,
                         "ratio_to_baseline_wall": ratio(times["median_wall_ms"], baseline["median_wall_ms"]),

@@ -76,7 +76,7 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
     task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights))
     model = pl.Model(layers, task)
 
-    tried, strategy, chosen = _choose(model, candidates, options.strategy)
+    tried, strategy, chosen = pl.place(model, candidates, options.strategy)
     by_id = {d.id: d for d in devices}
     summaries = tuple(
         m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices),
@@ -101,23 +101,6 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
         shards=(), predicted_seconds=placement.predicted_seconds, equal_split_predicted_seconds=0.0,
         placement=placement)
     return PlacedJob(plan, used, rules, tuple(model.layers))
-
-
-def _choose(model: pl.Model, candidates: list[pl.Device], asked: str):
-    """Every strategy asked for (both for auto), and the fastest feasible placement (balanced on a
-    tie); the smallest shortfall is raised when none fits."""
-    tried: list[tuple[str, pl.Placement | None, pl.NoRoom | None]] = []
-    for strategy in ((pl.RANKED, pl.BALANCED) if asked == pl.AUTO else (asked,)):
-        place = pl.place_ranked if strategy == pl.RANKED else pl.place_balanced
-        try:
-            tried.append((strategy, place(model, candidates), None))
-        except pl.NoRoom as exc:
-            tried.append((strategy, None, exc))
-    feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]
-    if not feasible:
-        raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
-    strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != pl.BALANCED))
-    return tried, strategy, chosen
 
 
 def _rules(mesh, devices: list[JobDevice]) -> dict[str, RuleChoice]:
@@ -158,7 +141,7 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
                                       layer.parameter_count, ev.layer_memory[i], ev.layer_seconds[i], stage_of[i])
                      for i, layer in enumerate(model.layers)),
         stages=tuple(m.StagePlan(s.index, s.device_id, by_id[s.device_id].target_type, s.first_layer, s.layer_count,
-                                 s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name)
+                                 s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name, s.replicas)
                      for s in ev.stages),
         devices=_loads(model, chosen, by_id, scoring),
         predicted_step_seconds=ev.step_seconds,
@@ -172,15 +155,19 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
         weights_rule=scoring.rule,
         candidates=summaries,
         explain=tuple(explain),
+        lower_bound_offered_step_seconds=pl.lower_bound_seconds(model, candidates),
     )
 
 
 def _loads(model: pl.Model, placement: pl.Placement, by_id: dict[str, JobDevice], scoring: Scoring
            ) -> tuple[m.DeviceLoad, ...]:
     ev = placement.evaluation
+    held: dict[str, list[str]] = {}
+    for i, device in enumerate(placement.assignment):
+        for d in (device, *placement.replicas.get(device, ())):  # a replica holds its original's layers
+            held.setdefault(d, []).append(model.layers[i].name)
     return tuple(m.DeviceLoad(d, by_id[d].target_type, ev.memory_bytes[d], placement.capacity_bytes[d],
-                              ev.compute_seconds[d], ev.transfer_seconds[d],
-                              tuple(model.layers[i].name for i, a in enumerate(placement.assignment) if a == d),
+                              ev.compute_seconds[d], ev.transfer_seconds[d], tuple(held[d]),
                               placement.scores.get(d, scoring.devices[d].score))
                  for d in placement.devices)
 

@@ -112,6 +112,11 @@ class StagePlan:
     transfer_seconds: float
     artifact_key: str = ""
     rule: str = ""
+    replicas: tuple[str, ...] = ()  # further devices running the stage, micro-batches in turn
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return (self.device_id, *self.replicas)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class PlacementPlan:
     weights_rule: str
     candidates: tuple[PlacementSummary, ...]
     explain: tuple[str, ...]
+    lower_bound_offered_step_seconds: float = 0.0  # over every device offered (0 in records made before it)
 
 
 @dataclass(frozen=True)

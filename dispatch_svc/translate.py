@@ -8,7 +8,7 @@ import re
 from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.common.v1 import common_pb2
-from accelmesh.programs import layer_cost_fields
+from accelmesh.layer_table import layer_cost_from_proto, layer_cost_to_proto
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
@@ -104,15 +104,16 @@ def placement_from_proto(msg: plan_pb.PlacementOptions) -> m.PlacementSpec:
         headroom=msg.memory_headroom if msg.HasField("memory_headroom") else None,
         weights=weights,
         micro_batch_rows=msg.micro_batch_rows,
-        layers=tuple(pl.LayerCost(**layer_cost_fields(x)) for x in msg.layers),
+        layers=tuple(layer_cost_from_proto(x) for x in msg.layers),
     )
+
 
 
 def placement_spec_to_proto(spec: m.PlacementSpec) -> plan_pb.PlacementOptions:
     msg = plan_pb.PlacementOptions(
         strategy=STRATEGY_TO_PROTO[spec.strategy], device_count=spec.device_count,
         micro_batch_rows=spec.micro_batch_rows,
-        layers=[plan_pb.LayerCost(**layer_cost_fields(x)) for x in spec.layers])
+        layers=[layer_cost_to_proto(x) for x in spec.layers])
     if spec.headroom is not None:
         msg.memory_headroom = spec.headroom
     if spec.weights is not None:
@@ -136,12 +137,13 @@ def placement_to_proto(p: m.PlacementPlan) -> plan_pb.Placement:
         stages=[plan_pb.StagePlan(index=x.index, device_id=x.device_id, target_type=x.target_type,
                                   first_layer=x.first_layer, layer_count=x.layer_count,
                                   compute_seconds=x.compute_seconds, transfer_seconds=x.transfer_seconds,
-                                  artifact_key=x.artifact_key, rule=x.rule)
+                                  artifact_key=x.artifact_key, rule=x.rule, replica_device_ids=list(x.replicas))
                 for x in p.stages],
         devices=[_load_to_proto(x) for x in p.devices],
         predicted_step_seconds=p.predicted_step_seconds, cross_device_transfers=p.cross_device_transfers,
         device_count=p.device_count, micro_batch_rows=p.micro_batch_rows, micro_batches=p.micro_batches,
         predicted_seconds=p.predicted_seconds, lower_bound_step_seconds=p.lower_bound_step_seconds,
+        lower_bound_offered_step_seconds=p.lower_bound_offered_step_seconds,
         weights=inv_pb.TaskWeights(compute=p.weights[0], memory=p.weights[1], bandwidth=p.weights[2]),
         weights_rule=p.weights_rule,
         candidates=[plan_pb.PlacementSummary(strategy=STRATEGY_TO_PROTO[c.strategy], feasible=c.feasible,

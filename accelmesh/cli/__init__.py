@@ -8,6 +8,7 @@ import sys
 import grpc
 
 from accelmesh import errors
+from accelmesh.runtime.errors import STATUS_BY_ERROR
 from accelmesh.cli import compile as compile_commands
 from accelmesh.cli import inventory as inventory_commands
 from accelmesh.cli import mesh as mesh_commands
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         print(f"accelmesh: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
-    except errors.AccelmeshError as exc:
-        print(f"accelmesh: {exc}", file=sys.stderr)
+    except errors.AccelmeshError as exc:  # refused here, with the status a service would have answered
+        code = next((STATUS_BY_ERROR[t] for t in type(exc).__mro__ if t in STATUS_BY_ERROR), None)
+        print(f"accelmesh: {code.name + ': ' if code else ''}{exc}", file=sys.stderr)
         return 1

@@ -65,7 +65,7 @@ def format_device_table(placement: plan_pb.Placement) -> str:
 
 
 def format_candidates(placement: plan_pb.Placement) -> str:
-    bound = placement.lower_bound_step_seconds
+    bound = placement.lower_bound_offered_step_seconds or placement.lower_bound_step_seconds
     rows = [("STRATEGY", "FEASIBLE", "STEP ms", "x LOWER BOUND", "TRANSFERS", "DEVICES", "")]
     for c in placement.candidates:
         taken = c.strategy == placement.strategy
@@ -77,13 +77,23 @@ def format_candidates(placement: plan_pb.Placement) -> str:
     return table(rows)
 
 
+def _ratio(step: float, bound: float) -> str:
+    return f"{step / bound:.2f}" if bound > 0 else "n/a"
+
+
 def format_summary(placement: plan_pb.Placement) -> str:
     step, bound = placement.predicted_step_seconds, placement.lower_bound_step_seconds
-    ratio = f"{step / bound:.2f}" if bound > 0 else "n/a"
+    offered = placement.lower_bound_offered_step_seconds
     lines = [(f"predicted step {_ms(step)} ms per micro-batch of {placement.micro_batch_rows} rows "
-              f"(the busiest device); lower bound {_ms(bound)} ms; ratio {ratio}"),
+              f"(the busiest device); lower bound over the devices offered {_ms(offered)} ms, ratio "
+              f"{_ratio(step, offered)}; over the {placement.device_count} used {_ms(bound)} ms, ratio "
+              f"{_ratio(step, bound)}"),
              (f"{placement.cross_device_transfers} cross-device transfer(s) per micro-batch "
               f"on {placement.device_count} device(s)")]
+    for stage in placement.stages:
+        if stage.replica_device_ids:
+            lines.append(f"stage {stage.index} runs on {1 + len(stage.replica_device_ids)} devices taking micro-batches "
+                         f"in turn: {', '.join([stage.device_id, *stage.replica_device_ids])}")
     if placement.micro_batches:
         lines.append(f"predicted {_ms(placement.predicted_seconds)} ms for {placement.micro_batches} micro-batch(es): "
                      f"one pass to fill the pipeline, then one step each")

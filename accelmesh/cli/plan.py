@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import json_format
 
 from accelmesh import errors
+from accelmesh.layer_table import check_layers, layer_cost_from_proto
 from accelmesh.cli.compile import DEFAULT_COMPILE, compile_stub
 from accelmesh.cli.placement_plot import plot_placement
 from accelmesh.cli.placement_view import render_placement
@@ -111,6 +112,8 @@ def load_layer_table(path: str) -> list[plan_pb.LayerCost]:
             layers.append(json_format.ParseDict(row, plan_pb.LayerCost()))
         except json_format.ParseError as exc:
             raise errors.InvalidArgument(f"--layers {path}: layer [{i}]: {exc}") from None
+    # the dispatcher's own check, here, before a mesh is started to ask it
+    check_layers([layer_cost_from_proto(x) for x in layers], where=f"--layers {path}")
     return layers
 
 

@@ -21,14 +21,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from dispatch_svc.planner.layer_model import (
-    BANDWIDTH_EFFICIENCY, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
+    BANDWIDTH_EFFICIENCY, MAX_STAGE_REPLICAS, alike_key, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
     summary,
 )
-from dispatch_svc.planner.placement_types import BALANCED, ByDevice, Device, NoRoom, Placement
+from dispatch_svc.planner.placement_types import BALANCED, INFERENCE, ByDevice, Device, NoRoom, Placement
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
 # Count vectors the search may visit before it merges device classes (see _classes).
 MAX_SEARCH_STATES = 200_000
+# Devices a plan may use when the client gives no count.
+MAX_DEVICE_COUNT = 256
+# Count vectors up to which stages may be replicated: each vector then has a transition per
+# class and replica count, and the search runs once per replica count; past it, none.
+MAX_REPLICATED_STATES = 20_000
 
 
 @dataclass
@@ -44,14 +49,19 @@ class _Class:
 
 
 def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
-    """Contiguous stages over distinct devices minimising the step time, exactly.
+    """Contiguous stages over distinct devices minimising the step time, exactly; a stage may
+    run on several identical devices taking micro-batches in turn (inference).
 
     The step time is the largest stage time, and every candidate step time is the time of some
-    stage (layers i..j-1 on a device class k), so a binary search over those values finds the
-    optimum T with a feasibility test: can the layers be covered by at most `count` stages
-    of time <= T on distinct devices? Covering a longer prefix never hurts, so for each vector
-    of devices used per class only the longest prefix reached matters; vectors are explored by
-    number of devices, so the first cover found uses the fewest devices.
+    stage (layers i..j-1 on a device class k, over r replicas), so a binary search over those
+    values finds the optimum T with a feasibility test: can the layers be covered by stages of
+    time <= T on at most `count` distinct devices? Covering a longer prefix never hurts, so for
+    each vector of devices used per class only the longest prefix reached matters; vectors are
+    explored by number of devices, so the cover found uses the fewest devices for that T.
+
+    `count` is the client's device count, else every device offered (at most MAX_DEVICE_COUNT):
+    the search then takes as many as lower the predicted step, since a plan on fewer devices is
+    one of those it considers.
 
     Exact for tables without tied weights (tests check it against brute force). With ties,
     "a longer prefix never hurts" can fail by the shared bytes: a stage that starts after a
@@ -61,17 +71,13 @@ def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
     task = model.task
     figures = _Figures.of(devices, task)
     values = status_scores(figures.rate, figures.bandwidth, figures.free, np.zeros(len(devices)), task.weights)
-    count = required_devices(model, devices, values)
-    explain = []
-    while True:
-        try:
-            placement = _balanced(model, devices, values, count, explain, figures)
-            return placement
-        except NoRoom:
-            if task.device_count or count >= len(devices):
-                raise
-            explain.append(f"no contiguous split fits {count} device(s); trying {count + 1}")
-            count += 1
+    if task.device_count:
+        count = required_devices(model, devices, values)  # checks the count against the devices
+        how = "the client's count"
+    else:
+        count = min(len(devices), MAX_DEVICE_COUNT)
+        how = "every device offered" if count == len(devices) else f"at most {MAX_DEVICE_COUNT} of them"
+    return _balanced(model, devices, values, count, how, figures)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ class _Figures:
 
 
 def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count: int,
-              explain: list[str], figures: _Figures) -> Placement:
+              how: str, figures: _Figures) -> Placement:
     """The order-preserving dynamic program over device classes and a binary search on the step
     time. Kept in one function on purpose: its arrays (prefix sums, send costs, memory reach) and
     the recurrence that reads them are one invariant, easier to check read together than split."""
@@ -115,41 +121,49 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     avail = tuple(min(len(c.devices), count) for c in classes)
 
     exact = _search_states(count, k_count) <= MAX_SEARCH_STATES
+    replicate = model.task.kind == INFERENCE and _search_states(count, k_count) <= MAX_REPLICATED_STATES
+    most = MAX_STAGE_REPLICAS if replicate else 1
+    replicas = [min(most, a) for a in avail]  # devices of a class one stage may run on
+    candidates = np.unique(np.concatenate([candidates / r for r in range(1, max(replicas) + 1)]))
     # Beyond the search budget: devices in a fixed order, fastest first, each taking the longest
     # stage it can (optimal for that order, not over all orders; the explanation says so).
     in_order = sorted(((k, d) for k, c in enumerate(classes) for d in c.devices),
                       key=lambda kd: (-kd[1].peak_tflops, -classes[kd[0]].capacity, kd[1].id))[:count]
 
-    def cover(limit: float) -> list[tuple[int, int]] | None:
-        """Stages (class, first layer) covering every layer with stage times <= limit, or None."""
-        reach = spans.reach(limit)
+    def cover(limit: float) -> list[tuple[int, int, int]] | None:
+        """Stages (class, first layer, devices) covering every layer with stage times <= limit on
+        at most `count` devices, the fewest such, or None. A stage on r devices of a class may
+        take r x limit: each runs every r-th micro-batch."""
         if not exact:
+            reach = spans.reach(limit)
             stages, prefix = [], 0
             for k, _ in in_order:
                 if reach[k, prefix] > prefix:
-                    stages.append((k, prefix))
+                    stages.append((k, prefix, 1))
                     prefix = int(reach[k, prefix])
                     if prefix == n:
                         return stages
             return None
-        level = {(0,) * k_count: 0}
-        parents: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
-        for _ in range(count):
-            nxt: dict[tuple[int, ...], int] = {}
-            for vec, prefix in level.items():
+        reaches = [spans.reach(limit * r) for r in range(1, max(replicas) + 1)]
+        levels: list[dict[tuple[int, ...], int]] = [{} for _ in range(count + 1)]
+        levels[0][(0,) * k_count] = 0
+        parents: dict[tuple[int, ...], tuple[tuple[int, ...], int, int, int]] = {}
+        for used in range(count):  # vectors by devices used: the first cover found uses the fewest
+            for vec, prefix in levels[used].items():
                 for k in range(k_count):
-                    if vec[k] >= avail[k] or reach[k, prefix] <= prefix:
-                        continue
-                    j = int(reach[k, prefix])
-                    new = vec[:k] + (vec[k] + 1,) + vec[k + 1:]
-                    if nxt.get(new, -1) < j:
-                        nxt[new] = j
-                        parents[new] = (vec, k, prefix)
-                        if j == n:
-                            return _path(parents, new)
-            level = {v: p for v, p in nxt.items() if p < n}
-            if not level:
-                return None
+                    for r in range(1, min(replicas[k], avail[k] - vec[k], count - used) + 1):
+                        j = int(reaches[r - 1][k, prefix])
+                        if j <= prefix:
+                            continue
+                        new = vec[:k] + (vec[k] + r,) + vec[k + 1:]
+                        level = levels[used + r]
+                        if level.get(new, -1) < j:
+                            level[new] = j
+                            parents[new] = (vec, k, prefix, r)
+            done = [vec for vec, prefix in levels[used + 1].items() if prefix == n]
+            if done:
+                return _path(parents, min(done))
+            levels[used + 1] = {v: p for v, p in levels[used + 1].items() if p < n}
         return None
 
     low, high = 0, len(candidates) - 1
@@ -165,31 +179,40 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
             low = mid + 1
     if not exact:
         note += f"; over {MAX_SEARCH_STATES:,} search states, so devices were taken fastest first (not exact)"
+    if model.task.kind != INFERENCE:
+        note += "; no replicated stages (training: a stage's gradients are not all-reduced across devices)"
+    elif not replicate:
+        note += f"; no replicated stages (over {MAX_REPLICATED_STATES:,} search states)"
     taken = [0] * k_count
     assignment: list[str] = []
-    bounds = [prefix for _, prefix in stages] + [n]
-    for (k, prefix), end in zip(stages, bounds[1:]):
-        device = classes[k].devices[taken[k]]
-        taken[k] += 1
+    copies: dict[str, tuple[str, ...]] = {}
+    bounds = [prefix for _, prefix, _ in stages] + [n]
+    for (k, prefix, r), end in zip(stages, bounds[1:]):
+        device, *others = classes[k].devices[taken[k]:taken[k] + r]
+        taken[k] += r
+        if others:
+            copies[device.id] = tuple(d.id for d in others)
         assignment.extend([device.id] * (end - prefix))
-    evaluation = evaluate(model, pool, assignment)
+    evaluation = evaluate(model, pool, assignment, copies)
     caps = ByDevice(figures.ids, figures.caps)
     usable = {d.id: capacity(d, model.task) for d in pool}
     unused = (f", of which the {k_count} not outmatched {count} times over can matter" if k_count < all_classes
               else "")
     lines = [
         f"balanced: {n} layers in order over {len(devices)} devices in {all_classes} classes of identical devices"
-        f"{unused}{note}; at most {count} stage(s); binary search over {len(candidates):,} candidate step times "
+        f"{unused}{note}; at most {count} device(s) ({how}); binary search over {len(candidates):,} candidate step times "
         f"-> {evaluation.step_seconds * 1e3:.3f} ms per micro-batch with {len(stages)} stage(s)"]
     for stage in evaluation.stages:
         last = model.layers[stage.first_layer + stage.layer_count - 1].name
         lines.append(
             f"stage {stage.index}: {model.layers[stage.first_layer].name}..{last} ({stage.layer_count} layers, "
             f"{evaluation.memory_bytes[stage.device_id]:,} of {usable[stage.device_id]:,} B) on {stage.device_id} "
-            f"compute {stage.compute_seconds * 1e3:.3f} ms + send {stage.transfer_seconds * 1e3:.3f} ms")
+            f"compute {stage.compute_seconds * 1e3:.3f} ms + send {stage.transfer_seconds * 1e3:.3f} ms"
+            + (f", replicated on {', '.join(stage.replicas)} ({1 + len(stage.replicas)} devices taking micro-batches "
+               "in turn)" if stage.replicas else ""))
     lines.append(summary(BALANCED, evaluation))
     # initial_scores and capacity of every device, as the arrays at hand
-    return Placement(BALANCED, tuple(assignment), evaluation, caps, ByDevice(figures.ids, values), explain + lines)
+    return Placement(BALANCED, tuple(assignment), evaluation, caps, ByDevice(figures.ids, values), lines, copies)
 
 
 SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array; past it, one per first layer
@@ -254,13 +277,11 @@ def _stage_tables(model: Model, examples: Sequence[Device]) -> tuple[np.ndarray,
 
 def _memory_reach(model: Model, capacity_bytes: np.ndarray) -> np.ndarray:
     """reach[k][i]: the largest j such that layers i..j-1 fit a device of usable memory
-    capacity_bytes[k], a tied layer's shared bytes counted when its owner comes before i."""
+    capacity_bytes[k] as one stage (Model.stage_needs)."""
     n = len(model)
     reach = np.zeros((len(capacity_bytes), n), np.int64)
-    need, shared, owner = (np.array(x, np.int64) for x in (model.need, model.shared_need, model.owner))
     for i in range(n):
-        extra = need[i:] + np.where((owner[i:] >= 0) & (owner[i:] < i), shared[i:], 0)
-        reach[:, i] = i + np.searchsorted(np.cumsum(extra), capacity_bytes, side="right")
+        reach[:, i] = i + np.searchsorted(model.stage_needs(i), capacity_bytes, side="right")
     return reach
 
 
@@ -305,7 +326,7 @@ def _classes(model: Model, devices: Sequence[Device], scores: dict[str, float], 
     figured at the group's smallest memory and rates (a safe under-estimate; the note says so)."""
     groups: dict[tuple, list[Device]] = {}
     for d in by_score(devices, scores):
-        key = (d.target_type, d.peak_tflops, d.memory_bandwidth_gbps, link_gbps(d), capacity(d, model.task))
+        key = alike_key(d, model.task)
         groups.setdefault(key, []).append(d)
     classes = [_Class(g[:count], key[4]) for key, g in groups.items()]
     if _search_states(count, len(classes)) <= MAX_SEARCH_STATES:
@@ -325,11 +346,11 @@ def _classes(model: Model, devices: Sequence[Device], scores: dict[str, float], 
     return merged, f" (merged per type from {len(classes)} classes, at each type's smallest memory and rates)"
 
 
-def _path(parents: dict, vec: tuple[int, ...]) -> list[tuple[int, int]]:
+def _path(parents: dict, vec: tuple[int, ...]) -> list[tuple[int, int, int]]:
     stages = []
     while any(vec):
-        vec, k, prefix = parents[vec]
-        stages.append((k, prefix))
+        vec, k, prefix, r = parents[vec]
+        stages.append((k, prefix, r))
     return stages[::-1]
 
 

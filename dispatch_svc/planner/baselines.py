@@ -11,16 +11,15 @@ from dispatch_svc.planner.placement_types import Device, Placement
 
 def sequential_fill(model: Model, devices: Sequence[Device]) -> Placement:
     """Fill devices in the order given, layer after layer, as big-model loaders do: a device
-    takes layers until the next one does not fit. Infeasible if the devices run out."""
+    takes layers until the next one does not fit (its stage's memory, Model.stage_need).
+    Infeasible if the devices run out."""
     caps = {d.id: capacity(d, model.task) for d in devices}
     assignment: list[str] = []
-    k, used = 0, 0
+    k, first = 0, 0
     for i in range(len(model)):
-        need = model.need[i]
-        while k < len(devices) - 1 and used + need > caps[devices[k].id]:
-            k, used = k + 1, 0
+        while k < len(devices) - 1 and model.stage_need(first, i + 1) > caps[devices[k].id]:
+            k, first = k + 1, i
         assignment.append(devices[k].id)
-        used += need
     evaluation = evaluate(model, devices, assignment)
     return Placement("sequential_fill", tuple(assignment), evaluation, caps, {}, [summary("sequential_fill", evaluation)])
 

@@ -3,9 +3,10 @@ what a layer needs on a device, what a placement costs, how many devices a model
 
 Per layer l on device d, for a micro-batch of b rows:
 
-    memory(l)  = parameter bytes x (1 inference | 3 training: weights, gradients, momentum)
+    weights(l) = parameter bytes x (1 inference | 3 training: weights, gradients, momentum)
+                 + buffer bytes (state that is not trained: held once)
                  + shared (tied) parameter bytes when their owner sits on another device
-                 + b x (activation in + activation out) x ACTIVATION_COPIES[kind]
+    work(l)    = b x (activation in + activation out): what is live while l runs
     compute(l) = max(b x FLOPs / (peak rate at the rule's dtype x CATALOG_EFFICIENCY),
                      memory traffic / (memory bandwidth x BANDWIDTH_EFFICIENCY))
                  where memory traffic is the compulsory one: parameters read once per
@@ -16,19 +17,34 @@ Per layer l on device d, for a micro-batch of b rows:
     send(l)    = b x activation bytes / (sender's link bandwidth x BANDWIDTH_EFFICIENCY),
                  paid by the sender when the next layer runs on another device
 
-A device's time per micro-batch is the sum of compute and send over its layers; the step time
-is the busiest device's (in steady state the pipeline moves one micro-batch per step); a job
-of m micro-batches takes about (one micro-batch through every stage) + (m - 1) x step. A
-device's usable memory is its free memory less `headroom` of it. A layer table without FLOPs
-counts FLOPS_PER_PARAMETER per parameter per sample.
+A device's memory is not a sum over its layers: it holds their weights, and the activations of
+the micro-batches in flight, which peak in one layer at a time:
+
+    inference: sum of weights + b x activation in of each run's first layer (the next
+               micro-batch, arriving while one runs) + (1 + WORKSPACE_COPIES) x the largest
+               work(l) (the running micro-batch's input and output, and as much again of
+               workspace for the compiled layer's temporaries)
+    training:  sum of weights + TRAINING_IN_FLIGHT x the sum of b x activation in (each
+               micro-batch in flight keeps every layer's input for its backward pass; the
+               pipeline trainer admits no more) + (2 + WORKSPACE_COPIES) x the largest work(l)
+               (forward, the activation gradients, workspace)
+
+A device's time per micro-batch is the sum of compute and send over its layers, over the
+replicas of its stage when it has any (they take micro-batches in turn); the step time is the
+busiest device's (in steady state the pipeline moves one micro-batch per step); a job of m
+micro-batches takes about (one micro-batch through every stage) + (m - 1) x step. A device's
+usable memory is its free memory less `headroom` of it. A layer whose FLOPs the table does not
+give (None, not 0: 0 is a layer without arithmetic, such as a lookup) counts
+FLOPS_PER_PARAMETER per parameter per sample.
 
 The types it works on and their checks are in placement_types.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -45,9 +61,18 @@ BANDWIDTH_EFFICIENCY = 0.8
 DEFAULT_LINK_GBPS = 12.5
 PARAMETER_COPIES = {INFERENCE: 1, TRAINING: 3}  # training: weights, gradients, SGD momentum
 COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 3.0}  # backward ~ twice the forward
-# Micro-batches whose activations a device holds at once: inference has the one running and
-# the next arriving; training also keeps the forward activations for the backward pass.
-ACTIVATION_COPIES = {INFERENCE: 2, TRAINING: 4}
+# Workspace for a compiled layer's temporaries, in copies of its largest working set (input and
+# output of one micro-batch): XLA's fused kernels keep far less than the unfused graph would.
+WORKSPACE_COPIES = 1
+# Micro-batches a pipeline-trained stage keeps forward activations for (1F1B's window).
+TRAINING_IN_FLIGHT = 4
+# Copies of the largest working set live at once, workspace included: the running micro-batch
+# (inference); its forward and its activation gradients (training).
+WORKING_COPIES = {INFERENCE: 1 + WORKSPACE_COPIES, TRAINING: 2 + WORKSPACE_COPIES}
+# Devices one stage may run on (itself and its replicas), taking micro-batches in turn; inference
+# only: a trained stage on several devices would need its gradients all-reduced, which the
+# pipeline trainer does not do.
+MAX_STAGE_REPLICAS = 8
 # The most bytes a model may need in all (4 EiB): beyond anything placeable, and within int64.
 MAX_NEED_BYTES = 2**62
 FLOPS_PER_PARAMETER = 2.0  # a multiply and an add per parameter per sample (dense layers)
@@ -69,10 +94,15 @@ class Model:
         self.shared = [layer.shared_parameter_bytes for layer in self.layers]
         copies, factor = PARAMETER_COPIES[task.kind], COMPUTE_FACTOR[task.kind]
         self.act = [b * layer.activation_bytes_per_sample for layer in self.layers]  # bytes out per micro-batch
-        act_in = [self.act[0]] + self.act[:-1]  # the first layer's input is not in the table: like its output
-        self.need = [layer.parameter_bytes * copies + (act_in[i] + self.act[i]) * ACTIVATION_COPIES[task.kind]
-                     for i, layer in enumerate(self.layers)]
+        # the first layer's input is not in the table: like its output
+        self.act_in = [self.act[0]] + self.act[:-1]
+        self.weights = [layer.parameter_bytes * copies + layer.buffer_bytes for layer in self.layers]
+        self.work = [a + o for a, o in zip(self.act_in, self.act)]
         self.shared_need = [s * copies for s in self.shared]
+        self._arrays: tuple[np.ndarray, ...] | None = None  # stage_needs' columns, made on first use
+        # A layer alone on a device: what it needs there. The sum over any set of layers is at
+        # least what device_memory charges them (a sum of maxima is at least their maximum).
+        self.need = [self.weights[i] + self.activation_bytes([i], [i]) for i in range(len(self.layers))]
         total = sum(self.need) + sum(self.shared_need)
         if total > MAX_NEED_BYTES:  # past int64 the placement arithmetic (numpy) would overflow
             raise InvalidArgument(
@@ -83,11 +113,11 @@ class Model:
         self.traffic = []
         for i, layer in enumerate(self.layers):
             flops = layer.flops_per_sample
-            if flops <= 0 and layer.bytes_accessed_per_sample <= 0:
+            if flops is None:
                 flops = FLOPS_PER_PARAMETER * layer.parameter_count
             weights = layer.parameter_bytes + layer.shared_parameter_bytes
             self.flops.append(b * flops * factor)
-            self.traffic.append((weights + act_in[i] + self.act[i]) * factor)
+            self.traffic.append((weights + self.act_in[i] + self.act[i]) * factor)
         self.total_flops = sum(self.flops)
 
     def __len__(self) -> int:
@@ -104,8 +134,36 @@ class Model:
         """Seconds to send layer's output from `device` to another device."""
         return self.act[layer] / (link_gbps(device) * 1e9 * BANDWIDTH_EFFICIENCY)
 
+    def activation_bytes(self, layers: Sequence[int], run_starts: Sequence[int]) -> int:
+        """Activation memory of a device holding `layers`, whose consecutive runs start at
+        `run_starts` (the module docstring's formula)."""
+        if not layers:
+            return 0
+        peak = max(self.work[i] for i in layers) * WORKING_COPIES[self.task.kind]
+        if self.task.kind == TRAINING:
+            return TRAINING_IN_FLIGHT * sum(self.act_in[i] for i in layers) + peak
+        return sum(self.act_in[i] for i in run_starts) + peak
+
+    def stage_needs(self, first: int) -> np.ndarray:
+        """stage_needs(first)[j - first - 1]: the memory layers first..j-1 need as one stage, with
+        their tied copies (non-decreasing in j): the formula of activation_bytes over arrays."""
+        if self._arrays is None:
+            self._arrays = tuple(np.array(x, np.int64) for x in (
+                self.weights, self.shared_need, self.owner, self.work, self.act_in))
+        weights, shared, owner, work, act_in = (a[first:] for a in self._arrays)
+        held = np.cumsum(weights + np.where((owner >= 0) & (owner < first), shared, 0))
+        peak = np.maximum.accumulate(work) * WORKING_COPIES[self.task.kind]
+        if self.task.kind == TRAINING:
+            return held + TRAINING_IN_FLIGHT * np.cumsum(act_in) + peak
+        return held + act_in[0] + peak
+
+    def stage_need(self, first: int, end: int) -> int:
+        """Memory layers first..end-1 need as one stage, with their tied copies."""
+        return int(self.stage_needs(first)[end - first - 1])
+
     def total_need(self) -> int:
-        return sum(self.need)
+        """Memory the whole model needs as one stage: the least any set of devices must offer."""
+        return self.stage_need(0, len(self.layers))
 
     def intensity(self) -> float:
         """FLOP per byte of memory traffic over the whole model (B2's arithmetic intensity)."""
@@ -126,10 +184,15 @@ def capacities(devices: Sequence[Device], task: Task) -> np.ndarray:
     return (np.array([d.memory_free_bytes for d in devices], float) * (1.0 - task.headroom)).astype(np.int64)
 
 
-def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str]) -> Evaluation:
-    """The predicted step time, memory and transfers of `assignment` (device id per layer)."""
+def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
+             replicas: Mapping[str, Sequence[str]] | None = None) -> Evaluation:
+    """The predicted step time, memory and transfers of `assignment` (device id per layer);
+    `replicas[d]`: further devices that each hold d's layers and take micro-batches in turn."""
     by_id = {d.id: d for d in devices}
-    memory: dict[str, int] = {}
+    replicas = replicas or {}
+    weights: dict[str, int] = {}
+    held: dict[str, list[int]] = {}
+    starts: dict[str, list[int]] = {}
     compute: dict[str, float] = {}
     send: dict[str, float] = {}
     stages: list[Stage] = []
@@ -137,28 +200,36 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str])
     cross = 0
     for i, device_id in enumerate(assignment):
         device = by_id[device_id]
-        need = model.need[i]
+        need = model.weights[i]
         if model.owner[i] >= 0 and assignment[model.owner[i]] != device_id:
             need += model.shared_need[i]
         seconds = model.compute_seconds(i, device)
         layer_memory.append(need)
         layer_seconds.append(seconds)
-        memory[device_id] = memory.get(device_id, 0) + need
+        weights[device_id] = weights.get(device_id, 0) + need
+        held.setdefault(device_id, []).append(i)
         compute[device_id] = compute.get(device_id, 0.0) + seconds
         send.setdefault(device_id, 0.0)
         if stages and stages[-1].device_id == device_id:
             last = stages[-1]
-            stages[-1] = Stage(last.index, device_id, last.first_layer, last.layer_count + 1,
-                               last.compute_seconds + seconds, 0.0)
+            stages[-1] = dataclasses.replace(last, layer_count=last.layer_count + 1,
+                                             compute_seconds=last.compute_seconds + seconds)
         else:
+            starts.setdefault(device_id, []).append(i)
             if stages:
                 cross += 1
                 prev = stages[-1]
                 out = model.send_seconds(i - 1, by_id[prev.device_id])
-                stages[-1] = Stage(prev.index, prev.device_id, prev.first_layer, prev.layer_count,
-                                   prev.compute_seconds, out)
+                stages[-1] = dataclasses.replace(prev, transfer_seconds=out)
                 send[prev.device_id] += out
-            stages.append(Stage(len(stages), device_id, i, 1, seconds, 0.0))
+            stages.append(Stage(len(stages), device_id, i, 1, seconds, 0.0, tuple(replicas.get(device_id, ()))))
+    memory = {d: weights[d] + model.activation_bytes(held[d], starts[d]) for d in weights}
+    for device_id, copies in replicas.items():  # each copy holds what its original holds; the work is shared
+        share = 1 + len(copies)
+        compute[device_id] /= share
+        send[device_id] /= share
+        for copy in copies:
+            memory[copy], compute[copy], send[copy] = memory[device_id], compute[device_id], send[device_id]
     step = max((compute[d] + send[d] for d in compute), default=0.0)
     over = [d for d, used in memory.items() if used > capacity(by_id[d], model.task)]
     return Evaluation(
@@ -172,15 +243,27 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
     """A step time no placement on `devices` can beat. A device's time is at least the sum over
     its layers of FLOPs / rate and of memory traffic / bandwidth, so the busiest device takes at
     least the model's FLOPs over the devices' summed rate, and its traffic over their summed
-    bandwidth; and every layer runs somewhere, so at least the slowest layer on its best device."""
+    bandwidth; and every layer runs somewhere, so at least the slowest layer on its best device,
+    over as many identical devices as may replicate its stage (inference)."""
     if not devices:
         return math.inf
     rate = sum(d.peak_tflops for d in devices) * 1e12 * CATALOG_EFFICIENCY
     bandwidth = sum(d.memory_bandwidth_gbps for d in devices) * 1e9 * BANDWIDTH_EFFICIENCY
     work = model.total_flops / rate if rate > 0 else math.inf
     traffic = sum(model.traffic) / bandwidth if bandwidth > 0 else 0.0
-    layer = max(min(model.compute_seconds(i, d) for d in devices) for i in range(len(model)))
+    alike: dict[tuple, list[Device]] = {}
+    for d in devices:
+        alike.setdefault(alike_key(d, model.task), []).append(d)
+    most = MAX_STAGE_REPLICAS if model.task.kind == INFERENCE else 1
+    layer = max(min(model.compute_seconds(i, group[0]) / min(most, len(group)) for group in alike.values())
+                for i in range(len(model)))
     return max(work, traffic, layer)
+
+
+def alike_key(device: Device, task: Task) -> tuple:
+    """What makes devices interchangeable to a placement: type, rates, link, usable memory."""
+    return (device.target_type, device.peak_tflops, device.memory_bandwidth_gbps, link_gbps(device),
+            capacity(device, task))
 
 
 # -- how many devices (B6) ----------------------------------------------------------------------

@@ -10,7 +10,8 @@
 from dispatch_svc.planner.balanced import MAX_SEARCH_STATES, place_balanced
 from dispatch_svc.planner.baselines import parameter_split, sequential_fill
 from dispatch_svc.planner.layer_model import (
-    ACTIVATION_COPIES, BANDWIDTH_EFFICIENCY, COMPUTE_FACTOR, DEFAULT_LINK_GBPS, FLOPS_PER_PARAMETER, PARAMETER_COPIES,
+    BANDWIDTH_EFFICIENCY, COMPUTE_FACTOR, DEFAULT_LINK_GBPS, FLOPS_PER_PARAMETER, PARAMETER_COPIES, TRAINING_IN_FLIGHT,
+    WORKING_COPIES, WORKSPACE_COPIES,
     Model, capacity, evaluate, initial_scores, link_gbps, lower_bound_seconds, required_devices,
 )
 from dispatch_svc.planner.placement_types import (
@@ -19,11 +20,30 @@ from dispatch_svc.planner.placement_types import (
 )
 from dispatch_svc.planner.ranked import place_ranked
 
+
+def place(model: Model, devices: list[Device], asked: str = AUTO
+          ) -> tuple[list[tuple[str, Placement | None, NoRoom | None]], str, Placement]:
+    """The placement a job gets: `asked`'s, or for auto the faster feasible of ranked and balanced
+    (balanced on a tie). Returns every strategy tried with its placement or refusal, the strategy
+    taken and its placement; the smallest shortfall is raised when none fits."""
+    tried: list[tuple[str, Placement | None, NoRoom | None]] = []
+    for strategy in ((RANKED, BALANCED) if asked == AUTO else (asked,)):
+        try:
+            tried.append((strategy, (place_ranked if strategy == RANKED else place_balanced)(model, devices), None))
+        except NoRoom as exc:
+            tried.append((strategy, None, exc))
+    feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]
+    if not feasible:
+        raise min((e for _, _, e in tried if e is not None), key=lambda e: e.shortfall_bytes)
+    strategy, chosen = min(feasible, key=lambda sp: (sp[1].evaluation.step_seconds, sp[0] != BALANCED))
+    return tried, strategy, chosen
+
+
 __all__ = [
-    "ACTIVATION_COPIES", "AUTO", "BALANCED", "BANDWIDTH_EFFICIENCY", "COMPUTE_FACTOR", "DEFAULT_HEADROOM",
+    "AUTO", "BALANCED", "BANDWIDTH_EFFICIENCY", "COMPUTE_FACTOR", "DEFAULT_HEADROOM",
     "DEFAULT_LINK_GBPS", "DEFAULT_MICRO_BATCH_ROWS", "FLOPS_PER_PARAMETER", "INFERENCE", "MAX_SEARCH_STATES",
     "PARAMETER_COPIES", "RANKED", "STRATEGIES", "TRAINING", "Device", "Evaluation", "LayerCost", "Model", "NoRoom",
     "Placement", "Stage", "Task", "capacity", "check_layers", "check_task", "evaluate", "initial_scores",
-    "link_gbps", "lower_bound_seconds", "parameter_split", "place_balanced", "place_ranked", "required_devices",
-    "sequential_fill",
+    "link_gbps", "lower_bound_seconds", "parameter_split", "place", "place_balanced", "place_ranked", "required_devices",
+    "sequential_fill", "TRAINING_IN_FLIGHT", "WORKING_COPIES", "WORKSPACE_COPIES",
 ]

@@ -1,17 +1,18 @@
-"""The data of a layer placement (MISSION B3-B6): the rows of a layer table, the devices and the
-task a placement is made for, what a placement is predicted to cost, and the checks of a task and
-a layer table. The cost model that fills them in is layer_model.py.
+"""The data of a layer placement (MISSION B3-B6): the devices and the task a placement is made for,
+what a placement is predicted to cost, and the check of a task; the rows of a layer table and their
+check are accelmesh.layer_table's (a client checks a table with them before it asks). The cost
+model that fills them in is layer_model.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from accelmesh.errors import InvalidArgument, ResourceExhausted
+from accelmesh.layer_table import MAX_LAYERS, LayerCost, check_layers  # noqa: F401 (re-exported)
 from accelmesh.scoring import Weights
 
 RANKED, BALANCED, AUTO = "ranked", "balanced", "auto"
@@ -20,23 +21,6 @@ INFERENCE, TRAINING = "inference", "training"
 
 DEFAULT_HEADROOM = 0.1
 DEFAULT_MICRO_BATCH_ROWS = 8
-# Layers a table may have: placing 1,024 over 150 devices takes ~0.7 s (balanced) here.
-MAX_LAYERS = 1024
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    """One row of a layer table (LayerInfo, or a client's explicit LayerCost)."""
-
-    name: str
-    order: int
-    parameter_count: int
-    parameter_bytes: int
-    flops_per_sample: float = 0.0
-    bytes_accessed_per_sample: float = 0.0
-    activation_bytes_per_sample: int = 0
-    shared_from: str = ""
-    shared_parameter_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +52,11 @@ class Stage:
     layer_count: int
     compute_seconds: float
     transfer_seconds: float
+    replicas: tuple[str, ...] = ()  # further devices running the stage, taking micro-batches in turn
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return (self.device_id, *self.replicas)
 
 
 @dataclass
@@ -82,7 +71,7 @@ class Evaluation:
     memory_bytes: dict[str, int]
     compute_seconds: dict[str, float]
     transfer_seconds: dict[str, float]
-    layer_memory: list[int]
+    layer_memory: list[int]  # each layer's weights (and shared copy) on its device; activations are per device
     layer_seconds: list[float]
     over_memory: list[str]  # devices whose layers do not fit
 
@@ -120,10 +109,12 @@ class Placement:
     scores: Mapping[str, float]  # each candidate's status score before placing
     explain: list[str] = field(default_factory=list)
 
+    replicas: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> devices copying its stage
+
     @property
     def devices(self) -> list[str]:
-        """Devices used, in order of first use along the forward pass."""
-        return list(dict.fromkeys(self.assignment))
+        """Devices used, in order of first use along the forward pass (a stage's replicas after it)."""
+        return list(dict.fromkeys(d for device in self.assignment for d in (device, *self.replicas.get(device, ()))))
 
 
 class NoRoom(ResourceExhausted):
@@ -149,47 +140,3 @@ def check_task(task: Task) -> None:
         raise InvalidArgument(f"spec.placement.micro_batch_rows must be >= 1, got {task.micro_batch_rows}")
     if task.device_count < 0:
         raise InvalidArgument(f"spec.placement.device_count must be >= 0 (0 derives it from memory), got {task.device_count}")
-
-
-def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layers") -> None:
-    """A layer table must be complete and consistent; every problem names its row and field."""
-    if not layers:
-        raise InvalidArgument(f"{where} is empty; a model needs at least one layer")
-    if len(layers) > MAX_LAYERS:
-        raise InvalidArgument(f"{where} has {len(layers)} rows; at most {MAX_LAYERS} can be placed (the balanced "
-                              "search grows with their square): describe the model by blocks, not by operation")
-    seen: dict[str, int] = {}
-    orders = sorted(layer.order for layer in layers)
-    if orders != list(range(len(layers))):
-        raise InvalidArgument(f"{where}[].order must number the {len(layers)} layers 0..{len(layers) - 1} once each, "
-                              f"got {orders}")
-    by_name = {layer.name: layer for layer in layers}
-    for i, layer in enumerate(layers):
-        row = f"{where}[{i}]"
-        if not layer.name:
-            raise InvalidArgument(f"{row}.name is empty; every layer needs a unique name")
-        if layer.name in seen:
-            raise InvalidArgument(f"{row}.name {layer.name!r} is also {where}[{seen[layer.name]}].name; "
-                                  "layer names must be unique")
-        seen[layer.name] = i
-        for name in ("parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample",
-                     "activation_bytes_per_sample", "shared_parameter_bytes"):
-            value = getattr(layer, name)
-            if not math.isfinite(value) or value < 0:
-                raise InvalidArgument(f"{row}.{name} of layer {layer.name!r} must be a finite number >= 0, got {value}")
-        if layer.parameter_count and not layer.parameter_count / 8 <= layer.parameter_bytes <= layer.parameter_count * 8:
-            raise InvalidArgument(
-                f"{row}.parameter_bytes of layer {layer.name!r} is {layer.parameter_bytes} for "
-                f"{layer.parameter_count} parameters ({layer.parameter_bytes / layer.parameter_count:.3g} bytes each); "
-                "give the bytes at the stored dtype, between 1/8 and 8 bytes per parameter (4 for float32)")
-        if layer.parameter_bytes and not layer.parameter_count:
-            raise InvalidArgument(f"{row}.parameter_count of layer {layer.name!r} is 0 but parameter_bytes is "
-                                  f"{layer.parameter_bytes}; give the count too")
-        if layer.shared_from:
-            owner = by_name.get(layer.shared_from)
-            if owner is None or owner.order >= layer.order:
-                raise InvalidArgument(f"{row}.shared_from {layer.shared_from!r} of layer {layer.name!r} must name an "
-                                      "earlier layer of the table")
-        elif layer.shared_parameter_bytes:
-            raise InvalidArgument(f"{row}.shared_parameter_bytes of layer {layer.name!r} is set but shared_from is "
-                                  "empty; name the layer whose parameters it shares")

@@ -1,6 +1,7 @@
 """A placed model, run as a pipeline (MISSION B7): one artifact per stage built for its
 device's rule, each device given only its own layers' parameters, micro-batches streamed stage
-to stage through the dispatcher as soon as each stage's output is back.
+to stage through the dispatcher as soon as each stage's output is back. A replicated stage
+runs micro-batch k on its (k mod replicas)-th device, each holding the stage's parameters.
 
 A stage's micro-batch runs through the same steps as any shard (JobContext.execute): it is
 retried, recorded and traced like one, and the feed is routed within the same in-flight budget.
@@ -102,7 +103,7 @@ def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: l
             stage_program, built = ctx.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes)
             by_type.update({b.target_type: b for b in built})
             builds[key] = (stage_program, by_type)
-        stages.append(_Stage(st.index, st.device_id, st.first_layer, st.layer_count, stage_program, by_type))
+        stages.append(_Stage(st.index, st.device_ids, st.first_layer, st.layer_count, stage_program, by_type))
     return stages
 
 
@@ -126,7 +127,7 @@ def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DeviceP
     job, live = ctx.job, ctx.live
     placement = job.plan.placement
     micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
-    batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_id)
+    batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_ids[0])
                for k, first in enumerate(range(0, total, micro))]
     outputs = JobOutputs(ctx.book, job, live, program, batches)
     budget = InflightBudget(ctx.limits.inflight_bytes, live)
@@ -138,7 +139,8 @@ def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DeviceP
         all_done.set()
 
     def submit(batch: ShardWork, s: int, x: list[np.ndarray]) -> None:
-        work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, stages[s].device_id,
+        devices = stages[s].device_ids
+        work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, devices[batch.index % len(devices)],
                           inputs=x, params=stages[s].params, stage=stages[s], batch=batch)
         pool.submit(work, work.device_id, on_done=lambda out: advanced(work, out), on_error=failed)
 
@@ -171,10 +173,11 @@ def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DeviceP
 
 @dataclass
 class _Stage:
-    """A pipeline stage as it runs: its program, its builds by target type, its parameters."""
+    """A pipeline stage as it runs: its devices (replicas after the first), its program, its
+    builds by target type, its parameters."""
 
     index: int
-    device_id: str
+    device_ids: tuple[str, ...]
     first_layer: int
     layer_count: int
     program: Program

@@ -12,14 +12,14 @@ import pytest
 from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.scoring import Weights
 from dispatch_svc.planner.placement import (
-    Device, LayerCost, Model, NoRoom, Task, check_layers, evaluate, lower_bound_seconds, parameter_split,
+    FLOPS_PER_PARAMETER, TRAINING_IN_FLIGHT, Device, LayerCost, Model, NoRoom, Task, check_layers, evaluate, lower_bound_seconds, parameter_split,
     place_balanced, place_ranked, sequential_fill,
 )
 
 GB = 10**9
 
 
-def layer(name: str, order: int, params: int, *, flops: float = 0.0, act: int = 0, **extra) -> LayerCost:
+def layer(name: str, order: int, params: int, *, flops: float | None = None, act: int = 0, **extra) -> LayerCost:
     return LayerCost(name, order, params, params * 4, flops_per_sample=flops, activation_bytes_per_sample=act, **extra)
 
 
@@ -131,29 +131,66 @@ def test_tied_parameters_count_once_when_owner_and_user_share_a_device():
     assert apart.memory_bytes["b"] == 2 * GB and apart.memory_bytes["a"] == GB
 
 
-def test_training_needs_optimizer_state_and_the_activation_working_set():
-    layers = [layer("l", 0, 1000, act=100)]
+def test_a_stage_holds_its_weights_and_the_peak_of_its_micro_batches_in_flight_not_a_sum_over_layers():
+    # b = 4 rows: outputs 400, 1200, 200 bytes; inputs 400 (like the first output), 400, 1200;
+    # working sets (in + out) 800, 1600, 1400.
+    layers = [layer("a", 0, 1000, act=100), layer("b", 1, 2000, act=300), layer("c", 2, 500, act=50)]
     inference = Model(layers, task(micro_batch_rows=4))
+    # weights 4000 + 8000 + 2000, the next micro-batch's input 400, the largest working set and its workspace
+    assert inference.total_need() == 14_000 + 400 + 2 * 1600
+    assert inference.stage_need(1, 3) == 10_000 + 400 + 2 * 1600
+    assert inference.need == [4000 + 400 + 2 * 800, 8000 + 400 + 2 * 1600, 2000 + 1200 + 2 * 1400]
+    devices = [device("x", 100.0, GB), device("y", 100.0, GB)]
+    assert evaluate(inference, devices, ["x", "y", "y"]).memory_bytes == {"x": 6000, "y": 13_600}
+    # two runs on x (a and c): both runs' next inputs, one peak
+    assert evaluate(inference, devices, ["x", "y", "x"]).memory_bytes["x"] == 6000 + 400 + 1200 + 2 * 1400
     training = Model(layers, task(kind="training", micro_batch_rows=4))
-    assert inference.need == [4000 + (400 + 400) * 2]
-    assert training.need == [3 * 4000 + (400 + 400) * 4]
+    # weights, gradients and momentum; TRAINING_IN_FLIGHT micro-batches keep every layer's input;
+    # forward, activation gradients and workspace at the peak
+    assert TRAINING_IN_FLIGHT == 4
+    assert training.total_need() == 3 * 14_000 + 4 * (400 + 400 + 1200) + 3 * 1600
+    assert sum(training.need) >= training.total_need() and sum(inference.need) >= inference.total_need()
+
+
+def test_buffers_are_held_once_and_never_trained():
+    rows = [layer("embed", 0, 1000, act=100), LayerCost("rotary", 1, 0, 0, buffer_bytes=640, activation_bytes_per_sample=100)]
+    check_layers(rows)
+    inference, training = (Model(rows, task(kind=kind, micro_batch_rows=1)) for kind in ("inference", "training"))
+    assert inference.weights == [4000, 640] and training.weights == [12_000, 640]
+    with pytest.raises(InvalidArgument, match=r"layers\[0\].parameter_count .* buffer_bytes"):
+        check_layers([LayerCost("position_ids", 0, 0, 2048)])
+
+
+def test_unknown_flops_are_estimated_and_zero_flops_are_zero():
+    unknown = LayerCost("dense", 0, 1000, 4000, activation_bytes_per_sample=8)
+    lookup = LayerCost("embed", 0, 1000, 4000, flops_per_sample=0.0, activation_bytes_per_sample=8)
+    assert Model([unknown], task(micro_batch_rows=2)).flops == [2 * FLOPS_PER_PARAMETER * 1000]
+    assert Model([lookup], task(micro_batch_rows=2)).flops == [0.0]
 
 
 # -- balanced -----------------------------------------------------------------------------------
 
 
-def brute_force(model: Model, devices: list[Device], count: int) -> float:
-    """The smallest feasible step time over every contiguous split and device assignment."""
+def brute_force(model: Model, devices: list[Device], count: int, replicate: bool = True) -> float:
+    """The smallest feasible step time over every contiguous split and every assignment of
+    devices to its stages: one device a stage, or (`replicate`) several identical ones."""
     n = len(model)
     best = math.inf
     for stages in range(1, min(n, count) + 1):
         for cuts in itertools.combinations(range(1, n), stages - 1):
             bounds = [0, *cuts, n]
-            for chosen in itertools.permutations(devices, stages):
+            for where in itertools.product(range(-1, stages), repeat=len(devices)):  # device -> stage or unused
+                groups = [[d for d, s in zip(devices, where) if s == k] for k in range(stages)]
+                if not all(groups) or sum(map(len, groups)) > count:
+                    continue
+                if any(len(g) > 1 and (not replicate or len({(d.target_type, d.peak_tflops, d.memory_free_bytes,
+                                                                  d.memory_bandwidth_gbps, d.link_gbps) for d in g}) > 1)
+                       for g in groups):
+                    continue
                 assignment = []
-                for d, (a, b) in zip(chosen, zip(bounds, bounds[1:])):
-                    assignment.extend([d.id] * (b - a))
-                ev = evaluate(model, devices, assignment)
+                for g, (a, b) in zip(groups, zip(bounds, bounds[1:])):
+                    assignment.extend([g[0].id] * (b - a))
+                ev = evaluate(model, devices, assignment, {g[0].id: tuple(d.id for d in g[1:]) for g in groups if g[1:]})
                 if ev.feasible:
                     best = min(best, ev.step_seconds)
     return best
@@ -189,7 +226,7 @@ def test_balanced_finds_the_brute_force_optimum(seed):
     placement = place_balanced(model, devices)
     assert placement.evaluation.feasible
     assert placement.evaluation.step_seconds == pytest.approx(optimum, rel=1e-9)
-    assert len(set(placement.assignment)) <= count
+    assert len(placement.devices) <= count
     runs = [k for k, _ in itertools.groupby(placement.assignment)]
     assert len(runs) == len(set(runs)), "a device holds one contiguous stage"
 

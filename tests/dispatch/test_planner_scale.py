@@ -117,7 +117,7 @@ def test_balanced_keeps_count_devices_of_a_class_the_plan_may_need_all_of():
     layers = [layer(f"l{i}", i, 3 * 10**8, flops=6e11, act=10**6) for i in range(12)]
     big = [device(f"a{i:03d}", 150.0, 4 * GB, target_type="a") for i in range(200)]
     small = [device(f"k{i:03d}", 4.0, 2 * GB, target_type="k") for i in range(200)]
-    placement = place_balanced(Model(layers, task(micro_batch_rows=4)), big + small)
+    placement = place_balanced(Model(layers, task(micro_batch_rows=4, device_count=12)), big + small)
     assert placement.evaluation.feasible and {d[0] for d in placement.assignment} == {"a"}
     assert "in 2 classes of identical devices, of which the 1 not outmatched" in placement.explain[0]
     assert placement.capacity_bytes["k000"] == 2 * GB and placement.scores["a000"] > placement.scores["k000"]

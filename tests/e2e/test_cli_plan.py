@@ -125,13 +125,25 @@ def test_the_request_declares_four_micro_batches_of_the_programs_inputs():
 
 def test_a_layer_table_file_reads_proto_and_json_names_and_names_a_bad_row(tmp_path):
     path = tmp_path / "layers.json"
-    path.write_text(json.dumps([{"name": "embed", "order": 0, "parameter_count": 10},
-                                {"name": "head", "order": 1, "parameterBytes": 40, "sharedFrom": "embed"}]))
-    embed, head = load_layer_table(str(path))
-    assert embed.parameter_count == 10 and head.parameter_bytes == 40 and head.shared_from == "embed"
+    path.write_text(json.dumps([{"name": "embed", "order": 0, "parameter_count": 10, "parameter_bytes": 40},
+                                {"name": "head", "order": 1, "sharedFrom": "embed", "sharedParameterBytes": 40},
+                                {"name": "rotary", "order": 2, "bufferBytes": 256, "flops_per_sample": 0}]))
+    embed, head, rotary = load_layer_table(str(path))
+    assert embed.parameter_count == 10 and head.shared_parameter_bytes == 40 and head.shared_from == "embed"
+    assert rotary.buffer_bytes == 256 and rotary.HasField("flops_per_sample") and not embed.HasField("flops_per_sample")
     path.write_text(json.dumps([{"name": "embed"}, {"name": "head", "weight": 3}]))
     with pytest.raises(errors.InvalidArgument, match=r"layer \[1\]"):
         load_layer_table(str(path))
+
+
+def test_an_inconsistent_layer_table_is_refused_naming_the_row_before_any_mesh_starts(tmp_path, capsys):
+    path = tmp_path / "layers.json"
+    path.write_text(json.dumps([{"name": "embed", "order": 0, "parameter_count": 10, "parameter_bytes": 40},
+                                {"name": "position_ids", "order": 1, "parameter_bytes": 2048}]))
+    assert main(["plan", "my-model", "--layers", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"accelmesh: INVALID_ARGUMENT: --layers {path}[1].parameter_count of layer 'position_ids' is 0" in err
+    assert "buffer_bytes" in err and "starting an embedded mesh" not in err
 
 
 @pytest.mark.parametrize("argv, code, words", [

@@ -59,7 +59,7 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
     assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
     placement = result.job.plan.placement
     assert placement.strategy == strategy
-    assert len({layer.device_id for layer in placement.layers}) == 3
+    assert len(placement.devices) == 3
     assert {d.target_type.split(":")[1].split("[")[0] for d in placement.devices} == {"a100-80gb", "v100-32gb"}
     assert [layer.layer for layer in placement.layers] == ["embed", *(f"block_{i}" for i in range(4)), "head"]
     stages = placement.stages
@@ -67,10 +67,19 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
     assert len({s.artifact_key for s in stages}) == len(stages)
     assert {s.rule for s in stages} == {"cuda-bf16", "cuda-fp32"}
     assert placement.micro_batches == 7 and placement.cross_device_transfers == len(stages) - 1
-    # Every micro-batch went through every stage on the stage's own device.
+    # Every micro-batch went through every stage on the stage's own device (of a replicated
+    # stage: micro-batch k on its (k mod replicas)-th device).
     assert len(result.job.shards) == 7 * len(stages)
     for record in result.job.shards:
-        assert record.done and record.device_id == stages[record.index % len(stages)].device_id
+        stage = stages[record.index % len(stages)]
+        devices = [stage.device_id, *stage.replica_device_ids]
+        assert record.done and record.device_id == devices[(record.index // len(stages)) % len(devices)]
+    if strategy == BALANCED:  # the two A100s share the heavy stage, taking micro-batches in turn
+        replicated = [s for s in stages if s.replica_device_ids]
+        assert len(replicated) == 1 and len(replicated[0].replica_device_ids) == 1
+        assert {r.device_id for r in result.job.shards if r.index % len(stages) == replicated[0].index} == \
+            {replicated[0].device_id, *replicated[0].replica_device_ids}
+        assert "taking micro-batches in turn" in "\n".join(placement.explain)
     logits = result.outputs["logits"]
     expected = single_device(x)
     assert logits.shape == (50, 16)

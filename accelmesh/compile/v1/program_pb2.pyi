@@ -51,7 +51,7 @@ class OutputSpec(_message.Message):
     def __init__(self, tensor: _Optional[_Union[TensorSpec, _Mapping]] = ..., combine: _Optional[_Union[CombineRule, str]] = ...) -> None: ...
 
 class Layer(_message.Message):
-    __slots__ = ("name", "kind", "order", "parameters", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from", "shared_parameter_bytes")
+    __slots__ = ("name", "kind", "order", "parameters", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from", "shared_parameter_bytes", "buffer_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class Layer(_message.Message):
     ACTIVATION_BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SHARED_FROM_FIELD_NUMBER: _ClassVar[int]
     SHARED_PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     order: int
@@ -74,7 +75,8 @@ class Layer(_message.Message):
     activation_bytes_per_sample: int
     shared_from: str
     shared_parameter_bytes: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., order: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ..., shared_from: _Optional[str] = ..., shared_parameter_bytes: _Optional[int] = ...) -> None: ...
+    buffer_bytes: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., order: _Optional[int] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ..., shared_from: _Optional[str] = ..., shared_parameter_bytes: _Optional[int] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class Program(_message.Message):
     __slots__ = ("name", "version", "kind", "description", "parameters", "inputs", "outputs", "digest", "layers", "parameter_count")

@@ -20,7 +20,7 @@ PLACEMENT_STRATEGY_BALANCED: PlacementStrategy
 PLACEMENT_STRATEGY_AUTO: PlacementStrategy
 
 class LayerCost(_message.Message):
-    __slots__ = ("name", "order", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from", "shared_parameter_bytes")
+    __slots__ = ("name", "order", "parameter_count", "parameter_bytes", "flops_per_sample", "bytes_accessed_per_sample", "activation_bytes_per_sample", "shared_from", "shared_parameter_bytes", "buffer_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class LayerCost(_message.Message):
     ACTIVATION_BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SHARED_FROM_FIELD_NUMBER: _ClassVar[int]
     SHARED_PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     order: int
     parameter_count: int
@@ -39,7 +40,8 @@ class LayerCost(_message.Message):
     activation_bytes_per_sample: int
     shared_from: str
     shared_parameter_bytes: int
-    def __init__(self, name: _Optional[str] = ..., order: _Optional[int] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ..., shared_from: _Optional[str] = ..., shared_parameter_bytes: _Optional[int] = ...) -> None: ...
+    buffer_bytes: int
+    def __init__(self, name: _Optional[str] = ..., order: _Optional[int] = ..., parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., flops_per_sample: _Optional[float] = ..., bytes_accessed_per_sample: _Optional[float] = ..., activation_bytes_per_sample: _Optional[int] = ..., shared_from: _Optional[str] = ..., shared_parameter_bytes: _Optional[int] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class PlacementOptions(_message.Message):
     __slots__ = ("strategy", "device_count", "memory_headroom", "weights", "micro_batch_rows", "layers")
@@ -126,7 +128,7 @@ class LayerPlacement(_message.Message):
     def __init__(self, layer: _Optional[str] = ..., order: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., parameter_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., stage: _Optional[int] = ...) -> None: ...
 
 class StagePlan(_message.Message):
-    __slots__ = ("index", "device_id", "target_type", "first_layer", "layer_count", "compute_seconds", "transfer_seconds", "artifact_key", "rule")
+    __slots__ = ("index", "device_id", "target_type", "first_layer", "layer_count", "compute_seconds", "transfer_seconds", "artifact_key", "rule", "replica_device_ids")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class StagePlan(_message.Message):
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_KEY_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     device_id: str
     target_type: str
@@ -145,7 +148,8 @@ class StagePlan(_message.Message):
     transfer_seconds: float
     artifact_key: str
     rule: str
-    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., first_layer: _Optional[int] = ..., layer_count: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., artifact_key: _Optional[str] = ..., rule: _Optional[str] = ...) -> None: ...
+    replica_device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., first_layer: _Optional[int] = ..., layer_count: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., artifact_key: _Optional[str] = ..., rule: _Optional[str] = ..., replica_device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeviceLoad(_message.Message):
     __slots__ = ("device_id", "target_type", "memory_bytes", "memory_capacity_bytes", "compute_seconds", "transfer_seconds", "layers", "score")
@@ -186,7 +190,7 @@ class PlacementSummary(_message.Message):
     def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., feasible: _Optional[bool] = ..., predicted_step_seconds: _Optional[float] = ..., cross_device_transfers: _Optional[int] = ..., device_count: _Optional[int] = ..., error: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceLoad, _Mapping]]] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("strategy", "layers", "stages", "devices", "predicted_step_seconds", "cross_device_transfers", "device_count", "micro_batch_rows", "micro_batches", "predicted_seconds", "lower_bound_step_seconds", "weights", "weights_rule", "candidates", "explain")
+    __slots__ = ("strategy", "layers", "stages", "devices", "predicted_step_seconds", "cross_device_transfers", "device_count", "micro_batch_rows", "micro_batches", "predicted_seconds", "lower_bound_step_seconds", "weights", "weights_rule", "candidates", "explain", "lower_bound_offered_step_seconds")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +206,7 @@ class Placement(_message.Message):
     WEIGHTS_RULE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    LOWER_BOUND_OFFERED_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     strategy: PlacementStrategy
     layers: _containers.RepeatedCompositeFieldContainer[LayerPlacement]
     stages: _containers.RepeatedCompositeFieldContainer[StagePlan]
@@ -217,4 +222,5 @@ class Placement(_message.Message):
     weights_rule: str
     candidates: _containers.RepeatedCompositeFieldContainer[PlacementSummary]
     explain: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., layers: _Optional[_Iterable[_Union[LayerPlacement, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StagePlan, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceLoad, _Mapping]]] = ..., predicted_step_seconds: _Optional[float] = ..., cross_device_transfers: _Optional[int] = ..., device_count: _Optional[int] = ..., micro_batch_rows: _Optional[int] = ..., micro_batches: _Optional[int] = ..., predicted_seconds: _Optional[float] = ..., lower_bound_step_seconds: _Optional[float] = ..., weights: _Optional[_Union[_inventory_service_pb2.TaskWeights, _Mapping]] = ..., weights_rule: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[PlacementSummary, _Mapping]]] = ..., explain: _Optional[_Iterable[str]] = ...) -> None: ...
+    lower_bound_offered_step_seconds: float
+    def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., layers: _Optional[_Iterable[_Union[LayerPlacement, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StagePlan, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceLoad, _Mapping]]] = ..., predicted_step_seconds: _Optional[float] = ..., cross_device_transfers: _Optional[int] = ..., device_count: _Optional[int] = ..., micro_batch_rows: _Optional[int] = ..., micro_batches: _Optional[int] = ..., predicted_seconds: _Optional[float] = ..., lower_bound_step_seconds: _Optional[float] = ..., weights: _Optional[_Union[_inventory_service_pb2.TaskWeights, _Mapping]] = ..., weights_rule: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[PlacementSummary, _Mapping]]] = ..., explain: _Optional[_Iterable[str]] = ..., lower_bound_offered_step_seconds: _Optional[float] = ...) -> None: ...

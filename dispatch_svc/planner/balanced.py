@@ -24,7 +24,7 @@ from dispatch_svc.planner.layer_model import (
     BANDWIDTH_EFFICIENCY, MAX_STAGE_REPLICAS, alike_key, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
     summary,
 )
-from dispatch_svc.planner.placement_types import BALANCED, INFERENCE, ByDevice, Device, NoRoom, Placement
+from dispatch_svc.planner.placement_types import BALANCED, ByDevice, Device, NoRoom, Placement
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
 # Count vectors the search may visit before it merges device classes (see _classes).
@@ -50,7 +50,8 @@ class _Class:
 
 def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
     """Contiguous stages over distinct devices minimising the step time, exactly; a stage may
-    run on several identical devices taking micro-batches in turn (inference).
+    run on several identical devices taking micro-batches in turn (trained, they exchange
+    gradients once per step: Model.sync_seconds).
 
     The step time is the largest stage time, and every candidate step time is the time of some
     stage (layers i..j-1 on a device class k, over r replicas), so a binary search over those
@@ -114,17 +115,20 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     k_count = len(classes)
     cum, send = _stage_tables(model, [cls.example for cls in classes])
     reach_mem = _memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
-    spans = _Spans(cum, send, reach_mem)
+    gradients = np.concatenate(([0.0], np.cumsum([layer.parameter_bytes for layer in model.layers], dtype=float)))
+    # Model.sync_seconds of one gradient byte on two devices; on r it is 2 (r - 1) / r times that
+    sync = np.array([model.sync_seconds(1.0, cls.example, 2) for cls in classes])
+    spans = _Spans(cum, send, reach_mem, gradients, sync)
     if not spans.any():
         raise _no_split(model, classes)
     candidates = spans.candidates()
     avail = tuple(min(len(c.devices), count) for c in classes)
 
     exact = _search_states(count, k_count) <= MAX_SEARCH_STATES
-    replicate = model.task.kind == INFERENCE and _search_states(count, k_count) <= MAX_REPLICATED_STATES
+    replicate = _search_states(count, k_count) <= MAX_REPLICATED_STATES
     most = MAX_STAGE_REPLICAS if replicate else 1
     replicas = [min(most, a) for a in avail]  # devices of a class one stage may run on
-    candidates = np.unique(np.concatenate([candidates / r for r in range(1, max(replicas) + 1)]))
+    candidates = np.unique(np.concatenate([spans.candidates(r) for r in range(1, max(replicas) + 1)]))
     # Beyond the search budget: devices in a fixed order, fastest first, each taking the longest
     # stage it can (optimal for that order, not over all orders; the explanation says so).
     in_order = sorted(((k, d) for k, c in enumerate(classes) for d in c.devices),
@@ -132,8 +136,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
 
     def cover(limit: float) -> list[tuple[int, int, int]] | None:
         """Stages (class, first layer, devices) covering every layer with stage times <= limit on
-        at most `count` devices, the fewest such, or None. A stage on r devices of a class may
-        take r x limit: each runs every r-th micro-batch."""
+        at most `count` devices, the fewest such, or None (a stage on r devices: _Spans)."""
         if not exact:
             reach = spans.reach(limit)
             stages, prefix = [], 0
@@ -144,7 +147,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
                     if prefix == n:
                         return stages
             return None
-        reaches = [spans.reach(limit * r) for r in range(1, max(replicas) + 1)]
+        reaches = [spans.reach(limit, r) for r in range(1, max(replicas) + 1)]
         levels: list[dict[tuple[int, ...], int]] = [{} for _ in range(count + 1)]
         levels[0][(0,) * k_count] = 0
         parents: dict[tuple[int, ...], tuple[tuple[int, ...], int, int, int]] = {}
@@ -179,9 +182,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
             low = mid + 1
     if not exact:
         note += f"; over {MAX_SEARCH_STATES:,} search states, so devices were taken fastest first (not exact)"
-    if model.task.kind != INFERENCE:
-        note += "; no replicated stages (training: a stage's gradients are not all-reduced across devices)"
-    elif not replicate:
+    if not replicate:
         note += f"; no replicated stages (over {MAX_REPLICATED_STATES:,} search states)"
     taken = [0] * k_count
     assignment: list[str] = []
@@ -219,38 +220,51 @@ SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array
 
 
 class _Spans:
-    """The time of every stage (layers i..j-1 on a device of class k) that the class's memory
-    holds: the candidate step times, and for a limit the longest stage from each i within it.
-    One (k, i, j) array when it is small enough, else one (k, j) array per first layer i."""
+    """The time of every stage (layers i..j-1 on a device of class k, over r of its devices)
+    that the class's memory holds: the candidate step times, and for a limit the longest stage
+    from each i within it. One (k, i, j) array when it is small enough, else one (k, j) array per
+    first layer i. Over r devices a stage takes its time / r, plus, trained, `sync[k]` x
+    2 (r - 1) / r x its parameter bytes (Model.sync_seconds, linear in the bytes)."""
 
-    def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray):
+    def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray, gradients: np.ndarray,
+                 sync: np.ndarray):
         k_count, n = reach_mem.shape
         self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
+        self._sync = sync[:, None]
         last = np.arange(1, n + 1)
         if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
             self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:]
+            self._grads = (gradients[None, 1:] - gradients[:n, None])[None]
             self._fits = (last[None, None, :] > np.arange(n)[None, :, None]) & (last[None, None, :] <= reach_mem[:, :, None])
         else:
-            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:], last[None, i:] <= reach_mem[:, i:i + 1])
+            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:], gradients[None, i + 1:] - gradients[i],
+                           last[None, i:] <= reach_mem[:, i:i + 1])
                           for i in range(n)]
 
+    def _over(self, times: np.ndarray, grads: np.ndarray, r: int) -> np.ndarray:
+        if r == 1:
+            return times
+        sync = self._sync[:, :, None] if times.ndim == 3 else self._sync
+        return times / r + sync * (2 * (r - 1) / r) * grads
+
     def any(self) -> bool:
-        return bool(self._fits.any()) if self._whole else any(fits.any() for _, fits in self._rows)
+        return bool(self._fits.any()) if self._whole else any(fits.any() for _, _, fits in self._rows)
 
-    def candidates(self) -> np.ndarray:
+    def candidates(self, r: int = 1) -> np.ndarray:
         if self._whole:
-            return np.unique(self._times[self._fits])
-        return np.unique(np.concatenate([times[fits] for times, fits in self._rows]))
+            return np.unique(self._over(self._times, self._grads, r)[self._fits])
+        return np.unique(np.concatenate([self._over(t, g, r)[fits] for t, g, fits in self._rows]))
 
-    def reach(self, limit: float) -> np.ndarray:
-        """reach[k, i]: the end j of the longest stage from i on class k within ``limit``; -1 if none."""
+    def reach(self, limit: float, r: int = 1) -> np.ndarray:
+        """reach[k, i]: the end j of the longest stage from i on r devices of class k within
+        ``limit``; -1 if none."""
         if self._whole:
-            ok = self._fits & (self._times <= limit)
+            ok = self._fits & (self._over(self._times, self._grads, r) <= limit)
             last = self._n - 1 - np.argmax(ok[:, :, ::-1], axis=2)
             return np.where(ok.any(axis=2), last + 1, -1)
         reach = np.full((len(self._rows[0][0]), self._n), -1, dtype=np.int64)
-        for i, (times, fits) in enumerate(self._rows):
-            ok = fits & (times <= limit)
+        for i, (times, grads, fits) in enumerate(self._rows):
+            ok = fits & (self._over(times, grads, r) <= limit)
             last = ok.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1)
             reach[:, i] = np.where(ok.any(axis=1), i + 1 + last, -1)
         return reach

@@ -30,7 +30,12 @@ the micro-batches in flight, which peak in one layer at a time:
                (forward, the activation gradients, workspace)
 
 A device's time per micro-batch is the sum of compute and send over its layers, over the
-replicas of its stage when it has any (they take micro-batches in turn); the step time is the
+replicas of its stage when it has any (they take micro-batches in turn), plus, for a trained
+stage on r devices, its share of one gradient exchange per optimizer step:
+
+    sync = 2 x (r - 1) / r x the stage's parameter bytes / (link x BANDWIDTH_EFFICIENCY)
+           / micro-batches per step    (a ring all-reduce, spread over the step)
+ the step time is the
 busiest device's (in steady state the pipeline moves one micro-batch per step); a job of m
 micro-batches takes about (one micro-batch through every stage) + (m - 1) x step. A device's
 usable memory is its free memory less `headroom` of it. A layer whose FLOPs the table does not
@@ -51,7 +56,7 @@ import numpy as np
 from accelmesh.errors import InvalidArgument
 from accelmesh.scoring import Weights, normalised, weighted
 from dispatch_svc.planner.placement_types import (
-    INFERENCE, TRAINING, Device, Evaluation, LayerCost, NoRoom, Stage, Task, check_task,
+    DEFAULT_STEP_MICRO_BATCHES, INFERENCE, TRAINING, Device, Evaluation, LayerCost, NoRoom, Stage, Task, check_task,
 )
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
@@ -69,9 +74,8 @@ TRAINING_IN_FLIGHT = 4
 # Copies of the largest working set live at once, workspace included: the running micro-batch
 # (inference); its forward and its activation gradients (training).
 WORKING_COPIES = {INFERENCE: 1 + WORKSPACE_COPIES, TRAINING: 2 + WORKSPACE_COPIES}
-# Devices one stage may run on (itself and its replicas), taking micro-batches in turn; inference
-# only: a trained stage on several devices would need its gradients all-reduced, which the
-# pipeline trainer does not do.
+# Devices one stage may run on (itself and its replicas), taking micro-batches in turn. Trained
+# replicas exchange their gradients once per optimizer step (sync_seconds).
 MAX_STAGE_REPLICAS = 8
 # The most bytes a model may need in all (4 EiB): beyond anything placeable, and within int64.
 MAX_NEED_BYTES = 2**62
@@ -129,6 +133,15 @@ class Model:
         flops_s = self.flops[layer] / rate if rate > 0 else (math.inf if self.flops[layer] else 0.0)
         bytes_s = self.traffic[layer] / bandwidth if bandwidth > 0 else 0.0
         return max(flops_s, bytes_s)
+
+    def sync_seconds(self, gradient_bytes: float, device: Device, replicas: int) -> float:
+        """Per micro-batch, a trained stage's share of exchanging `gradient_bytes` among its
+        `replicas` devices once per optimizer step (the module docstring's sync); linear in the
+        bytes. 0 for inference and for a stage on one device."""
+        if replicas <= 1 or self.task.kind != TRAINING:
+            return 0.0
+        steps = self.task.step_micro_batches or DEFAULT_STEP_MICRO_BATCHES
+        return 2.0 * (replicas - 1) / replicas * gradient_bytes / (link_gbps(device) * 1e9 * BANDWIDTH_EFFICIENCY) / steps
 
     def send_seconds(self, layer: int, device: Device) -> float:
         """Seconds to send layer's output from `device` to another device."""
@@ -226,7 +239,8 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
     memory = {d: weights[d] + model.activation_bytes(held[d], starts[d]) for d in weights}
     for device_id, copies in replicas.items():  # each copy holds what its original holds; the work is shared
         share = 1 + len(copies)
-        compute[device_id] /= share
+        gradients = sum(model.layers[i].parameter_bytes for i in held[device_id])
+        compute[device_id] = compute[device_id] / share + model.sync_seconds(gradients, by_id[device_id], share)
         send[device_id] /= share
         for copy in copies:
             memory[copy], compute[copy], send[copy] = memory[device_id], compute[device_id], send[device_id]
@@ -244,7 +258,7 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
     its layers of FLOPs / rate and of memory traffic / bandwidth, so the busiest device takes at
     least the model's FLOPs over the devices' summed rate, and its traffic over their summed
     bandwidth; and every layer runs somewhere, so at least the slowest layer on its best device,
-    over as many identical devices as may replicate its stage (inference)."""
+    over as many identical devices as may replicate its stage."""
     if not devices:
         return math.inf
     rate = sum(d.peak_tflops for d in devices) * 1e12 * CATALOG_EFFICIENCY
@@ -254,8 +268,7 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
     alike: dict[tuple, list[Device]] = {}
     for d in devices:
         alike.setdefault(alike_key(d, model.task), []).append(d)
-    most = MAX_STAGE_REPLICAS if model.task.kind == INFERENCE else 1
-    layer = max(min(model.compute_seconds(i, group[0]) / min(most, len(group)) for group in alike.values())
+    layer = max(min(model.compute_seconds(i, group[0]) / min(MAX_STAGE_REPLICAS, len(group)) for group in alike.values())
                 for i in range(len(model)))
     return max(work, traffic, layer)
 

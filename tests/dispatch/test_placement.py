@@ -212,12 +212,14 @@ def random_instance(rng: random.Random):
     return layers, devices
 
 
+@pytest.mark.parametrize("kind", ["inference", "training"])
 @pytest.mark.parametrize("seed", range(40))
-def test_balanced_finds_the_brute_force_optimum(seed):
+def test_balanced_finds_the_brute_force_optimum(seed, kind):
     rng = random.Random(seed)
     layers, devices = random_instance(rng)
     count = rng.randint(1, len(devices))
-    model = Model(layers, task(device_count=count, micro_batch_rows=rng.choice([1, 8, 32])))
+    model = Model(layers, task(kind=kind, device_count=count, micro_batch_rows=rng.choice([1, 8, 32]),
+                               step_micro_batches=rng.choice([1, 4])))
     optimum = brute_force(model, devices, count)
     if math.isinf(optimum):
         with pytest.raises(NoRoom):
@@ -229,6 +231,22 @@ def test_balanced_finds_the_brute_force_optimum(seed):
     assert len(placement.devices) <= count
     runs = [k for k, _ in itertools.groupby(placement.assignment)]
     assert len(runs) == len(set(runs)), "a device holds one contiguous stage"
+
+
+@pytest.mark.parametrize("params, replicated", [(10**6, True), (10**10, False)])
+def test_a_trained_stage_is_replicated_when_its_gradient_exchange_costs_less_than_it_saves(params, replicated):
+    # One compute-heavy layer on two identical devices: replicas halve its time but exchange its
+    # gradients once per step; with 40 GB of them over a 10 GB/s link that costs more than it saves.
+    layers = [layer("heavy", 0, params, flops=1e11, act=10**3)]
+    devices = [device("a", 100.0, 200 * GB, link=10.0, target_type="a"),
+               device("b", 100.0, 200 * GB, link=10.0, target_type="a")]
+    model = Model(layers, task(kind="training", micro_batch_rows=8, step_micro_batches=4))
+    placement = place_balanced(model, devices)
+    assert bool(placement.replicas) == replicated
+    assert placement.evaluation.step_seconds == pytest.approx(brute_force(model, devices, 2), rel=1e-9)
+    alone = model.compute_seconds(0, devices[0])
+    sync = 2 * (1 / 2) * 4 * params / (10.0 * 1e9 * 0.8) / 4  # Model.sync_seconds: ring all-reduce over the step
+    assert placement.evaluation.step_seconds == pytest.approx(min(alone, alone / 2 + sync), rel=1e-9)
 
 
 def test_balanced_is_never_slower_than_ranked_or_the_baselines_when_all_fit():

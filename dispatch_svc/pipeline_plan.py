@@ -55,7 +55,9 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
         pl.check_layers(layers, f"the layer table of {program.ref}")
     micro = options.micro_batch_rows or max(1, min(rows, pl.DEFAULT_MICRO_BATCH_ROWS) if rows else pl.DEFAULT_MICRO_BATCH_ROWS)
     headroom = pl.DEFAULT_HEADROOM if options.headroom is None else options.headroom
-    draft = pl.Task(spec.kind, micro, headroom, options.device_count)
+    # training: the micro-batches of one optimizer step, over which replicated stages exchange gradients
+    steps = math.ceil(spec.training.batch_size / micro) if spec.kind == m.TRAINING and spec.training else 0
+    draft = pl.Task(spec.kind, micro, headroom, options.device_count, step_micro_batches=steps)
     intensity = pl.Model(layers, draft).intensity()  # also checks the options
     if options.weights is not None:
         Weights(*options.weights)  # refuses negative or all-zero weights before any call
@@ -73,7 +75,7 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
     if not devices:
         raise errors.FailedPrecondition("the inventory scored none of the refreshed devices; retry the job")
     candidates = [_candidate(d, scoring, rules[d.id]) for d in devices]
-    task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights))
+    task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights), steps)
     model = pl.Model(layers, task)
 
     tried, strategy, chosen = pl.place(model, candidates, options.strategy)

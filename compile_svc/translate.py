@@ -12,7 +12,7 @@ from compile_svc.programs.stages import LayerRange
 from compile_svc.rules import Explanation, Rule
 
 def layer_range_from_proto(msg: pb.LayerRange) -> LayerRange:
-    return LayerRange(first=msg.first, count=msg.count)
+    return LayerRange(first=msg.first, count=msg.count, backward=msg.backward)
 
 
 def rule_to_proto(rule: Rule) -> build_pb.Rule:

@@ -208,10 +208,12 @@ class GrpcMesh:
         return _builds(self._compile(program, devices, batch_sizes))
 
     def compile_stage(self, program: Program, devices: Sequence[JobDevice], first: int, count: int,
-                      batch_sizes: Sequence[int] = ()) -> tuple[Program, list[Build]]:
-        """Build layers first .. first + count - 1 of a layered model as one pipeline stage; the
-        stage program says what its artifacts take (its parameter leaves, then the activation)."""
-        response = self._compile(program, devices, batch_sizes, compile_pb.LayerRange(first=first, count=count))
+                      batch_sizes: Sequence[int] = (), backward: bool = False) -> tuple[Program, list[Build]]:
+        """Build layers first .. first + count - 1 of a layered model as one pipeline stage (its
+        backward pass with `backward`); the stage program says what its artifacts take (its
+        parameter leaves, then the activation, and for the backward pass the cotangent)."""
+        response = self._compile(program, devices, batch_sizes,
+                                 compile_pb.LayerRange(first=first, count=count, backward=backward))
         if not response.HasField("stage"):
             raise errors.FailedPrecondition(f"the compile service at {self.compile_address} built {program.ref} whole, "
                                             "not the stage asked for; upgrade it to one that supports layers")

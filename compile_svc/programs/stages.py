@@ -1,7 +1,11 @@
 """Pipeline stages as programs of their own: consecutive layers of a layered model (MISSION B7).
 
 A stage takes the parameter leaves its layers read, then one activation; it returns one
-activation, or the model's outputs when it ends at the last layer. Activation shapes come from
+activation, or the model's outputs when it ends at the last layer. Its backward pass (for
+pipeline training) takes the same leaves, the activation that entered it and the cotangent of
+what it returned, recomputes its forward, and returns the gradient of every leaf (summed over
+the rows) and the cotangent of its input (none for the first stage, whose input is the
+model's: token ids have no gradient). Activation shapes come from
 jax.eval_shape on abstract values with a symbolic batch, so no weight is ever allocated and a
 stage of a multi-billion-parameter model is derived on a laptop. A stage is then lowered,
 compiled and cached exactly like a whole program.
@@ -29,6 +33,8 @@ from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs.layers import LayerFn
 
 ACTIVATION = "activation"  # name of a stage's input (unless it is the model's) and output (unless it ends the model)
+COTANGENT = "cotangent"  # a backward stage's second input: d(loss)/d(the stage's output)
+GRADIENT_PREFIX = "grad/"  # a backward stage's outputs: grad/<leaf>, then the input's cotangent
 T = TypeVar("T")
 
 
@@ -38,6 +44,7 @@ class LayerRange:
 
     first: int
     count: int
+    backward: bool = False  # the stage's backward pass rather than its forward
 
     @property
     def last(self) -> int:
@@ -45,7 +52,7 @@ class LayerRange:
 
 
 def stage_name(program: Program, layers: LayerRange) -> str:
-    return f"{program.name}:{layers.first}-{layers.last}"
+    return f"{program.name}:{layers.first}-{layers.last}" + (":backward" if layers.backward else "")
 
 
 def check_range(program: Program, layer_count: int, layers: LayerRange) -> None:
@@ -64,7 +71,7 @@ def check_range(program: Program, layer_count: int, layers: LayerRange) -> None:
 def stage_digest(program_digest: str, layers: LayerRange) -> str:
     """Keeps each stage's artifacts apart in the cache; this module's source enters it because
     how a stage is cut is part of what its artifact computes."""
-    doc = {"program": program_digest, "first": layers.first, "count": layers.count}
+    doc = {"program": program_digest, "first": layers.first, "count": layers.count, "backward": layers.backward}
     h = hashlib.sha256(json.dumps(doc, sort_keys=True).encode())
     h.update(_code_digest())
     return h.hexdigest()
@@ -127,18 +134,50 @@ def derive_stage(program: Program, layer_fns: Sequence[LayerFn], layers: LayerRa
         outputs = program.outputs
     else:
         outputs = (OutputSpec(output.name, output.dtype, output.shape, "concat"),)
+    parameters = tuple(specs[n] for n in names)
+    fn = _compose(chosen, names)
+    described = f"layers {layers.first}-{layers.last} ({', '.join(l.name for l in chosen)}) of {program.ref}"
+    if layers.backward:
+        if len(outputs) != 1:
+            raise FailedPrecondition(f"{program.ref} returns {len(outputs)} outputs; a trained pipeline's last stage "
+                                     "must return one (its loss is taken on it)")
+        with_input = jnp.issubdtype(jnp.dtype(inputs[0].dtype), jnp.floating)
+        described = f"backward pass of {described}"
+        fn = _backward(fn, with_input)
+        cotangent = TensorSpec(COTANGENT, outputs[0].dtype, outputs[0].shape)
+        inputs = (inputs[0], cotangent)
+        outputs = tuple(OutputSpec(f"{GRADIENT_PREFIX}{p.name}", p.dtype, p.shape, "sum") for p in parameters)
+        if with_input:
+            outputs += (OutputSpec(COTANGENT, inputs[0].dtype, inputs[0].shape, "concat"),)
     return Program(
         name=stage_name(program, layers),
         version=program.version,
         kind=program.kind,
-        description=f"layers {layers.first}-{layers.last} ({', '.join(l.name for l in chosen)}) of {program.ref}",
-        parameters=tuple(specs[n] for n in names),
+        description=described,
+        parameters=parameters,
         inputs=inputs,
         outputs=outputs,
         digest=stage_digest(program.digest, layers),
-        fn=_compose(chosen, names),
+        fn=fn,
         layers=tuple(info for info in program.layers if layers.first <= info.order <= layers.last),
     )
+
+
+def _backward(forward: Callable[..., tuple], with_input: bool) -> Callable[..., tuple]:
+    """fn(*leaves, x, dy) -> (*d leaves, [dx]): the forward recomputed under jax.vjp (no
+    activation is kept between the passes), its cotangents pulled back."""
+
+    def fn(*args: Any) -> tuple:
+        *leaves, x, dy = args
+        if with_input:
+            _, pull = jax.vjp(lambda ls, xs: forward(*ls, xs)[0], tuple(leaves), x)
+            d_leaves, dx = pull(dy)
+            return (*d_leaves, dx)
+        _, pull = jax.vjp(lambda ls: forward(*ls, x)[0], tuple(leaves))
+        (d_leaves,) = pull(dy)
+        return tuple(d_leaves)
+
+    return fn
 
 
 def _compose(chosen: Sequence[LayerFn], names: Sequence[str]) -> Callable[..., tuple]:

@@ -24,6 +24,7 @@ from dispatch_svc.interface import Build, Mesh, ShardOutput, ShardWork
 from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.pipeline_plan import PlacedJob, plan_placement
 from dispatch_svc.strategies.context import InflightBudget, JobContext
+from dispatch_svc.strategies.pipeline_training import TrainedStage, check_training_inputs, train
 from dispatch_svc.validation import check_inputs
 
 ALL_DONE_POLL_S = 0.5  # how often the collecting thread checks for a cancel while micro-batches run
@@ -40,7 +41,12 @@ def place(mesh: Mesh, spec: m.JobSpec) -> tuple[Program | None, PlacedJob]:
             raise errors.InvalidArgument(
                 f"spec.placement places a model's layers, but {program.ref} is a {program.kind}; name a model "
                 "program (ListPrograms shows kind MODEL) or leave spec.placement unset for data-parallel shards")
-        rows = check_inputs(program, spec)
+        if spec.kind == m.TRAINING:
+            if spec.training is None:
+                raise errors.InvalidArgument("spec.training is required for a training job (epochs, batch_size, ...)")
+            rows = check_training_inputs(program, spec)
+        else:
+            rows = check_inputs(program, spec)
     return program, plan_placement(mesh, spec, program, rows)
 
 
@@ -53,13 +59,13 @@ def start(ctx: JobContext, max_shards: int | None = None):
         raise errors.InvalidArgument(
             "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
             "name a registered model program")
-    if spec.kind == m.TRAINING:
-        raise errors.FailedPrecondition(
-            "placed (pipelined) training is not implemented yet: PlanJob plans it, and SubmitJob trains "
-            "data-parallel with a training_step program when spec.placement is unset")
+    training = spec.kind == m.TRAINING
     program, placed = place(ctx.mesh, spec)
     placement = placed.plan.placement
-    shards = placement.micro_batches * len(placement.stages)
+    rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
+    # a shard record per micro-batch and stage (and pass, training: reused every step)
+    batch = min(rows, spec.training.batch_size) if training else rows
+    shards = -(-batch // micro) * len(placement.stages) * (2 if training else 1)
     if max_shards is not None and shards > max_shards:  # before anything is built or reserved
         raise errors.ResourceExhausted(
             f"the job's {placement.micro_batches:,} micro-batches through {len(placement.stages)} stages are {shards:,} "
@@ -67,8 +73,10 @@ def start(ctx: JobContext, max_shards: int | None = None):
             "or send larger spec.placement.micro_batch_rows)")
     if ctx.live.span is not None:
         ctx.live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
-    rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
-    sizes = sorted({micro, rows % micro} - {0})
+    if training:  # micro-batches of a full mini-batch, and of the last, partial one
+        sizes = sorted({micro, batch % micro, rows % batch % micro, min(micro, rows % batch)} - {0})
+    else:
+        sizes = sorted({micro, rows % micro} - {0})
     stages = _build_stages(ctx, program, placed, sizes)
     plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
         dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
@@ -82,6 +90,8 @@ def start(ctx: JobContext, max_shards: int | None = None):
     ctx.book.emit(job, m.COMPILED, message=", ".join(
         f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
         f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
+    if training:
+        return _train(ctx, program, placed, stages, sizes)
     params = dict(ctx.parameters(program))
     for stage in stages:  # a device receives only the parameters of its own layers
         stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
@@ -89,6 +99,42 @@ def start(ctx: JobContext, max_shards: int | None = None):
     ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
     pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
     return _flow(ctx, program, stages, pool)
+
+
+def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_Stage], sizes: list[int]):
+    """Placed training (pipeline_training.py): each stage's backward pass built for the types its
+    forward was, the devices reserved, the steps' work returned."""
+    placement = placed.plan.placement
+    for stage in stages:
+        for target_type in list(stage.builds):
+            device = next(placed.devices[d] for d in stage.device_ids if placed.devices[d].target_type == target_type)
+            stage.backward, built = ctx.mesh.compile_stage(program, [device], stage.first_layer, stage.layer_count,
+                                                           sizes, backward=True)
+            stage.backward_builds.update({b.target_type: b for b in built})
+    ctx.book.emit(ctx.job, m.COMPILED, message=f"backward passes of {len(stages)} stages built")
+    count = len(stages)
+
+    def submit(stage: _Stage, k: int, backward: bool, inputs, params, held: str, on_done, on_error) -> None:
+        devices = stage.device_ids
+        index = (k * count + stage.index) * 2 + int(backward)
+        rows = inputs[0].shape[0]
+        work = _StageWork(index, 0, rows, devices[k % len(devices)], inputs=inputs, params=params, stage=stage,
+                          batch=ShardWork(k, 0, rows, devices[k % len(devices)]), backward=backward,
+                          held=f"stage{stage.index}:{held}")
+
+        def done(out: ShardOutput) -> None:
+            ctx.job.shards[index].done = True
+            on_done(out)
+        pool.submit(work, work.device_id, on_done=done, on_error=on_error)
+
+    batch = min(ctx.spec.inputs[0].rows, ctx.spec.training.batch_size)
+    ctx.ensure_records(-(-batch // placement.micro_batch_rows) * count * 2)
+    ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
+    pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
+    trained = [TrainedStage(st.index, st.device_ids, st.program, st.backward) for st in stages]
+    by_index = {st.index: st for st in stages}
+    return train(ctx, program, trained, pool, ctx.parameters(program), placement.micro_batch_rows,
+                 lambda t, *rest: submit(by_index[t.index], *rest))
 
 
 def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: list[int]) -> list[_Stage]:
@@ -112,12 +158,15 @@ def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt:
     builds the stage for that type first (the compile service caches it)."""
     work: _StageWork = attempt.shard
     stage = work.stage
-    build = stage.builds.get(attempt.device.target_type)
+    builds = stage.backward_builds if work.backward else stage.builds
+    build = builds.get(attempt.device.target_type)
     if build is None:
-        _, built = ctx.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes)
-        build = stage.builds.setdefault(attempt.device.target_type, built[0])
+        _, built = ctx.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes,
+                                          backward=work.backward)
+        build = builds.setdefault(attempt.device.target_type, built[0])
     # A stage's parameters serve every micro-batch: its worker gets them once, then by key.
-    return ctx.execute(stage.program, [build], None, attempt, held=f"stage{stage.index}",
+    ran = stage.backward if work.backward else stage.program
+    return ctx.execute(ran, [build], None, attempt, held=work.held or f"stage{stage.index}",
                        span_attributes={attr.PIPELINE_STAGE: stage.index, attr.MICRO_BATCH: work.batch.index})
 
 
@@ -183,6 +232,8 @@ class _Stage:
     program: Program
     builds: dict[str, Build]
     params: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    backward: Program | None = None  # training: the stage's backward pass, and its builds
+    backward_builds: dict[str, Build] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,3 +242,5 @@ class _StageWork(ShardWork):
 
     stage: _Stage | None = None
     batch: ShardWork | None = None
+    backward: bool = False  # training: the stage's backward pass
+    held: str = ""  # the key prefix its parameters are held under ("" : the stage's)

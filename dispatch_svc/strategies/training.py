@@ -20,7 +20,7 @@ from dispatch_svc.training import minibatches, steps_per_epoch
 def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray]):
     """Take the whole training set (it is reused every epoch); returns the work that runs the steps."""
     job = ctx.job
-    data = _read_all(ctx)
+    data = read_all(ctx)
     options = job.spec.training
     optimizer = options.optimizer()
     grad_outputs = [i for i, o in enumerate(program.outputs) if o.name.startswith("grad/")]
@@ -62,7 +62,7 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np
     return work
 
 
-def _read_all(ctx: JobContext) -> list[np.ndarray]:
+def read_all(ctx: JobContext) -> list[np.ndarray]:
     rows = ctx.spec.inputs[0].rows
     data = [np.empty(i.shape, np.dtype(i.dtype)) for i in ctx.spec.inputs]
     seen = 0

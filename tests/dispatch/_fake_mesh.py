@@ -207,7 +207,7 @@ class FakePipelineMesh(FakeMesh):
         status = ScoredStatus(1.0, 10.0, 30 * 10**9, 0.0, 0.0)
         return Scoring({d.id: status for d in self.devices}, (0.5, 0.25, 0.25), "test weights")
 
-    def compile_stage(self, program, devices, first, count, batch_sizes=()):
+    def compile_stage(self, program, devices, first, count, batch_sizes=(), backward=False):
         stage = Program(name=f"chain[{first}:{first + count}]", version="1", kind="function", description="",
                         parameters=program.parameters[first: first + count], inputs=program.inputs,
                         outputs=program.outputs, digest=f"s{first}")

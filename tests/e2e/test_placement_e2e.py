@@ -87,6 +87,70 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
     assert reservations(mesh) == []
 
 
+def single_device_training(x: np.ndarray, labels: np.ndarray, options: job_pb.TrainingOptions):
+    """The same steps on one fp32 device: mean cross-entropy over each mini-batch, jax.grad, the
+    optimizer data-parallel training uses."""
+    import jax
+    import jax.numpy as jnp
+
+    from dispatch_svc.training import SgdMomentum, minibatches
+
+    program = default_registry().get("transformer_encoder")
+    params = [np.asarray(p) for p in program.init_params(0)]
+    optimizer = SgdMomentum(options.learning_rate, options.momentum)
+
+    def loss(leaves, xs, ys):
+        logits = program.fn(*leaves, xs)[0]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), ys[:, None], axis=1))
+
+    losses = []
+    for batch in minibatches(len(x), options.batch_size, options.epochs, options.shuffle_seed):
+        value, grads = jax.value_and_grad(loss)(params, x[batch.indices], labels[batch.indices])
+        params = optimizer.step(params, [np.asarray(g) for g in grads])
+        losses.append(float(value))
+    return dict(zip((p.name for p in program.parameters), params)), losses
+
+
+def test_a_placed_transformer_trains_as_a_pipeline_and_matches_single_device_training(client, mesh):
+    x, labels = tokens(48, seed=1), np.random.default_rng(2).integers(0, 16, size=48).astype(np.int32)
+    options = job_pb.TrainingOptions(epochs=1, batch_size=24, learning_rate=0.5, momentum=0.9, shuffle_seed=3)
+    result = client.run("transformer_encoder", {"tokens": x, "labels": labels}, training=options,
+                        placement=plan_pb.PlacementOptions(strategy=BALANCED, device_count=3, micro_batch_rows=8))
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
+    placement = result.job.plan.placement
+    assert len(placement.stages) >= 2 and len(placement.devices) == 3
+    assert {d.target_type.split(":")[1].split("[")[0] for d in placement.devices} == {"a100-80gb", "v100-32gb"}
+    # every micro-batch's forward and backward pass of every stage ran (3 micro-batches a step)
+    assert len(result.job.shards) == 3 * len(placement.stages) * 2 and all(r.done for r in result.job.shards)
+    expected, expected_losses = single_device_training(x, labels, options)
+    assert len(result.job.losses) == 2
+    np.testing.assert_allclose(result.job.losses, expected_losses, rtol=5e-2)
+    program = default_registry().get("transformer_encoder")
+    initial = dict(zip((p.name for p in program.parameters), program.init_params(0)))
+    # What training changed, here and on one device: the A100 stages compute in bf16, so the
+    # pipeline's update is the fp32 one within that rule's tolerance (5e-2), leaf by leaf on the
+    # scale of the largest change, and as a whole.
+    got = {name: result.outputs[name] - np.asarray(initial[name]) for name in expected}
+    want = {name: expected[name] - np.asarray(initial[name]) for name in expected}
+    scale = max(np.max(np.abs(w)) for w in want.values())
+    assert scale > 1e-3, "it trained"
+    for name in expected:
+        assert result.outputs[name].shape == expected[name].shape and result.outputs[name].dtype == expected[name].dtype
+        assert np.max(np.abs(got[name] - want[name])) <= 5e-2 * scale, name
+    flat = lambda d: np.concatenate([v.ravel() for v in d.values()])  # noqa: E731
+    assert np.linalg.norm(flat(got) - flat(want)) <= 5e-2 * np.linalg.norm(flat(want))
+    assert reservations(mesh) == []
+
+
+def test_placed_training_refuses_inputs_without_labels(client):
+    options = job_pb.TrainingOptions(epochs=1, batch_size=8)
+    with pytest.raises(grpc.RpcError) as info:
+        client.run("transformer_encoder", {"tokens": tokens(8)}, training=options,
+                   placement=plan_pb.PlacementOptions(strategy=BALANCED, device_count=2))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "['tokens', 'labels']" in info.value.details()
+
+
 def test_plan_reports_both_strategies_and_takes_the_faster(client):
     plan = client.plan("transformer_encoder", {"tokens": tokens(64)},
                        placement=plan_pb.PlacementOptions(strategy=AUTO, device_count=3))

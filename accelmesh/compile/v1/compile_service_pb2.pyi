@@ -122,12 +122,14 @@ class CompileRequest(_message.Message):
     def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_program_pb2.TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ...) -> None: ...
 
 class LayerRange(_message.Message):
-    __slots__ = ("first", "count")
+    __slots__ = ("first", "count", "backward")
     FIRST_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
     first: int
     count: int
-    def __init__(self, first: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+    backward: bool
+    def __init__(self, first: _Optional[int] = ..., count: _Optional[int] = ..., backward: _Optional[bool] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
     __slots__ = ("program", "version", "builds", "stage")

@@ -4,7 +4,9 @@ A request may name consecutive layers of a layered model instead: the stage is d
 program of its own (compile_svc.programs.stages) and built exactly like a whole program.
 
 Devices are grouped by target type (platform, execution platform, kind, rule-relevant flags)
-and the rule each gets; every group is lowered once. The portable StableHLO artifact is always
+and the rule each gets under the request's precision; every group is lowered once. Artifacts are
+keyed by rule and options as well as target type, so a device type's fp32 and bf16 builds never
+stand in for each other. The portable StableHLO artifact is always
 built; where the group's execution backend is local, compiled executables are built too for
 the batch sizes asked for, so a worker can load instead of compiling.
 """
@@ -30,7 +32,9 @@ from compile_svc.cache import ArtifactCache, CachedArtifact
 from accelmesh.programs import Program, TargetType, TensorSpec
 from compile_svc.programs import ProgramRegistry, check_signature
 from compile_svc.programs.stages import LayerRange, StageCatalog
-from compile_svc.rules import Explanation, Rule, RuleTable
+from compile_svc.rules import (
+    Explanation, PrecisionUnmet, Rule, RuleTable, allowed_compute_dtypes, describe_precision,
+)
 
 STABLEHLO, EXECUTABLE = "stablehlo", "executable"
 # The most rows one executable is built for: far past any shard, and small enough that no
@@ -89,8 +93,8 @@ class Compiler:
         self.stages = StageCatalog()
         self._jax_caches = JaxCaches()  # cleared once no build is in progress (see JaxCaches)
 
-    def explain(self, device: DeviceSpec) -> Explanation:
-        return self.rules.explain(device)
+    def explain(self, device: DeviceSpec, precision: str = "") -> Explanation:
+        return self.rules.explain(device, precision)
 
     def compile(
         self,
@@ -101,8 +105,16 @@ class Compiler:
         inputs: Sequence[TensorSpec] = (),
         batch_sizes: Sequence[int] = (),
         layers: LayerRange | None = None,
+        precision: str = "",
     ) -> CompileResult:
+        allowed = allowed_compute_dtypes(precision)
         program = self.registry.get(name, version)
+        if "fp16" in allowed and (program.kind == "training_step" or (layers is not None and layers.backward)):
+            # Gradients underflow fp16's range without loss scaling, which no rule applies.
+            what = "a training step" if program.kind == "training_step" else "a stage's backward pass asked for"
+            raise errors.InvalidArgument(
+                f"precision fp16 is for inference only, and {program.ref} is {what}; ask for bf16 or fp32",
+                field="precision")
         stage = None
         if layers is not None:
             stage = self.stages.stage(program, self.registry.layer_functions(name, program.version), layers)
@@ -123,10 +135,17 @@ class Compiler:
             raise errors.InvalidArgument(f"batch_sizes {quoted(list(batch_sizes))} must all be within "
                                          f"1..{MAX_BATCH_SIZE}", field="batch_sizes")
         groups: dict[tuple[str, str], tuple[TargetType, Rule, list[str]]] = {}
+        unmet: dict[str, PrecisionUnmet] = {}  # by target type: one line per kind of device
         for device in targets:
-            rule = self.rules.match(device)
+            try:
+                rule = self.rules.match(device, precision)
+            except PrecisionUnmet as refusal:
+                unmet.setdefault(refusal.target_type.key, refusal)
+                continue
             target = self.rules.target_type(device)
             groups.setdefault((target.key, rule.name), (target, rule, []))[2].append(device.id)
+        if unmet:
+            raise _unmet(precision, list(unmet.values()), len(targets), every=not groups)
         with self._jax_caches.building():
             builds = [self._build(to_build, target, rule, ids, sizes) for target, rule, ids in groups.values()]
         return CompileResult(program, tuple(builds), stage)
@@ -193,6 +212,16 @@ class Compiler:
         if artifact is None:
             raise errors.NotFound(f"artifact {quoted(key)} is not in the cache; call Compile to (re)build it")
         return artifact
+
+
+def _unmet(precision: str, refusals: list[PrecisionUnmet], targets: int, every: bool) -> errors.FailedPrecondition:
+    """One error for every kind of device the precision leaves without a rule, naming the fix."""
+    dtypes = sorted({r.build.compute_dtype for refusal in refusals for r in refusal.matched})
+    return errors.FailedPrecondition(
+        f"{describe_precision(precision)} leaves {'all' if every else 'some'} of the {targets} "
+        "target devices without a compile rule: " + "; ".join(str(refusal) for refusal in refusals)
+        + f". Allow {' or '.join(dtypes)} in precision, leave these devices out (constraints), or add a rule that "
+        "computes in an allowed dtype for them", field="precision")
 
 
 def build_options_key(options) -> dict:

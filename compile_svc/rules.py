@@ -2,6 +2,11 @@
 
 The table is data an operator edits (deploy/rules/compile_rules.toml); this module only reads,
 validates and applies it. First match wins and the last rule must match every device.
+
+A job's precision narrows the table: a rule whose compute_dtype the precision does not allow is
+passed over, so a device gets the first allowed rule that matches (an A100 asked for fp32 gets
+the catch-all's fp32 build instead of cuda-bf16). fp16 rules are opt-in: only a precision that
+names fp16 allows them, because fp16's narrow range is safe for inference only.
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ BUILD_KEYS = ("compute_dtype", "matmul_precision", "remat", "tolerance", "xla_op
 # Accepted per compilation but only honoured process-wide (measured, ARCHITECTURE.md), so a rule
 # setting it would silently build the same code for every device.
 PROCESS_WIDE_XLA_OPTIONS = ("xla_cpu_max_isa",)
+# A job's precision: the least precise compute dtype its builds may use, and what each allows.
+# "" (not given) is the table as written, fp16 rules excepted: the same as "bf16".
+PRECISIONS = ("", "fp32", "bf16", "fp16")
+ALLOWED_COMPUTE_DTYPES: Mapping[str, frozenset[str]] = MappingProxyType({
+    "": frozenset({"fp32", "bf16"}),
+    "fp32": frozenset({"fp32"}),
+    "bf16": frozenset({"fp32", "bf16"}),
+    "fp16": frozenset({"fp32", "bf16", "fp16"}),
+})
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,17 @@ class Explanation:
     rule: Rule  # the rule the device gets
     verdicts: tuple[Verdict, ...]  # every rule tried, in order, up to and including the chosen one
     target_type: TargetType
+    precision: str = ""  # the precision the rule was chosen under (one of PRECISIONS)
+
+
+class PrecisionUnmet(FailedPrecondition):
+    """No rule that matches a device computes in a dtype the job's precision allows."""
+
+    def __init__(self, device: DeviceSpec, target_type: TargetType, precision: str, matched: list[Rule]):
+        self.device, self.target_type, self.matched = device, target_type, tuple(matched)
+        rules = ", ".join(f"{r.name} ({r.build.compute_dtype})" for r in matched)
+        super().__init__(f"device {device.id} ({target_type.key}) matches only rules computing in dtypes "
+                         f"{describe_precision(precision)} does not allow: {rules}", field="precision")
 
 
 @dataclass(frozen=True)
@@ -108,17 +133,28 @@ class RuleTable:
     rules: tuple[Rule, ...]
     origin: str
 
-    def match(self, device: DeviceSpec) -> Rule:
-        return self.explain(device).rule
+    def match(self, device: DeviceSpec, precision: str = "") -> Rule:
+        return self.explain(device, precision).rule
 
-    def explain(self, device: DeviceSpec) -> Explanation:
-        verdicts = []
+    def explain(self, device: DeviceSpec, precision: str = "") -> Explanation:
+        """The first rule that matches ``device`` and computes in a dtype ``precision`` allows;
+        PrecisionUnmet when rules match but none is allowed."""
+        allowed = allowed_compute_dtypes(precision)
+        verdicts, passed_over = [], []
         for rule in self.rules:
             if reasons := rule.mismatches(device):
                 verdicts.append(Verdict(rule.name, False, "; ".join(reasons)))
                 continue
+            if rule.build.compute_dtype not in allowed:
+                passed_over.append(rule)
+                verdicts.append(Verdict(rule.name, False, f"matches ({rule.matched_because(device)}) but computes in "
+                                        f"{rule.build.compute_dtype}, which {describe_precision(precision)} does not "
+                                        "allow"))
+                continue
             verdicts.append(Verdict(rule.name, True, rule.matched_because(device)))
-            return Explanation(rule, tuple(verdicts), self.target_type(device))
+            return Explanation(rule, tuple(verdicts), self.target_type(device), precision)
+        if passed_over:
+            raise PrecisionUnmet(device, self.target_type(device), precision, passed_over)
         # Only reachable for a table built by hand: loading enforces a final catch-all.
         raise FailedPrecondition(f"no compile rule in {self.origin} matches device {device.id}; add a catch-all")
 
@@ -129,6 +165,17 @@ class RuleTable:
     def target_type(self, device: DeviceSpec) -> TargetType:
         return TargetType(device.platform, device.execution_platform, device.type,
                           device.capabilities & self.read_flags())
+
+
+def allowed_compute_dtypes(precision: str) -> frozenset[str]:
+    if precision not in ALLOWED_COMPUTE_DTYPES:
+        raise InvalidArgument(f"precision {precision!r} is not one of {', '.join(repr(p) for p in PRECISIONS)}",
+                              field="precision")
+    return ALLOWED_COMPUTE_DTYPES[precision]
+
+
+def describe_precision(precision: str) -> str:
+    return f"precision {precision}" if precision else "a job that names no precision (fp16 rules are opt-in)"
 
 
 def load_rules(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> RuleTable:

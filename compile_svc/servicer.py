@@ -87,20 +87,22 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
     def ExplainRule(self, request, context):
         if not request.HasField("device"):
             raise errors.InvalidArgument("device is required; pass a Device as ListDevices returns it")
+        precision = tr.precision_from_proto(request.precision)
         spec, _ = device_from_proto(request.device, "device")
-        return tr.explanation_to_proto(self.compiler.explain(spec))
+        return tr.explanation_to_proto(self.compiler.explain(spec, precision))
 
     def Compile(self, request, context):
         if not request.program:
             raise errors.InvalidArgument("program is required; ListPrograms shows what is registered")
         check_reference(request.program, request.version, name_field="program")
+        precision = tr.precision_from_proto(request.precision)
         self.uploads.refresh()
         targets = [device_from_proto(d, f"targets[{i}]")[0] for i, d in enumerate(request.targets)]
         inputs = [programs_pb.tensor_spec_from_proto(s, f"inputs[{i}]") for i, s in enumerate(request.inputs)]
         layers = tr.layer_range_from_proto(request.layers) if request.HasField("layers") else None
         result = self.compiler.compile(
             request.program, request.version, targets, inputs=inputs, batch_sizes=list(request.batch_sizes),
-            layers=layers,
+            layers=layers, precision=precision,
         )
         return pb.CompileResponse(
             program=result.program.name,

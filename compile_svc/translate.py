@@ -3,6 +3,7 @@ build options are shared ones (accelmesh.runtime.programs)."""
 
 from __future__ import annotations
 
+from accelmesh import errors
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
@@ -10,6 +11,19 @@ from accelmesh.runtime.programs import FORMAT_TO_PROTO, build_options_to_proto
 from compile_svc.compiler import BuiltArtifact, TargetBuild
 from compile_svc.programs.stages import LayerRange
 from compile_svc.rules import Explanation, Rule
+
+PRECISION_FROM_PROTO = {pb.PRECISION_UNSPECIFIED: "", pb.PRECISION_FP32: "fp32", pb.PRECISION_BF16_ALLOWED: "bf16",
+                        pb.PRECISION_FP16_ALLOWED: "fp16"}
+
+
+def precision_from_proto(value: int) -> str:
+    """The request's precision as rules.PRECISIONS names it; proto3 passes unknown numbers through."""
+    if value not in PRECISION_FROM_PROTO:
+        raise errors.InvalidArgument(f"precision {value} is not a Precision; use PRECISION_FP32, "
+                                     "PRECISION_BF16_ALLOWED, PRECISION_FP16_ALLOWED or leave it unset",
+                                     field="precision")
+    return PRECISION_FROM_PROTO[value]
+
 
 def layer_range_from_proto(msg: pb.LayerRange) -> LayerRange:
     return LayerRange(first=msg.first, count=msg.count, backward=msg.backward)

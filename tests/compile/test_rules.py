@@ -84,7 +84,8 @@ def test_small_memory_gets_remat_and_cpu_vector_width_follows_the_isa(shipped):
 
 
 def test_every_shipped_rule_is_reachable_by_some_device(shipped):
-    reached = {shipped.match(device).name for device, _, _ in DEVICES.values()}
+    # The fp16 rules only under a precision that allows fp16 (tests/compile/test_precision.py).
+    reached = {shipped.match(device, precision).name for device, _, _ in DEVICES.values() for precision in ("", "fp16")}
     assert reached == {rule.name for rule in shipped.rules}
     assert shipped.rules[-1].is_catch_all
 
@@ -100,9 +101,13 @@ def test_explain_says_why_earlier_rules_were_skipped(shipped):
     explanation = shipped.explain(DEVICES["t4"][0])
     assert explanation.rule.name == "cuda-fp32-small"
     verdicts = {v.rule: v for v in explanation.verdicts}
-    assert [v.rule for v in explanation.verdicts] == ["tpu-bf16", "cuda-bf16-small", "cuda-bf16", "cuda-fp32-small"]
+    assert [v.rule for v in explanation.verdicts] == ["tpu-bf16", "cuda-bf16-small", "cuda-bf16", "cuda-fp16-volta",
+                                                      "cuda-fp16-turing", "cuda-fp32-small"]
     assert verdicts["tpu-bf16"].reason == "platform tpu wanted, device is cuda"
     assert verdicts["cuda-bf16"].reason == "requires bf16, device lacks it"
+    assert verdicts["cuda-fp16-turing"].reason.startswith("matches (platform is cuda; lacks bf16; kind 'Tesla T4' "
+                                                          "fits '*T4*') but computes in fp16, which a job that names "
+                                                          "no precision (fp16 rules are opt-in) does not allow")
     assert not any(v.matched for v in explanation.verdicts[:-1])
     assert explanation.verdicts[-1].matched
     assert explanation.verdicts[-1].reason == "platform is cuda; lacks bf16; memory 16 GB <= 20 GB"

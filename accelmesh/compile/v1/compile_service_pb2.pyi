@@ -2,12 +2,24 @@ from accelmesh.common.v1 import common_pb2 as _common_pb2
 from accelmesh.compile.v1 import build_pb2 as _build_pb2
 from accelmesh.compile.v1 import program_pb2 as _program_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRECISION_UNSPECIFIED: _ClassVar[Precision]
+    PRECISION_FP32: _ClassVar[Precision]
+    PRECISION_BF16_ALLOWED: _ClassVar[Precision]
+    PRECISION_FP16_ALLOWED: _ClassVar[Precision]
+PRECISION_UNSPECIFIED: Precision
+PRECISION_FP32: Precision
+PRECISION_BF16_ALLOWED: Precision
+PRECISION_FP16_ALLOWED: Precision
 
 class ListProgramsRequest(_message.Message):
     __slots__ = ()
@@ -90,10 +102,12 @@ class ListRulesResponse(_message.Message):
     def __init__(self, rules: _Optional[_Iterable[_Union[_build_pb2.Rule, _Mapping]]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class ExplainRuleRequest(_message.Message):
-    __slots__ = ("device",)
+    __slots__ = ("device", "precision")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
     device: _common_pb2.Device
-    def __init__(self, device: _Optional[_Union[_common_pb2.Device, _Mapping]] = ...) -> None: ...
+    precision: Precision
+    def __init__(self, device: _Optional[_Union[_common_pb2.Device, _Mapping]] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
 
 class ExplainRuleResponse(_message.Message):
     __slots__ = ("rule", "verdicts", "target_type")
@@ -106,20 +120,22 @@ class ExplainRuleResponse(_message.Message):
     def __init__(self, rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[_build_pb2.RuleVerdict, _Mapping]]] = ..., target_type: _Optional[str] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("program", "version", "inputs", "targets", "batch_sizes", "layers")
+    __slots__ = ("program", "version", "inputs", "targets", "batch_sizes", "layers", "precision")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     inputs: _containers.RepeatedCompositeFieldContainer[_program_pb2.TensorSpec]
     targets: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
     layers: LayerRange
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_program_pb2.TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ...) -> None: ...
+    precision: Precision
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_program_pb2.TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
 
 class LayerRange(_message.Message):
     __slots__ = ("first", "count", "backward")

@@ -31,6 +31,8 @@ from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 MAX_SEARCH_STATES = 200_000
 # Devices a plan may use when the client gives no count.
 MAX_DEVICE_COUNT = 256
+# Devices joined to the busiest stages after the exact search (_widen), at most.
+MAX_WIDEN_ROUNDS = 16
 # Count vectors up to which stages may be replicated: each vector then has a transition per
 # class and replica count, and the search runs once per replica count; past it, none.
 MAX_REPLICATED_STATES = 20_000
@@ -38,7 +40,7 @@ MAX_REPLICATED_STATES = 20_000
 
 @dataclass
 class _Class:
-    """Interchangeable devices: same type, rate, bandwidths and usable memory."""
+    """Interchangeable devices: same type, rate, bandwidths, usable memory and stage overhead."""
 
     devices: list[Device]
     capacity: int
@@ -114,11 +116,12 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     classes, note = _classes(model, pool, dict(zip((d.id for d in pool), values[useful].tolist())), count)
     k_count = len(classes)
     cum, send = _stage_tables(model, [cls.example for cls in classes])
+    overhead = np.array([cls.example.stage_overhead_s for cls in classes], float)
     reach_mem = _memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
     gradients = np.concatenate(([0.0], np.cumsum([layer.parameter_bytes for layer in model.layers], dtype=float)))
     # Model.sync_seconds of one gradient byte on two devices; on r it is 2 (r - 1) / r times that
     sync = np.array([model.sync_seconds(1.0, cls.example, 2) for cls in classes])
-    spans = _Spans(cum, send, reach_mem, gradients, sync)
+    spans = _Spans(cum, send, reach_mem, gradients, sync, overhead)
     if not spans.any():
         raise _no_split(model, classes)
     candidates = spans.candidates()
@@ -134,13 +137,13 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     in_order = sorted(((k, d) for k, c in enumerate(classes) for d in c.devices),
                       key=lambda kd: (-kd[1].peak_tflops, -classes[kd[0]].capacity, kd[1].id))[:count]
 
-    def cover(limit: float) -> list[tuple[int, int, int]] | None:
+    def cover(limit: float, count: int = count) -> list[tuple[int, int, int]] | None:
         """Stages (class, first layer, devices) covering every layer with stage times <= limit on
         at most `count` devices, the fewest such, or None (a stage on r devices: _Spans)."""
         if not exact:
             reach = spans.reach(limit)
             stages, prefix = [], 0
-            for k, _ in in_order:
+            for k, _ in in_order[:count]:
                 if reach[k, prefix] > prefix:
                     stages.append((k, prefix, 1))
                     prefix = int(reach[k, prefix])
@@ -169,32 +172,47 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
             levels[used + 1] = {v: p for v, p in levels[used + 1].items() if p < n}
         return None
 
-    low, high = 0, len(candidates) - 1
-    stages = cover(float(candidates[high]))
+    def search(budget: int) -> list[tuple[int, int, int]] | None:
+        """The cover at the smallest candidate step time on at most `budget` devices."""
+        low, high = 0, len(candidates) - 1
+        found = cover(float(candidates[high]), budget)
+        if found is None:
+            return None
+        while low < high:
+            mid = (low + high) // 2
+            attempt = cover(float(candidates[mid]), budget)
+            if attempt is not None:
+                high, found = mid, attempt
+            else:
+                low = mid + 1
+        return found
+
+    stages = search(count)
     if stages is None:
         raise _no_split(model, classes, count)
-    while low < high:  # the smallest candidate step time with a cover
-        mid = (low + high) // 2
-        attempt = cover(float(candidates[mid]))
-        if attempt is not None:
-            high, stages = mid, attempt
-        else:
-            low = mid + 1
     if not exact:
         note += f"; over {MAX_SEARCH_STATES:,} search states, so devices were taken fastest first (not exact)"
     if not replicate:
         note += f"; no replicated stages (over {MAX_REPLICATED_STATES:,} search states)"
-    taken = [0] * k_count
-    assignment: list[str] = []
-    copies: dict[str, tuple[str, ...]] = {}
-    bounds = [prefix for _, prefix, _ in stages] + [n]
-    for (k, prefix, r), end in zip(stages, bounds[1:]):
-        device, *others = classes[k].devices[taken[k]:taken[k] + r]
-        taken[k] += r
-        if others:
-            copies[device.id] = tuple(d.id for d in others)
-        assignment.extend([device.id] * (end - prefix))
-    evaluation = evaluate(model, pool, assignment, copies)
+    assignment, copies, evaluation = _assigned(model, pool, classes, stages)
+    exact_step = evaluation.step_seconds
+    copies, evaluation = _widen(model, pool, classes, assignment, copies, evaluation, count)
+    # Fewer pipeline stages, the devices left over joining them by speed, can beat every plan of
+    # identical replicas (a slow device sharing a fast one's micro-batches, no hop between them):
+    # the search again on 1, 2, 4, ... devices, each widened, the best kept (where the search is
+    # small enough to run a few more times: MAX_REPLICATED_STATES).
+    budget = 1
+    while replicate and budget < len(set(assignment)):
+        fewer = search(budget)
+        if fewer is not None:
+            other = _assigned(model, pool, classes, fewer)
+            widened = _widen(model, pool, classes, other[0], other[1], other[2], count)
+            if widened[1].step_seconds < evaluation.step_seconds * (1 - 1e-9):
+                assignment, (copies, evaluation) = other[0], widened
+        budget *= 2
+    if evaluation.step_seconds < exact_step * (1 - 1e-9):
+        note += (f"; then unused devices joined the busiest stages, micro-batches shared by speed "
+                 f"({exact_step * 1e3:.3f} -> {evaluation.step_seconds * 1e3:.3f} ms)")
     caps = ByDevice(figures.ids, figures.caps)
     usable = {d.id: capacity(d, model.task) for d in pool}
     unused = (f", of which the {k_count} not outmatched {count} times over can matter" if k_count < all_classes
@@ -209,8 +227,8 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
             f"stage {stage.index}: {model.layers[stage.first_layer].name}..{last} ({stage.layer_count} layers, "
             f"{evaluation.memory_bytes[stage.device_id]:,} of {usable[stage.device_id]:,} B) on {stage.device_id} "
             f"compute {stage.compute_seconds * 1e3:.3f} ms + send {stage.transfer_seconds * 1e3:.3f} ms"
-            + (f", replicated on {', '.join(stage.replicas)} ({1 + len(stage.replicas)} devices taking micro-batches "
-               "in turn)" if stage.replicas else ""))
+            + (f", replicated on {', '.join(stage.replicas)} ({1 + len(stage.replicas)} devices sharing micro-batches "
+               f"{' / '.join(f'{w:.0%}' for w in stage.shares)})" if stage.replicas else ""))
     lines.append(summary(BALANCED, evaluation))
     # initial_scores and capacity of every device, as the arrays at hand
     return Placement(BALANCED, tuple(assignment), evaluation, caps, ByDevice(figures.ids, values), lines, copies)
@@ -220,24 +238,26 @@ SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array
 
 
 class _Spans:
-    """The time of every stage (layers i..j-1 on a device of class k, over r of its devices)
+    """The time of every stage (layers i..j-1 on a device of class k, its stage call's overhead
+    included, over r of its devices)
     that the class's memory holds: the candidate step times, and for a limit the longest stage
     from each i within it. One (k, i, j) array when it is small enough, else one (k, j) array per
     first layer i. Over r devices a stage takes its time / r, plus, trained, `sync[k]` x
     2 (r - 1) / r x its parameter bytes (Model.sync_seconds, linear in the bytes)."""
 
     def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray, gradients: np.ndarray,
-                 sync: np.ndarray):
+                 sync: np.ndarray, overhead: np.ndarray):
         k_count, n = reach_mem.shape
         self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
         self._sync = sync[:, None]
         last = np.arange(1, n + 1)
         if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
-            self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:]
+            self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:] + overhead[:, None, None]
             self._grads = (gradients[None, 1:] - gradients[:n, None])[None]
             self._fits = (last[None, None, :] > np.arange(n)[None, :, None]) & (last[None, None, :] <= reach_mem[:, :, None])
         else:
-            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:], gradients[None, i + 1:] - gradients[i],
+            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:] + overhead[:, None],
+                           gradients[None, i + 1:] - gradients[i],
                            last[None, i:] <= reach_mem[:, i:i + 1])
                           for i in range(n)]
 
@@ -354,10 +374,66 @@ def _classes(model: Model, devices: Sequence[Device], scores: dict[str, float], 
         floor = dict(peak_tflops=min(d.peak_tflops for d in group),
                      memory_free_bytes=min(d.memory_free_bytes for d in group),
                      memory_bandwidth_gbps=min(d.memory_bandwidth_gbps for d in group),
-                     link_gbps=min(link_gbps(d) for d in group))
+                     link_gbps=min(link_gbps(d) for d in group),
+                     stage_overhead_s=max(d.stage_overhead_s for d in group))
         members = [Device(d.id, target_type, **floor) for d in group]
         merged.append(_Class(members, capacity(members[0], model.task)))
     return merged, f" (merged per type from {len(classes)} classes, at each type's smallest memory and rates)"
+
+
+def _assigned(model: Model, pool: Sequence[Device], classes: Sequence[_Class], stages: list[tuple[int, int, int]]):
+    """The device of every layer and the replicas of each stage's first device, for the search's
+    stages (class, first layer, devices); and their evaluation."""
+    taken = [0] * len(classes)
+    assignment: list[str] = []
+    copies: dict[str, tuple[str, ...]] = {}
+    bounds = [prefix for _, prefix, _ in stages] + [len(model)]
+    for (k, prefix, r), end in zip(stages, bounds[1:]):
+        device, *others = classes[k].devices[taken[k]:taken[k] + r]
+        taken[k] += r
+        if others:
+            copies[device.id] = tuple(d.id for d in others)
+        assignment.extend([device.id] * (end - prefix))
+    return assignment, copies, evaluate(model, pool, assignment, copies)
+
+
+def _widen(model: Model, pool: Sequence[Device], classes: Sequence[_Class], assignment: Sequence[str],
+           copies: dict[str, tuple[str, ...]], evaluation, count: int):
+    """After the exact search over identical replicas, greedily: while fewer than `count` devices
+    are used, the unused device (one per class is tried) whose joining the busiest stage lowers
+    that stage's time most, the step not growing, joins it, taking micro-batches in proportion to its speed (HetPipe's
+    heterogeneous data parallelism within a stage); at most MAX_WIDEN_ROUNDS joins, each stage on
+    at most MAX_STAGE_REPLICAS devices. Never worse than the exact plan; not exact itself."""
+    used = set(evaluation.memory_bytes)
+    spare = [[d for d in cls.devices if d.id not in used] for cls in classes]
+    owners = set(assignment)
+    for _ in range(MAX_WIDEN_ROUNDS):
+        if len(used) >= count:
+            break
+        busiest = max(evaluation.compute_seconds,
+                      key=lambda d: evaluation.compute_seconds[d] + evaluation.transfer_seconds[d])
+        primary = busiest if busiest in owners else next(p for p, c in copies.items() if busiest in c)
+        if 1 + len(copies.get(primary, ())) >= MAX_STAGE_REPLICAS:
+            break
+        # the busiest stage's time drops, the step does not grow: several stages as busy each get help in turn
+        best, busy = None, _busy(evaluation, primary)
+        for k, free in enumerate(spare):
+            if not free or classes[k].capacity < evaluation.memory_bytes[primary]:
+                continue
+            trial = {**copies, primary: (*copies.get(primary, ()), free[0].id)}
+            tried = evaluate(model, pool, assignment, trial)
+            if tried.feasible and tried.step_seconds <= evaluation.step_seconds and \
+                    _busy(tried, primary) < (best[0] if best else busy) * (1 - 1e-9):
+                best = (_busy(tried, primary), k, trial, tried)
+        if best is None:
+            break
+        _, k, copies, evaluation = best
+        used.add(spare[k].pop(0).id)
+    return copies, evaluation
+
+
+def _busy(evaluation, device_id: str) -> float:
+    return evaluation.compute_seconds[device_id] + evaluation.transfer_seconds[device_id]
 
 
 def _path(parents: dict, vec: tuple[int, ...]) -> list[tuple[int, int, int]]:

@@ -29,18 +29,21 @@ the micro-batches in flight, which peak in one layer at a time:
                pipeline trainer admits no more) + (2 + WORKSPACE_COPIES) x the largest work(l)
                (forward, the activation gradients, workspace)
 
-A device's time per micro-batch is the sum of compute and send over its layers, over the
-replicas of its stage when it has any (they take micro-batches in turn), plus, for a trained
-stage on r devices, its share of one gradient exchange per optimizer step:
+A device's time per micro-batch is the sum of compute and send over its layers, and of its
+stage_overhead_s (measured, calibration.py; 0 until then) for every stage it runs, shared with the
+replicas of its stage when it has any (they take micro-batches in proportion to their speed, so
+each is as busy; identical ones in turn), plus, for a trained stage on r devices, its share of
+one gradient exchange per optimizer step (a ring all-reduce over the slowest link, spread over
+the step):
 
     sync = 2 x (r - 1) / r x the stage's parameter bytes / (link x BANDWIDTH_EFFICIENCY)
-           / micro-batches per step    (a ring all-reduce, spread over the step)
- the step time is the
-busiest device's (in steady state the pipeline moves one micro-batch per step); a job of m
-micro-batches takes about (one micro-batch through every stage) + (m - 1) x step. A device's
-usable memory is its free memory less `headroom` of it. A layer whose FLOPs the table does not
-give (None, not 0: 0 is a layer without arithmetic, such as a lookup) counts
-FLOPS_PER_PARAMETER per parameter per sample.
+           / micro-batches per step
+
+The step time is the busiest device's (in steady state the pipeline moves one micro-batch per
+step); a job of m micro-batches takes about (one micro-batch through every stage) + (m - 1) x
+step. A device's usable memory is its free memory less `headroom` of it. A layer whose FLOPs
+the table does not give (None, not 0: 0 is a layer without arithmetic, such as a lookup)
+counts FLOPS_PER_PARAMETER per parameter per sample.
 
 The types it works on and their checks are in placement_types.py.
 """
@@ -227,7 +230,9 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
             last = stages[-1]
             stages[-1] = dataclasses.replace(last, layer_count=last.layer_count + 1,
                                              compute_seconds=last.compute_seconds + seconds)
-        else:
+        else:  # a new stage: one more call per micro-batch on its device
+            seconds += device.stage_overhead_s  # the stage's, not the layer's (layer_seconds)
+            compute[device_id] += device.stage_overhead_s
             starts.setdefault(device_id, []).append(i)
             if stages:
                 cross += 1
@@ -237,13 +242,24 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
                 send[prev.device_id] += out
             stages.append(Stage(len(stages), device_id, i, 1, seconds, 0.0, tuple(replicas.get(device_id, ()))))
     memory = {d: weights[d] + model.activation_bytes(held[d], starts[d]) for d in weights}
+    shares: dict[str, tuple[float, ...]] = {}
     for device_id, copies in replicas.items():  # each copy holds what its original holds; the work is shared
-        share = 1 + len(copies)
-        gradients = sum(model.layers[i].parameter_bytes for i in held[device_id])
-        compute[device_id] = compute[device_id] / share + model.sync_seconds(gradients, by_id[device_id], share)
-        send[device_id] /= share
-        for copy in copies:
-            memory[copy], compute[copy], send[copy] = memory[device_id], compute[device_id], send[device_id]
+        group = [by_id[d] for d in (device_id, *copies)]
+        layers = held[device_id]
+        sends = [i for i in layers if i + 1 < len(assignment) and assignment[i + 1] != device_id]
+        runs = len(starts[device_id])
+        own = [(sum(model.compute_seconds(i, d) for i in layers) + runs * d.stage_overhead_s,
+                sum(model.send_seconds(i, d) for i in sends)) for d in group]
+        # micro-batches in proportion to speed, so every device of the group is as busy
+        speed = [1.0 / (c + t) if c + t > 0 else 1.0 for c, t in own]
+        share = [v / sum(speed) for v in speed]
+        gradients = sum(model.layers[i].parameter_bytes for i in layers)
+        sync = model.sync_seconds(gradients, min(group, key=link_gbps), len(group))
+        for d, w, (c, t) in zip(group, share, own):
+            memory[d.id] = memory[device_id]
+            compute[d.id], send[d.id] = w * c + sync, w * t
+        shares[device_id] = tuple(share)
+    stages = [dataclasses.replace(st, shares=shares[st.device_id]) if st.device_id in shares else st for st in stages]
     step = max((compute[d] + send[d] for d in compute), default=0.0)
     over = [d for d, used in memory.items() if used > capacity(by_id[d], model.task)]
     return Evaluation(
@@ -276,7 +292,7 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
 def alike_key(device: Device, task: Task) -> tuple:
     """What makes devices interchangeable to a placement: type, rates, link, usable memory."""
     return (device.target_type, device.peak_tflops, device.memory_bandwidth_gbps, link_gbps(device),
-            capacity(device, task))
+            capacity(device, task), device.stage_overhead_s)
 
 
 # -- how many devices (B6) ----------------------------------------------------------------------

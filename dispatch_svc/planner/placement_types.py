@@ -36,6 +36,7 @@ class Device:
     memory_free_bytes: int
     memory_bandwidth_gbps: float
     link_gbps: float = 0.0  # interconnect, one direction; 0 means DEFAULT_LINK_GBPS
+    stage_overhead_s: float = 0.0  # what every stage call on it costs beyond the compute (calibration.py)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class Stage:
     layer_count: int
     compute_seconds: float
     transfer_seconds: float
-    replicas: tuple[str, ...] = ()  # further devices running the stage, taking micro-batches in turn
+    replicas: tuple[str, ...] = ()  # further devices running the stage
+    shares: tuple[float, ...] = ()  # of the micro-batches, per device of device_ids (empty: no replicas)
 
     @property
     def device_ids(self) -> tuple[str, ...]:

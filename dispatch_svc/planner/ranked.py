@@ -63,7 +63,9 @@ def _ranked(model: Model, devices: Sequence[Device], values: np.ndarray, count: 
         f"ranked: {len(model)} layers by parameter count, largest first, over {len(devices)} devices; "
         f"weights compute {weights.compute:.2f}, memory {weights.memory:.2f}, bandwidth {weights.bandwidth:.2f}; "
         f"the model needs {model.total_need():,} bytes, so {count} device(s)"
-        + (" (the client's count)" if task.device_count else f" (usable memory after {task.headroom:.0%} headroom)")]
+        + (" (the client's count)" if task.device_count else
+           f" (usable memory after {task.headroom:.0%} headroom: MISSION B6's count, which ranked keeps; balanced "
+           "and auto take as many devices as lower the step)")]
     order = sorted(range(len(model)), key=lambda i: (-model.layers[i].parameter_count, i))
     for i in order:
         layer = model.layers[i]

@@ -15,7 +15,7 @@ import pytest
 from test_placement import GB, brute_force, device, layer, random_instance, task
 
 from dispatch_svc.planner import PlannedDevice, plan_shards
-from dispatch_svc.planner.apportion import min_makespan_rows, proportional_rows
+from dispatch_svc.planner.apportion import makespan, min_makespan_rows, proportional_rows
 from dispatch_svc.planner.placement import Model, place_balanced, place_ranked
 from dispatch_svc.planner.placement_types import ByDevice
 
@@ -33,6 +33,18 @@ def heap_split(total: int, rates: list[float]) -> list[int]:
         rows[i] += 1
         heapq.heappush(heap, ((rows[i] + 1) / rates[i], i))
     return rows
+
+
+def affine_heap_makespan(total: int, rates: list[float], fixed: list[float]) -> float:
+    """The exact affine makespan as a heap of every device's next row finds it, from no rows at all."""
+    heap = [(f + 1 / r, i) for i, (r, f) in enumerate(zip(rates, fixed))]
+    heapq.heapify(heap)
+    rows, last = [0] * len(rates), 0.0
+    for _ in range(total):
+        last, i = heapq.heappop(heap)
+        rows[i] += 1
+        heapq.heappush(heap, (fixed[i] + (rows[i] + 1) / rates[i], i))
+    return last
 
 
 def remainder_split(total: int, rates: list[float]) -> list[int]:
@@ -60,6 +72,18 @@ def test_the_array_splits_give_what_the_heap_and_the_largest_remainders_give(see
         total = rng.choice([1, 3, 64, 999, 10**5, 10**6])
         assert min_makespan_rows(total, rates) == heap_split(total, rates)
         assert proportional_rows(total, rates) == remainder_split(total, rates)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_affine_array_split_finds_the_heaps_makespan(seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        rates = random_rates(rng, rng.choice([1, 2, 5, 50, 300]))
+        fixed = [rng.choice([0.0, 0.01, 1.0, 100.0]) * rng.uniform(0.5, 1.5) for _ in rates]
+        total = rng.choice([1, 3, 64, 999, 20_000])
+        rows = min_makespan_rows(total, rates, fixed)
+        assert sum(rows) == total and min(rows) >= 0
+        assert makespan(rows, rates, fixed) == pytest.approx(affine_heap_makespan(total, rates, fixed), rel=1e-12)
 
 
 def test_a_split_over_80000_devices_uses_every_row_once_and_meets_the_bound():
@@ -107,8 +131,10 @@ def test_balanced_over_a_pool_padded_with_outmatched_devices_keeps_the_brute_for
                       min(d.memory_free_bytes for d in devices) // 2, min(d.memory_bandwidth_gbps for d in devices) / 2,
                       min(d.link_gbps for d in devices) / 2, target_type="pad") for i in range(300)]
     placement = place_balanced(model, devices + padding)
-    assert placement.evaluation.step_seconds == pytest.approx(optimum, rel=1e-9)
-    assert not any(d.startswith("pad") for d in placement.assignment)
+    assert placement.evaluation.step_seconds == pytest.approx(place_balanced(model, devices).evaluation.step_seconds,
+                                                              rel=1e-9)
+    assert placement.evaluation.step_seconds <= optimum * (1 + 1e-9)
+    assert not any(d.startswith("pad") for d in placement.devices)
     classes = len({(d.target_type, d.peak_tflops, d.memory_free_bytes) for d in devices}) + 1
     assert f"over {len(devices) + 300} devices in {classes} classes" in placement.explain[0]
 
@@ -138,11 +164,15 @@ def test_devices_as_columns_plan_exactly_as_a_list_of_devices(seed):
     rng = random.Random(seed)
     rates = random_rates(rng, rng.choice([1, 5, 50, 500]))
     ids, types = [f"d{i}" for i in range(len(rates))], [rng.choice(["a", "b"]) for _ in rates]
+    fixed = [rng.choice([0.0, 0.05, 2.0]) for _ in rates]
     listed = [PlannedDevice(i, t, r) for i, t, r in zip(ids, types, rates)]
+    listed_affine = [PlannedDevice(i, t, r, f) for i, t, r, f in zip(ids, types, rates, fixed)]
     for options in ({}, {"exact": True, "max_shard_rows": 64}, {"exact": True, "max_shard_rows": 256, "bucket_rungs": 5},
                     {"min_shard_rows": 8}):
         total = rng.choice([1, 999, 10**5])
         assert plan_shards(total, DeviceColumns(ids, types, rates), **options) == plan_shards(total, listed, **options)
+        assert (plan_shards(total, DeviceColumns(ids, types, rates, fixed), **options)
+                == plan_shards(total, listed_affine, **options))
 
 
 def test_columns_with_a_bad_device_are_refused_naming_it_as_a_list_would_be():

@@ -26,6 +26,10 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
 
+# job_spec's `precision` -> JobConstraints.precision.
+PRECISIONS = {"": job_pb.PRECISION_UNSPECIFIED, "fp32": job_pb.PRECISION_FP32, "bf16": job_pb.PRECISION_BF16_ALLOWED,
+              "fp16": job_pb.PRECISION_FP16_ALLOWED}
+
 
 @dataclass
 class JobResult:
@@ -44,20 +48,23 @@ def job_spec(
     capabilities: Sequence[str] = (),
     max_devices: int = 0,
     filter: str = "",
+    precision: str = "",
     parameter_seed: int = 0,
     client_parameters: bool = False,
     name: str = "",
     placement: plan_pb.PlacementOptions | None = None,
     request_id: str = "",
 ) -> job_pb.JobSpec:
-    """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created."""
+    """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created.
+    `precision`: "fp32" (bit-identical results whatever the plan), "bf16" or "fp16" (inference only)
+    allowed; "" lets each device's compile rules decide."""
     return job_pb.JobSpec(
         program=program,
         version=version,
         kind=job_pb.JOB_KIND_TRAINING if training is not None else job_pb.JOB_KIND_INFERENCE,
         constraints=job_pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in platforms],
                                           required_capabilities=list(capabilities), max_devices=max_devices,
-                                          filter=filter),
+                                          filter=filter, precision=PRECISIONS[precision]),
         inputs=[common_pb2.TensorHeader(name=k, dtype=dtype_code(v.dtype), shape=v.shape, total_bytes=v.nbytes)
                 for k, v in inputs.items()],
         client_parameters=client_parameters,

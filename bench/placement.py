@@ -18,13 +18,16 @@ Prints one JSON document on stdout (progress on stderr).
     call, with the device count derived from memory and with PLANNING_WIDE_COUNT devices asked
     for. The baseline from the same run is sequential_fill on the same model and devices.
 (c) Predicted against measured: transformer_encoder placed (balanced) and run as a pipeline on
-    the embedded mesh, real processes on this machine, twice per device set (the second run,
-    warm, is measured): three emulated devices (2x a100-80gb + v100-32gb), whose predictions
-    use the emulated types' catalog figures while the work runs on this CPU, and three of this
-    machine's own CPU devices, predicted from their probed figures. Per stage: the predicted
-    compute per micro-batch against the median measured execution on the device, and against
-    the median shard time as the dispatcher saw it (with transfers and overheads); per job: the
-    predicted seconds against end_time - create_time. --no-run skips it.
+    the embedded mesh, real processes on this machine, three times per device set: three
+    emulated devices (2x a100-80gb + v100-32gb), whose catalog figures are an A100's and a
+    V100's while the work runs on this CPU, and three of this machine's own CPU devices. The
+    first run is planned from the catalog alone (its predictions are reported as
+    `catalog_run`); its stage calls calibrate the dispatcher (dispatch_svc/planner/
+    calibration.py), the second is planned calibrated (and compiles the stages it cuts anew);
+    the third, planned calibrated with its stages built, is measured. Per stage: the predicted
+    seconds per micro-batch (compute and the stage call's overhead) against the median stage
+    call as the dispatcher saw it; per job: the predicted seconds against end_time -
+    create_time (planning included). --no-run skips it.
 (a) and (b) come from one cost model (placement.py's), so the ratios compare strategies under
 that model; they are predictions, not measurements of real devices; (c) says how far those
 predictions are from what runs here.
@@ -452,38 +455,38 @@ def measured_pipelines() -> dict:
         with tempfile.TemporaryDirectory(prefix="accelmesh-bench-placement-") as tmp, \
                 start_embedded_mesh(Path(tmp), devices=3, emulate=emulate, nvml=False) as mesh, \
                 MeshClient(mesh.dispatch.address, security=mesh.client) as client:
-            for run in ("cold", "warm"):
+            jobs = []
+            for run in ("catalog", "calibrating", "measured"):
                 result = client.run("transformer_encoder", {"tokens": tokens}, placement=options)
                 if result.job.state != job_pb.JOB_STATE_SUCCEEDED:
                     raise SystemExit(f"{name}: the pipeline job failed: {result.job.error}")
+                jobs.append(result.job)
                 progress(f"measured: {name} {run} run done")
-            job = result.job
-        placement = job.plan.placement
-        stages = []
-        for stage in placement.stages:
-            records = [r for r in job.shards if r.index % len(placement.stages) == stage.index]
-            execute = statistics.median(r.execute_seconds for r in records)
-            total = statistics.median(r.total_seconds for r in records)
-            stages.append({
-                "stage": stage.index, "layers": stage.layer_count, "devices": 1 + len(stage.replica_device_ids),
-                "target_type": stage.target_type,
-                "predicted_compute_ms": round(stage.compute_seconds * 1e3, 6),
-                "measured_execute_median_ms": round(execute * 1e3, 3),
-                "measured_shard_median_ms": round(total * 1e3, 3),
-                "measured_execute_over_predicted": ratio(execute, stage.compute_seconds),
-                "measured_shard_over_predicted": ratio(total, stage.compute_seconds),
-            })
-        seconds = (job.end_time.ToNanoseconds() - job.create_time.ToNanoseconds()) / 1e9
-        out[name] = {
-            "emulated_types": list(emulate) or None,
-            "micro_batches": placement.micro_batches, "micro_batch_rows": placement.micro_batch_rows,
-            "stages": stages,
-            "predicted_step_ms": round(placement.predicted_step_seconds * 1e3, 6),
-            "predicted_job_s": round(placement.predicted_seconds, 6),
-            "measured_job_s": round(seconds, 3),
-            "measured_job_over_predicted": ratio(seconds, placement.predicted_seconds),
-        }
+        out[name] = {"emulated_types": list(emulate) or None, "catalog_run": _against(jobs[0]),
+                     **_against(jobs[-1]),
+                     "calibration": [line for line in jobs[-1].plan.placement.explain if line.startswith("calibrated")]}
     return out
+
+
+def _against(job) -> dict:
+    """A pipeline job's predicted stage and job seconds against what its records measured."""
+    placement = job.plan.placement
+    stages = []
+    for stage in placement.stages:
+        records = [r for r in job.shards if r.index % len(placement.stages) == stage.index]
+        total = statistics.median(r.total_seconds - r.queue_seconds for r in records)
+        stages.append({
+            "stage": stage.index, "layers": stage.layer_count, "devices": 1 + len(stage.replica_device_ids),
+            "target_type": stage.target_type,
+            "predicted_ms": round(stage.compute_seconds * 1e3, 6),
+            "measured_call_median_ms": round(total * 1e3, 3),
+            "measured_over_predicted": ratio(total, stage.compute_seconds),
+        })
+    seconds = (job.end_time.ToNanoseconds() - job.create_time.ToNanoseconds()) / 1e9
+    return {"micro_batches": placement.micro_batches, "micro_batch_rows": placement.micro_batch_rows,
+            "stages": stages, "predicted_step_ms": round(placement.predicted_step_seconds * 1e3, 6),
+            "predicted_job_s": round(placement.predicted_seconds, 6), "measured_job_s": round(seconds, 3),
+            "measured_job_over_predicted": ratio(seconds, placement.predicted_seconds)}
 
 
 # -- main -------------------------------------------------------------------------------------

@@ -97,6 +97,9 @@ class DispatchConfig:
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.DISPATCH))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
+    # ACCELMESH_STAGE_CALIBRATION: finished pipeline stage calls calibrate later placements
+    # (dispatch_svc/planner/calibration.py); 0 plans from the catalog alone, the same plan every time
+    calibrate_stages: bool = True
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
@@ -128,6 +131,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         chunk_bytes=env_int("ACCELMESH_CHUNK_BYTES", d.chunk_bytes, env, minimum=1024),
         max_client_parameter_bytes=env_int("ACCELMESH_MAX_CLIENT_PARAMETER_BYTES", d.max_client_parameter_bytes, env,
                                            minimum=1024),
+        calibrate_stages=env_int("ACCELMESH_STAGE_CALIBRATION", 1, env, minimum=0) > 0,
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
         limits=limits_from_env(env),
     )

@@ -77,7 +77,8 @@ def _placement_from(d: dict | None) -> m.PlacementPlan | None:
     return m.PlacementPlan(**{
         **d,
         "layers": tuple(m.LayerPlacement(**x) for x in d.get("layers", ())),
-        "stages": tuple(m.StagePlan(**{**x, "replicas": tuple(x.get("replicas", ()))}) for x in d["stages"]),
+        "stages": tuple(m.StagePlan(**{**x, "replicas": tuple(x.get("replicas", ())),
+                                       "shares": tuple(x.get("shares", ()))}) for x in d["stages"]),
         "devices": tuple(_load_from(x) for x in d["devices"]),
         "weights": tuple(d["weights"]),
         "candidates": tuple(m.PlacementSummary(**{**x, "devices": tuple(_load_from(y) for y in x.get("devices", ()))})

@@ -53,6 +53,11 @@ def _builds(response: compile_pb.CompileResponse) -> list[Build]:
             for b in response.builds]
 
 
+# A job's precision (records.PRECISIONS) as the compile service's Precision.
+PRECISION_TO_PROTO = {"": compile_pb.PRECISION_UNSPECIFIED, "fp32": compile_pb.PRECISION_FP32,
+                      "bf16": compile_pb.PRECISION_BF16_ALLOWED, "fp16": compile_pb.PRECISION_FP16_ALLOWED}
+
+
 def _constraints_filter(c: m.Constraints) -> str:
     terms = [f"capabilities:{cap}" for cap in c.capabilities]
     if c.filter:
@@ -192,9 +197,9 @@ class GrpcMesh:
 
     # -- compile -------------------------------------------------------------------------------
 
-    def explain_rule(self, device: JobDevice) -> RuleChoice:
-        response = self._call("compile service rules", self.compiler.ExplainRule,
-                              compile_pb.ExplainRuleRequest(device=device_to_proto(device.spec)), replicated=True)
+    def explain_rule(self, device: JobDevice, precision: str = "") -> RuleChoice:
+        response = self._call("compile service rules", self.compiler.ExplainRule, compile_pb.ExplainRuleRequest(
+            device=device_to_proto(device.spec), precision=PRECISION_TO_PROTO[precision]), replicated=True)
         return RuleChoice(response.target_type, response.rule.name, response.rule.build.compute_dtype)
 
     def describe_program(self, name: str, version: str) -> Program:
@@ -204,26 +209,29 @@ class GrpcMesh:
                               compile_pb.DescribeProgramRequest(name=name, version=version), replicated=True)
         return program_from_proto(response.program)
 
-    def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int]) -> list[Build]:
-        return _builds(self._compile(program, devices, batch_sizes))
+    def compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int],
+                precision: str = "") -> list[Build]:
+        return _builds(self._compile(program, devices, batch_sizes, precision))
 
     def compile_stage(self, program: Program, devices: Sequence[JobDevice], first: int, count: int,
-                      batch_sizes: Sequence[int] = (), backward: bool = False) -> tuple[Program, list[Build]]:
+                      batch_sizes: Sequence[int] = (), backward: bool = False,
+                      precision: str = "") -> tuple[Program, list[Build]]:
         """Build layers first .. first + count - 1 of a layered model as one pipeline stage (its
         backward pass with `backward`); the stage program says what its artifacts take (its
         parameter leaves, then the activation, and for the backward pass the cotangent)."""
-        response = self._compile(program, devices, batch_sizes,
+        response = self._compile(program, devices, batch_sizes, precision,
                                  compile_pb.LayerRange(first=first, count=count, backward=backward))
         if not response.HasField("stage"):
             raise errors.FailedPrecondition(f"the compile service at {self.compile_address} built {program.ref} whole, "
                                             "not the stage asked for; upgrade it to one that supports layers")
         return program_from_proto(response.stage), _builds(response)
 
-    def _compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int],
+    def _compile(self, program: Program, devices: Sequence[JobDevice], batch_sizes: Sequence[int], precision: str,
                  layers: compile_pb.LayerRange | None = None) -> compile_pb.CompileResponse:
         return self._call("compile service", self.compiler.Compile, compile_pb.CompileRequest(
             program=program.name, version=program.version, batch_sizes=list(batch_sizes),
-            targets=[device_to_proto(d.spec) for d in devices], layers=layers), replicated=True)
+            targets=[device_to_proto(d.spec) for d in devices], layers=layers,
+            precision=PRECISION_TO_PROTO[precision]), replicated=True)
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
         try:

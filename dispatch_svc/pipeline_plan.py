@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.programs import Program, layer_cost_fields
 from accelmesh.scoring import Weights, free_status
 from dispatch_svc import records as m
 from dispatch_svc.planner import placement as pl
+from dispatch_svc.planner.calibration import StageCalibration
 from dispatch_svc.interface import JobDevice, RuleChoice, Scoring
 
 
@@ -31,13 +32,17 @@ class PlacedJob:
     devices: dict[str, JobDevice]  # the devices the placement uses, with their target types
     rules: dict[str, RuleChoice]  # by device id
     layers: tuple[pl.LayerCost, ...]
+    # (stage, device) -> the layer model's compute for one micro-batch before any calibration:
+    # what a finished stage call is measured against (calibration.py)
+    catalog_seconds: dict[tuple[int, str], float] = field(default_factory=dict)
 
 
 def layer_costs(program: Program) -> tuple[pl.LayerCost, ...]:
     return tuple(pl.LayerCost(**layer_cost_fields(x)) for x in program.layers)
 
 
-def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) -> PlacedJob:
+def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int,
+                   calibration: StageCalibration | None = None) -> PlacedJob:
     """Place the model of `spec` on the healthy devices matching its constraints; raises
     InvalidArgument for a bad table or options, ResourceExhausted (with the shortfall) when no
     device set holds it. One function because it is a pipeline of plain steps (the layer table,
@@ -67,14 +72,15 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
         raise errors.FailedPrecondition("no healthy device matches the job's constraints, so there is nothing to place "
                                         "the model on")
     devices = mesh.refresh(devices)
-    rules = _rules(mesh, devices)
+    rules = _rules(mesh, devices, spec.constraints.precision)
     precision = Counter(r.compute_dtype for r in rules.values()).most_common(1)[0][0]
     scoring = mesh.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints,
                                  [d.id for d in devices])  # the devices just refreshed, not a new search
     devices = [dataclasses.replace(d, target_type=rules[d.id].target_type) for d in devices if d.id in scoring.devices]
     if not devices:
         raise errors.FailedPrecondition("the inventory scored none of the refreshed devices; retry the job")
-    candidates = [_candidate(d, scoring, rules[d.id]) for d in devices]
+    catalog = [_candidate(d, scoring, rules[d.id]) for d in devices]
+    candidates, calibrated = _calibrated(catalog, calibration)
     task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights), steps)
     model = pl.Model(layers, task)
 
@@ -85,7 +91,7 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
                            devices=_loads(model, p, by_id, scoring))
         if p is not None else m.PlacementSummary(s, False, error=str(e))
         for s, p, e in tried)
-    explain = list(chosen.explain)
+    explain = calibrated + list(chosen.explain)
     if options.strategy == pl.AUTO:
         explain.append(f"auto: took {strategy} (" + "; ".join(
             f"{x.strategy} {x.predicted_step_seconds * 1e3:.3f} ms" if x.feasible else f"{x.strategy} infeasible"
@@ -102,17 +108,42 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int) ->
                       for t in types),
         shards=(), predicted_seconds=placement.predicted_seconds, equal_split_predicted_seconds=0.0,
         placement=placement)
-    return PlacedJob(plan, used, rules, tuple(model.layers))
+    by_catalog = {c.id: c for c in catalog}
+    seconds = {(st.index, d): sum(model.compute_seconds(i, by_catalog[d])
+                                  for i in range(st.first_layer, st.first_layer + st.layer_count))
+               for st in chosen.evaluation.stages for d in st.device_ids}
+    return PlacedJob(plan, used, rules, tuple(model.layers), seconds)
 
 
-def _rules(mesh, devices: list[JobDevice]) -> dict[str, RuleChoice]:
-    """The compile rule of every device, asking once per kind of device."""
+def _calibrated(catalog: list[pl.Device], calibration: StageCalibration | None) -> tuple[list[pl.Device], list[str]]:
+    """Each device as its type's finished stage calls measured it (calibration.py): its peak rate
+    and bandwidth over the measured slowdown, each stage call's overhead charged; and a line per
+    calibrated type for the explanation."""
+    if calibration is None:
+        return catalog, []
+    out, lines = [], {}
+    for device in catalog:
+        measured = calibration.get(device.target_type)
+        if measured is None:
+            out.append(device)
+            continue
+        out.append(dataclasses.replace(device, peak_tflops=device.peak_tflops / measured.slowdown,
+                                       memory_bandwidth_gbps=device.memory_bandwidth_gbps / measured.slowdown,
+                                       stage_overhead_s=measured.overhead_seconds))
+        lines[device.target_type] = (
+            f"calibrated: {device.target_type} from {measured.samples} stage call(s): compute {measured.slowdown:.3g}x "
+            f"the catalog's prediction, {measured.overhead_seconds * 1e3:.3f} ms a stage call beyond it")
+    return out, list(lines.values())
+
+
+def _rules(mesh, devices: list[JobDevice], precision: str) -> dict[str, RuleChoice]:
+    """The compile rule of every device under the job's precision, asking once per kind of device."""
     by_kind: dict[tuple, RuleChoice] = {}
     out = {}
     for d in devices:
         key = (d.spec.type, d.spec.platform, d.spec.capabilities, d.spec.compute_capability, d.spec.execution_platform)
         if key not in by_kind:
-            by_kind[key] = mesh.explain_rule(d)
+            by_kind[key] = mesh.explain_rule(d, precision)
         out[d.id] = by_kind[key]
     return out
 
@@ -143,7 +174,8 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
                                       layer.parameter_count, ev.layer_memory[i], ev.layer_seconds[i], stage_of[i])
                      for i, layer in enumerate(model.layers)),
         stages=tuple(m.StagePlan(s.index, s.device_id, by_id[s.device_id].target_type, s.first_layer, s.layer_count,
-                                 s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name, s.replicas)
+                                 s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name, s.replicas,
+                                 s.shares)
                      for s in ev.stages),
         devices=_loads(model, chosen, by_id, scoring),
         predicted_step_seconds=ev.step_seconds,

@@ -8,6 +8,9 @@ from dispatch_svc.planner.placement import LayerCost
 from dispatch_svc.training import TrainingOptions
 
 INFERENCE, TRAINING = "inference", "training"
+# A job's precision (Constraints.precision), as the compile service names it: fp32 only, bf16
+# allowed, fp16 allowed (inference only); "" lets each device's rules decide.
+PRECISIONS = ("", "fp32", "bf16", "fp16")
 
 # Job states, in the order a job moves through them; the last three are final.
 PLANNING, COMPILING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
@@ -39,6 +42,7 @@ class Constraints:
     capabilities: tuple[str, ...] = ()
     max_devices: int = 0  # 0: no limit
     filter: str = ""
+    precision: str = ""  # one of PRECISIONS: the least precise compute dtype allowed; "": the rules decide
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,11 @@ class TargetPlan:
     compute_dtype: str
     artifact_key: str
     device_ids: tuple[str, ...]
-    rows_per_second: float
+    rows_per_second: float  # the marginal rate: a shard of n rows takes fixed_seconds + n / rate
     rate_source: str  # "measured" or "catalog"
+    fixed_seconds: float = 0.0  # every shard's, whatever its rows
+    rate_samples: int = 0  # shards the measured figures were fitted to; 0 for the catalog
+    residual_seconds: float = 0.0  # residual standard error of a shard's seconds; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ class StagePlan:
     transfer_seconds: float
     artifact_key: str = ""
     rule: str = ""
-    replicas: tuple[str, ...] = ()  # further devices running the stage, micro-batches in turn
+    replicas: tuple[str, ...] = ()  # further devices running the stage
+    shares: tuple[float, ...] = ()  # of the micro-batches, per device of device_ids (with replicas)
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -186,6 +194,7 @@ class ShardRecord:
     execute_seconds: float = 0.0
     total_seconds: float = 0.0
     done: bool = False
+    predicted_seconds: float = 0.0  # the plan's figure for its rows on the type that ran it
 
 
 @dataclass
@@ -215,6 +224,9 @@ class JobRecord:
     losses: list[float] = field(default_factory=list)
     expires: float | None = None
     owner: str = ""  # Principal.key of whoever submitted it; "" for jobs from before owners existed
+    # The measured makespan to set beside plan.predicted_seconds: first shard dispatched to the last
+    # shard's outputs (training: the mean over its steps); 0 until a shard finished.
+    measured_seconds: float = 0.0
 
     @property
     def final(self) -> bool:

@@ -89,7 +89,7 @@ class JobRunner:
         """What PlanJob answers: the plan the job's strategy would run, nothing reserved or run."""
         self.check(spec, running=False)
         if spec.placement is not None:
-            program, placed = pipeline.place(self.mesh, spec)
+            program, placed = pipeline.place(self.mesh, spec, self.throughput.stages)
             return program, placed.plan, [], list(placed.devices.values())
         return data_parallel.plan(self.mesh, self.throughput, self.limits, spec)
 

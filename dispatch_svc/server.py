@@ -45,7 +45,10 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
             mesh.release(job_id)
         except errors.AccelmeshError as exc:  # inventory down: the leases lapse on their own
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
-    runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=config.max_shard_bytes,
+    throughput = ThroughputModel()
+    if not config.calibrate_stages:
+        throughput.stages = None
+    runner = JobRunner(mesh, book, throughput, max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
                        job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,

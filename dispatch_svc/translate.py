@@ -35,6 +35,9 @@ KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_
 STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
                        plan_pb.PLACEMENT_STRATEGY_AUTO: pl.AUTO}
 STRATEGY_TO_PROTO = {v: k for k, v in STRATEGY_FROM_PROTO.items()}
+PRECISION_FROM_PROTO = {job_pb.PRECISION_UNSPECIFIED: "", job_pb.PRECISION_FP32: "fp32",
+                        job_pb.PRECISION_BF16_ALLOWED: "bf16", job_pb.PRECISION_FP16_ALLOWED: "fp16"}
+PRECISION_TO_PROTO = {v: k for k, v in PRECISION_FROM_PROTO.items()}
 
 
 def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
@@ -46,6 +49,15 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
             raise errors.InvalidArgument(f"spec.constraints.platforms[{i}] is not a platform")
     if c.max_devices < 0:
         raise errors.InvalidArgument(f"spec.constraints.max_devices is {c.max_devices}; use 0 for no limit")
+    if c.precision not in PRECISION_FROM_PROTO:
+        raise errors.InvalidArgument(f"spec.constraints.precision {c.precision} is not a Precision; use PRECISION_FP32, "
+                                     "PRECISION_BF16_ALLOWED, PRECISION_FP16_ALLOWED or leave it unset",
+                                     field="spec.constraints.precision")
+    if c.precision == job_pb.PRECISION_FP16_ALLOWED and msg.kind == job_pb.JOB_KIND_TRAINING:
+        # Gradients underflow fp16's range without loss scaling, which no compile rule applies.
+        raise errors.InvalidArgument("spec.constraints.precision PRECISION_FP16_ALLOWED is for inference only; train "
+                                     "with PRECISION_BF16_ALLOWED or PRECISION_FP32",
+                                     field="spec.constraints.precision")
     inputs = []
     for i, t in enumerate(msg.inputs):
         if not t.name or not t.shape or any(d < 0 for d in t.shape):
@@ -67,7 +79,7 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         version=msg.version,
         kind=KIND_FROM_PROTO[msg.kind],
         constraints=m.Constraints(tuple(PLATFORM_FROM_PROTO[p] for p in c.platforms), tuple(c.required_capabilities),
-                                  c.max_devices, c.filter),
+                                  c.max_devices, c.filter, PRECISION_FROM_PROTO[c.precision]),
         inputs=tuple(inputs),
         client_parameters=msg.client_parameters,
         parameter_seed=msg.parameter_seed,
@@ -137,7 +149,8 @@ def placement_to_proto(p: m.PlacementPlan) -> plan_pb.Placement:
         stages=[plan_pb.StagePlan(index=x.index, device_id=x.device_id, target_type=x.target_type,
                                   first_layer=x.first_layer, layer_count=x.layer_count,
                                   compute_seconds=x.compute_seconds, transfer_seconds=x.transfer_seconds,
-                                  artifact_key=x.artifact_key, rule=x.rule, replica_device_ids=list(x.replicas))
+                                  artifact_key=x.artifact_key, rule=x.rule, replica_device_ids=list(x.replicas),
+                                  micro_batch_shares=list(x.shares))
                 for x in p.stages],
         devices=[_load_to_proto(x) for x in p.devices],
         predicted_step_seconds=p.predicted_step_seconds, cross_device_transfers=p.cross_device_transfers,
@@ -161,7 +174,9 @@ def plan_to_proto(plan: m.Plan | None) -> plan_pb.Plan | None:
     return plan_pb.Plan(
         targets=[plan_pb.TargetPlan(target_type=t.target_type, rule=t.rule, compute_dtype=t.compute_dtype,
                                     artifact_key=t.artifact_key, device_ids=list(t.device_ids),
-                                    rows_per_second=t.rows_per_second, rate_source=t.rate_source)
+                                    rows_per_second=t.rows_per_second, rate_source=t.rate_source,
+                                    fixed_seconds=t.fixed_seconds, rate_samples=t.rate_samples,
+                                    residual_seconds=t.residual_seconds)
                  for t in plan.targets],
         shards=[plan_pb.ShardPlan(index=s.index, device_id=s.device_id, target_type=s.target_type,
                                   first_row=s.first_row, rows=s.rows, predicted_seconds=s.predicted_seconds)
@@ -177,6 +192,7 @@ def shard_to_proto(s: m.ShardRecord) -> job_pb.ShardRecord:
         index=s.index, device_id=s.device_id, target_type=s.target_type, rule=s.rule, first_row=s.first_row,
         rows=s.rows, attempts=s.attempts, failures=list(s.failures), queue_seconds=s.queue_seconds,
         load_seconds=s.load_seconds, execute_seconds=s.execute_seconds, total_seconds=s.total_seconds, done=s.done,
+        predicted_seconds=s.predicted_seconds,
     )
 
 
@@ -196,7 +212,8 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
         program=spec.program, version=spec.version, kind=KIND_TO_PROTO[spec.kind],
         constraints=job_pb.JobConstraints(platforms=[PLATFORM_TO_PROTO[p] for p in spec.constraints.platforms],
                                           required_capabilities=list(spec.constraints.capabilities),
-                                          max_devices=spec.constraints.max_devices, filter=spec.constraints.filter),
+                                          max_devices=spec.constraints.max_devices, filter=spec.constraints.filter,
+                                          precision=PRECISION_TO_PROTO[spec.constraints.precision]),
         inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
         request_id=spec.request_id,
@@ -212,6 +229,7 @@ def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> job_pb.Job:
     bytes whatever it declared: GetJob has them."""
     msg = job_pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
                      progress=job.progress, create_time=timestamp(job.created), owner=job.owner,
+                     measured_seconds=job.measured_seconds,
                      losses=job.losses if with_shards else [],
                      shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
     if job.plan is not None:

@@ -1,16 +1,19 @@
 """`accelmesh demo`: the embedded mesh on this machine running real jobs across mixed devices.
 
 (a) batch inference of the transformer encoder over a few thousand inputs, checked against a
-single-device fp32 run; (b) data-parallel training of the MLP on the shipped digits data,
-checked by test accuracy; (c) the transformer's layers placed on three devices of two types
-and run as a pipeline, checked against the single-device run, then GPT-2 XL planned on the
-same devices. Every shard's device, rule and time is shown.
+single-device fp32 run, its shards sized by costs measured on small jobs first (every shard's
+predicted and measured seconds, every device's, and the job's makespan shown); (b)
+data-parallel training of the MLP on the shipped digits data, checked by test accuracy; (c) the
+transformer's layers placed on three devices of two types and run as a pipeline, checked
+against the single-device run, then GPT-2 XL planned on the same devices. Every shard's device,
+rule and time is shown.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -25,6 +28,10 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.security.config import Security
 
 BAR_WIDTH = 30
+# What the big inference job's plan should meet: its predicted makespan within this fraction of
+# the measured one, and no device's shards taking more than this many times another device's.
+MAKESPAN_TOLERANCE = 0.25
+DEVICE_SPREAD = 1.5
 
 
 class Progress:
@@ -50,34 +57,72 @@ class Progress:
 
 
 def print_plan(plan: plan_pb.Plan) -> None:
-    rows = [("TARGET TYPE", "RULE", "DTYPE", "ARTIFACT", "DEVICES", "ROWS/S", "FROM")]
+    rows = [("TARGET TYPE", "RULE", "DTYPE", "ARTIFACT", "DEVICES", "FIXED ms", "ROWS/S", "FIT", "FROM")]
     for t in plan.targets:
+        fit = f"{t.rate_samples} shards, +-{t.residual_seconds * 1e3:.0f} ms" if t.rate_samples else "-"
         rows.append((t.target_type, t.rule, t.compute_dtype, t.artifact_key[:12], ",".join(t.device_ids),
-                     f"{t.rows_per_second:,.0f}", t.rate_source))
+                     f"{t.fixed_seconds * 1e3:.1f}", f"{t.rows_per_second:,.0f}", fit, t.rate_source))
     print(table(rows))
     print(f"{len(plan.shards)} shards; predicted {plan.predicted_seconds:.3f} s "
           f"(equal shards: {plan.equal_split_predicted_seconds:.3f} s)")
 
 
 def print_shards(job: job_pb.Job, limit: int = 12) -> None:
-    rows = [("SHARD", "DEVICE", "RULE", "ROWS", "ATTEMPTS", "LOAD ms", "EXEC ms", "TOTAL ms")]
+    """Each shard's times; OWN is its total less its wait behind the device's previous shard,
+    the time PRED predicts."""
+    rows = [("SHARD", "DEVICE", "RULE", "ROWS", "ATTEMPTS", "LOAD ms", "EXEC ms", "TOTAL ms", "OWN ms", "PRED ms")]
     for s in list(job.shards)[:limit]:
         rows.append((str(s.index), s.device_id, s.rule, str(s.rows), str(s.attempts), f"{s.load_seconds * 1e3:.1f}",
-                     f"{s.execute_seconds * 1e3:.1f}", f"{s.total_seconds * 1e3:.1f}"))
+                     f"{s.execute_seconds * 1e3:.1f}", f"{s.total_seconds * 1e3:.1f}",
+                     f"{(s.total_seconds - s.queue_seconds) * 1e3:.1f}", f"{s.predicted_seconds * 1e3:.1f}"))
     print(table(rows))
     if len(job.shards) > limit:
         print(f"... and {len(job.shards) - limit} more shards")
 
 
-def inference_demo(client: MeshClient, compile_address: str, samples: int, security: Security) -> float:
+def device_seconds(job: job_pb.Job) -> dict[str, tuple[int, float, float]]:
+    """Per device: rows, predicted and measured seconds of its shards (run one after another)."""
+    totals: dict[str, tuple[int, float, float]] = {}
+    for s in job.shards:
+        rows, predicted, measured = totals.get(s.device_id, (0, 0.0, 0.0))
+        totals[s.device_id] = (rows + s.rows, predicted + s.predicted_seconds,
+                               measured + s.total_seconds - s.queue_seconds)
+    return totals
+
+
+def print_makespan(job: job_pb.Job) -> tuple[float, float]:
+    """Per device and for the job, predicted against measured seconds; returns the makespan's
+    relative error and the slowest device's time over the fastest's."""
+    totals = device_seconds(job)
+    rows = [("DEVICE", "ROWS", "PREDICTED s", "MEASURED s")]
+    rows += [(d, str(n), f"{p:.3f}", f"{t:.3f}") for d, (n, p, t) in totals.items()]
+    print(table(rows))
+    predicted, measured = job.plan.predicted_seconds, job.measured_seconds
+    error = abs(predicted - measured) / measured if measured > 0 else float("inf")
+    times = [t for _, _, t in totals.values()]
+    spread = max(times) / min(times) if times and min(times) > 0 else float("inf")
+    print(f"makespan: predicted {predicted:.3f} s, measured {measured:.3f} s ({error:.0%} off); "
+          f"slowest device {spread:.2f}x the fastest")
+    return error, spread
+
+
+def inference_demo(client: MeshClient, compile_address: str, samples: int, security: Security,
+                   device_types: list[str]) -> float:
     tokens = np.random.default_rng(0).integers(0, 512, size=(samples, 32), dtype=np.int32)
     calibration = tokens[: max(8, samples // 16)]
-    print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job planned from catalog "
-          f"peak rates; its shards' measured rates then plan the {samples}-sequence job")
-    first = client.run("transformer_encoder", {"tokens": calibration}, parameter_seed=0)
-    print_plan(first.job.plan)
-    print_shards(first.job)
-    print(f"\n    {samples} sequences, planned from measured rates:")
+    # One small job per device type, all at once: across types the catalog would give a V100
+    # (15.7 TFLOP/s fp32) no rows next to an A100 (312 bf16), and these emulated devices share the
+    # CPU, so they are measured while all of them run, as in the big job.
+    print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job on each device type at "
+          f"once, planned from catalog peak rates; their shards' measured costs (a fixed part per shard plus "
+          f"one per row) then plan the {samples}-sequence job")
+    with ThreadPoolExecutor(len(device_types)) as pool:
+        firsts = list(pool.map(lambda t: client.run("transformer_encoder", {"tokens": calibration}, parameter_seed=0,
+                                                    filter=f'type = "{t}"'), device_types))
+    for first in firsts:
+        print_plan(first.job.plan)
+        print_shards(first.job)
+    print(f"\n    {samples} sequences, planned from measured costs:")
     bar = Progress("    shards")
 
     def on_event(event: job_pb.JobEvent) -> None:
@@ -91,6 +136,10 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int, secur
     bar.close()
     wall = time.perf_counter() - started
     print_shards(result.job)
+    error, spread = print_makespan(result.job)
+    print(f"    predicted makespan {'within' if error <= MAKESPAN_TOLERANCE else 'OUTSIDE'} "
+          f"{MAKESPAN_TOLERANCE:.0%} of the measured; devices {'within' if spread <= DEVICE_SPREAD else 'OUTSIDE'} "
+          f"{DEVICE_SPREAD}x of one another")
     (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0,
                                      security=security)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
@@ -119,7 +168,9 @@ def training_demo(client: MeshClient, epochs: int) -> float:
                          on_event=on_event, parameter_seed=0)
     bar.close()
     losses = trained.job.losses
-    print(f"{len(losses)} steps in {time.perf_counter() - started:.2f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print(f"{len(losses)} steps in {time.perf_counter() - started:.2f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
+          f"a step predicted {trained.job.plan.predicted_seconds * 1e3:.1f} ms, measured "
+          f"{trained.job.measured_seconds * 1e3:.1f} ms (mean)")
     parameters = [(name, value) for name, value in trained.outputs.items() if name != "losses"]
     evaluated = client.run("mlp_classifier", {"x": split.x_test}, parameters=parameters)
     accuracy = float(np.mean(np.argmax(evaluated.outputs["logits"], axis=1) == split.y_test))
@@ -157,8 +208,11 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int, securi
     plan = client.plan("gpt2_xl", {"tokens": np.zeros((32, 1024), np.int32)}, placement=plan_pb.PlacementOptions(
         strategy=plan_pb.PLACEMENT_STRATEGY_AUTO, device_count=4)).placement
     total = sum(layer.parameter_count for layer in plan.layers)
+    calibrated = any(line.startswith("calibrated") for line in plan.explain)
     print(f"\n    gpt2_xl ({total / 1e9:.2f} billion parameters, {len(plan.layers)} layers) planned on the same "
-          f"devices (planning only; its weights never exist here):")
+          f"devices (planning only; its weights never exist here"
+          + ("; priced at the speed these emulated devices showed in the pipeline above" if calibrated else "")
+          + "):")
     print(format_candidates(plan))
     return error
 
@@ -169,7 +223,8 @@ def run_demo(mesh, *, samples: int, epochs: int) -> int:
     print(f"\n{len(devices)} devices in the inventory:\n")
     print(format_devices(devices))
     with MeshClient(mesh.dispatch.address, security=mesh.client) as client:
-        error = inference_demo(client, mesh.compile.address, samples, mesh.client)
+        error = inference_demo(client, mesh.compile.address, samples, mesh.client,
+                               sorted({d.type for d in devices}))
         accuracy = training_demo(client, epochs)
         pipeline_error = pipeline_demo(client, mesh.compile.address, max(64, samples // 8), mesh.client)
     ok = error <= 0.05 and accuracy >= 0.9 and pipeline_error <= 0.05

@@ -198,10 +198,12 @@ function summarize(label, layers, placement) {
     stages: placement.stages.map((s) => ({
       index: s.index, device_id: s.device_id, rule: s.rule, first_layer: s.first_layer, layer_count: s.layer_count,
       compute_seconds: s.compute_seconds, transfer_seconds: s.transfer_seconds,
+      replica_device_ids: s.replica_device_ids, micro_batch_shares: s.micro_batch_shares,
     })),
     devices: placement.devices.map(load),
     predicted_step_seconds: placement.predicted_step_seconds,
     lower_bound_step_seconds: placement.lower_bound_step_seconds,
+    lower_bound_offered_step_seconds: placement.lower_bound_offered_step_seconds,
     cross_device_transfers: placement.cross_device_transfers,
     weights: placement.weights, // null when the server sent none
     weights_rule: placement.weights_rule,

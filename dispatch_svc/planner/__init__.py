@@ -5,14 +5,14 @@ from dispatch_svc.planner.buckets import BUCKET_RUNGS, BucketLadder, bucket_ladd
 from dispatch_svc.planner.sharding import (
     DeviceColumns, PlannedDevice, Shard, ShardingPlan, group_by_target_type, plan_shards,
 )
-from dispatch_svc.planner.throughput import RateEstimate, Target, ThroughputModel, flops_per_row
+from dispatch_svc.planner.throughput import CostEstimate, Target, ThroughputModel, flops_per_row
 
 __all__ = [
     "BUCKET_RUNGS",
     "BucketLadder",
+    "CostEstimate",
     "DeviceColumns",
     "PlannedDevice",
-    "RateEstimate",
     "Shard",
     "ShardingPlan",
     "Target",

@@ -1,22 +1,30 @@
-"""Splitting a whole number of rows among devices by their rates.
+"""Splitting a whole number of rows among devices whose time is affine in their rows.
 
-With rates r_i (sum R) and N rows, the continuous (LP) optimum gives device i exactly
-q_i = N r_i / R rows, and every device finishes at T* = N / R, so no integer split can beat T*.
+Device i processing n_i rows takes T_i(n_i) = f_i + n_i / r_i seconds (fixed cost f_i >= 0, rate
+r_i rows/s), and nothing when n_i = 0: a device left out pays no fixed cost. With every f_i = 0
+this is the plain rate model.
 
-``proportional_rows`` (largest remainder) gives each device floor(q_i) or floor(q_i) + 1 rows,
-so device i finishes by (q_i + 1) / r_i = T* + 1 / r_i: at most one of its own row-times after
-the LP optimum, hence within one row-time of the integer optimum too. It can still hand a very
-slow device its single row (q_i = 0.6 rounds up) and make that device the bottleneck.
+The continuous (LP) optimum fills devices like water: at a level T, device i takes
+q_i = (T - f_i) r_i rows if f_i < T, else none, and T* is the level at which the q_i sum to N.
+Sorting the devices by f_i, T* = (N + sum f_i r_i) / (sum r_i) over the k cheapest-to-start,
+for the largest k whose k-th fixed cost is still below that level (adding a device whose fixed
+cost is above the level would only raise it). No integer split can beat T*; with every f_i = 0,
+q_i = N r_i / R and T* = N / R.
 
-``min_makespan_rows`` is the exact integer optimum: a device's j-th row finishes at j / r_i, and
-the makespan of any split is the latest row it uses, so the best split takes the N earliest
-(device, j) slots. All slots j <= floor(q_i) finish by T*, and there are at most N of them, so
-they all belong to the N earliest; the rest (fewer than one per device) are the earliest of the
-later slots, ties to the earlier device.
+``proportional_rows`` (largest remainder of the q_i) gives each device floor(q_i) or floor(q_i) + 1
+rows, so device i finishes by T* + 1 / r_i: at most one of its own row-times after the LP optimum,
+hence within one row-time of the integer optimum too; a device with q_i = 0 gets none. It can
+still hand a very slow device its single row (q_i = 0.6 rounds up) and make it the bottleneck.
 
-Both work on numpy arrays (a job over 80,000 devices is split in milliseconds) and reproduce,
-operation for operation, the float arithmetic of the plain loops they replaced, so a split does
-not depend on which of the two computed it.
+``min_makespan_rows`` is the exact integer optimum: a device's j-th row finishes at f_i + j / r_i,
+which grows with j, and the makespan of any split is the latest row it uses, so the best split
+takes the N earliest (device, j) slots. All slots j <= floor(q_i) finish by T*, and there are at
+most N of them, so they all belong to the N earliest; the rest (fewer than one per device) are the
+earliest of the later slots, ties to the earlier device.
+
+Both work on numpy arrays (a job over 80,000 devices is split in milliseconds) and, with no fixed
+costs, reproduce operation for operation the float arithmetic of the plain loops they replaced,
+so a split does not depend on which of the two computed it.
 """
 
 from __future__ import annotations
@@ -27,65 +35,88 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def proportional_rows(total_rows: int, rates: Sequence[float]) -> list[int]:
-    """Rows per device proportional to ``rates``, rounded by largest remainder (ties: earlier first)."""
-    return proportional_array(total_rows, np.asarray(rates, float)).tolist()
+def proportional_rows(total_rows: int, rates: Sequence[float], fixed: Sequence[float] | None = None) -> list[int]:
+    """Rows per device from the LP optimum's quotas, rounded by largest remainder (ties: earlier first)."""
+    return proportional_array(total_rows, np.asarray(rates, float), _fixed(fixed)).tolist()
 
 
-def min_makespan_rows(total_rows: int, rates: Sequence[float]) -> list[int]:
-    """The integer split with the smallest makespan max_i rows_i / rate_i (ties: earlier device)."""
-    return min_makespan_array(total_rows, np.asarray(rates, float)).tolist()
+def min_makespan_rows(total_rows: int, rates: Sequence[float], fixed: Sequence[float] | None = None) -> list[int]:
+    """The integer split with the smallest makespan max_i f_i + rows_i / rate_i over the devices
+    given rows (ties: earlier device)."""
+    return min_makespan_array(total_rows, np.asarray(rates, float), _fixed(fixed)).tolist()
 
 
-def proportional_array(total_rows: int, rates: np.ndarray) -> np.ndarray:
-    """``proportional_rows`` over an array of rates; an int64 array of rows."""
-    quotas = total_rows * rates / math.fsum(rates)
-    rows = quotas.astype(np.int64)  # truncation, as int() of a non-negative quota
-    order = np.lexsort((np.arange(len(rates)), -(quotas - rows)))
-    # In exact arithmetic fewer rows than devices are left over, so one pass suffices; the loop
-    # and the trim only guard against float rounding of the quotas: rows always sum to total_rows.
+def quotas(total_rows: int, rates: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
+    """The LP optimum's rows per device (floats summing to ``total_rows``), by water-filling."""
+    if fixed is None or not fixed.any():
+        return total_rows * rates / math.fsum(rates)
+    order = np.lexsort((np.arange(len(rates)), fixed))
+    f, r = fixed[order], rates[order]
+    levels = (total_rows + np.cumsum(f * r)) / np.cumsum(r)  # T* if the first k devices take rows
+    # The devices below their level form a prefix (the first always is, as N > 0); the last one's
+    # level is T*. Clamped at 0: a device at or above the level gets nothing.
+    below = np.flatnonzero(f < levels)
+    level = levels[int(below[-1])] if len(below) else levels[0]  # none: N / r too small to show next to f
+    return np.maximum((level - fixed) * rates, 0.0)
+
+
+def proportional_array(total_rows: int, rates: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
+    """``proportional_rows`` over arrays; an int64 array of rows."""
+    shares = quotas(total_rows, rates, fixed)
+    rows = shares.astype(np.int64)  # truncation, as int() of a non-negative quota
+    order = np.lexsort((np.arange(len(rates)), -(shares - rows)))
+    # In exact arithmetic fewer rows than devices with a positive remainder are left over, so one
+    # pass suffices and no device without a quota gets a row; the loop and the trim only guard
+    # against float rounding of the quotas: rows always sum to total_rows.
     while (leftover := total_rows - int(rows.sum())) > 0:
         rows[order[:leftover]] += 1
-    _trim(rows, total_rows, rates)
+    _trim(rows, total_rows, rates, fixed)
     return rows
 
 
-def min_makespan_array(total_rows: int, rates: np.ndarray) -> np.ndarray:
-    """``min_makespan_rows`` over an array of rates; an int64 array of rows. The rows beyond each
-    floor(q_i) go to the earliest slots (rows_i + m) / r_i, m >= 1, ties to the earlier device:
-    the order a heap of each device's next slot would hand them out in."""
-    rows = (total_rows * rates / math.fsum(rates)).astype(np.int64)
-    _trim(rows, total_rows, rates)
+def min_makespan_array(total_rows: int, rates: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
+    """``min_makespan_rows`` over arrays; an int64 array of rows. The rows beyond each floor(q_i)
+    go to the earliest slots f_i + (rows_i + m) / r_i, m >= 1, ties to the earlier device: the
+    order a heap of each device's next slot would hand them out in."""
+    offset = np.zeros(len(rates)) if fixed is None else fixed
+    rows = quotas(total_rows, rates, fixed).astype(np.int64)
+    _trim(rows, total_rows, rates, fixed)
     left = total_rows - int(rows.sum())
     if left <= 0:
         return rows
     # Every device's next slot; the left-th earliest of them bounds the slots to choose from.
-    first = (rows + 1) / rates
+    first = offset + (rows + 1) / rates
     bound = np.partition(first, left - 1)[left - 1] if left < len(first) else first.max()
-    slots = _slots_until(rows, rates, bound)  # per device, how many of its slots finish by the bound
+    slots = _slots_until(rows, rates, offset, bound)  # per device, how many of its slots finish by the bound
     device = np.repeat(np.arange(len(rates)), slots)
     extra = np.arange(len(device)) - np.repeat(np.cumsum(slots) - slots, slots) + 1  # m = 1, 2, ... per device
-    times = (rows[device] + extra) / rates[device]
+    times = offset[device] + (rows[device] + extra) / rates[device]
     chosen = device[np.lexsort((device, times))[:left]]
     rows += np.bincount(chosen, minlength=len(rates))
     return rows
 
 
-def _slots_until(rows: np.ndarray, rates: np.ndarray, bound: float) -> np.ndarray:
-    """For each device the largest m >= 0 with (rows + m) / rate <= bound, in float arithmetic."""
-    m = np.maximum(np.floor(bound * rates - rows), 0).astype(np.int64)
-    while (up := (rows + m + 1) / rates <= bound).any():  # the estimate's rounding, corrected both ways
+def _slots_until(rows: np.ndarray, rates: np.ndarray, fixed: np.ndarray, bound: float) -> np.ndarray:
+    """For each device the largest m >= 0 with f + (rows + m) / rate <= bound, in float arithmetic."""
+    m = np.maximum(np.floor((bound - fixed) * rates - rows), 0).astype(np.int64)
+    while (up := fixed + (rows + m + 1) / rates <= bound).any():  # the estimate's rounding, corrected both ways
         m += up
-    while (down := (m > 0) & ((rows + m) / rates > bound)).any():
+    while (down := (m > 0) & (fixed + (rows + m) / rates > bound)).any():
         m -= down
     return m
 
 
-def makespan(rows: Sequence[int], rates: Sequence[float]) -> float:
-    """Seconds until the slowest device finishes its rows (devices run in parallel)."""
+def makespan(rows: Sequence[int], rates: Sequence[float], fixed: Sequence[float] | None = None) -> float:
+    """Seconds until the slowest device finishes its rows (devices run in parallel); a device
+    given rows pays its fixed cost, one left out does not."""
     rows, rates = np.asarray(rows, np.int64), np.asarray(rates, float)
     used = rows != 0
-    return float((rows[used] / rates[used]).max()) if used.any() else 0.0
+    if not used.any():
+        return 0.0
+    seconds = rows[used] / rates[used]
+    if fixed is not None:
+        seconds = np.asarray(fixed, float)[used] + seconds
+    return float(seconds.max())
 
 
 def equal_rows(total_rows: int, count: int) -> list[int]:
@@ -100,8 +131,12 @@ def equal_array(total_rows: int, count: int) -> np.ndarray:
     return rows
 
 
-def _trim(rows: np.ndarray, total_rows: int, rates: np.ndarray) -> None:
+def _trim(rows: np.ndarray, total_rows: int, rates: np.ndarray, fixed: np.ndarray | None) -> None:
     """Take back rows a float overshoot handed out, from the devices that finish last."""
     while int(rows.sum()) > total_rows:
-        finish = np.where(rows > 0, rows / rates, -np.inf)
-        rows[int(np.argmax(finish))] -= 1
+        finish = rows / rates if fixed is None else fixed + rows / rates
+        rows[int(np.argmax(np.where(rows > 0, finish, -np.inf)))] -= 1
+
+
+def _fixed(fixed: Sequence[float] | None) -> np.ndarray | None:
+    return None if fixed is None else np.asarray(fixed, float)

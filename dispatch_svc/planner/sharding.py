@@ -1,11 +1,19 @@
-"""Data-parallel sharding: split a job's rows among devices by their throughput.
+"""Data-parallel sharding: split a job's rows among devices by what a shard costs on each.
 
-Each device gets a share of rows proportional to its rate (see ``apportion`` for the rounding and
-its error bound); shares are contiguous row ranges laid out in the order the devices are given,
-so shard order is row order and results combine in shard order. A device whose share is zero is
-left out. With ``max_shard_rows`` a device's share is cut into consecutive shards that the device
-runs one after another, so its total time is unchanged: the cap bounds message and memory size
-and lets a failed shard be retried without redoing the device's whole share.
+A device's time for n rows is fixed_seconds + n / rows_per_second (the throughput model's fit),
+and nothing when it gets no rows; the split minimises the makespan under it (``apportion``: the
+LP optimum's water level, its rounding and the exact integer optimum), so a device whose fixed
+cost alone exceeds the makespan gets no rows. Shares are contiguous row ranges laid out in the
+order the devices are given, so shard order is row order and results combine in shard order. A
+device whose share is zero is left out. With ``max_shard_rows`` a device's share is cut into
+consecutive shards that the device runs one after another: the cap bounds message and memory
+size and lets a failed shard be retried without redoing the device's whole share.
+
+A shard's own prediction is fixed + rows / rate. The split and the plan's predicted makespan
+charge a device its fixed cost once, the model the split is exact for (and the one the equal
+split is priced by); a share cut into k pieces pays it k times, so its shards' predictions sum to
+(k - 1) fixed costs more: of the load, the part a worker that already holds an executable does
+not pay again, and of the sending, the part the next shard overlaps with the one running.
 
 With ``bucket_rungs`` every shard's row count comes from a small ladder fixed by the job's shape
 (``buckets``): shares are split in whole units of the ladder, so a program's jobs of one input
@@ -31,23 +39,27 @@ from dispatch_svc.planner.buckets import bucket_ladder
 
 
 class PlannedDevice(NamedTuple):
-    """A device the job may use and the rows per second it is expected to process."""
+    """A device the job may use and what a shard is expected to cost on it."""
 
     device_id: str
     target_type: str  # TargetType.key: devices of one type share an artifact
-    rows_per_second: float
+    rows_per_second: float  # the marginal rate
+    fixed_seconds: float = 0.0  # paid by every shard whatever its rows
 
 
 class DeviceColumns(Sequence):
-    """Devices as three columns, a PlannedDevice made only for one asked for by index: what a job
-    over 80,000 devices plans with, so that planning makes no object per device (making them,
-    and the collector's passes over a heap that size, cost more than the split itself)."""
+    """Devices as columns, a PlannedDevice made only for one asked for by index: what a job over
+    80,000 devices plans with, so that planning makes no object per device (making them, and the
+    collector's passes over a heap that size, cost more than the split itself). ``fixed``: each
+    device's fixed seconds per shard; None for none."""
 
-    def __init__(self, ids: Sequence[str], target_types: Sequence[str], rates: Sequence[float]):
-        if not len(ids) == len(target_types) == len(rates):
-            raise InvalidArgument(f"{len(ids)} ids, {len(target_types)} target types and {len(rates)} rates: "
-                                  "give one of each per device")
-        self.ids, self.target_types, self.rates = ids, target_types, rates
+    def __init__(self, ids: Sequence[str], target_types: Sequence[str], rates: Sequence[float],
+                 fixed: Sequence[float] | None = None):
+        if not len(ids) == len(target_types) == len(rates) == (len(rates) if fixed is None else len(fixed)):
+            raise InvalidArgument(f"{len(ids)} ids, {len(target_types)} target types, {len(rates)} rates and "
+                                  f"{len(rates) if fixed is None else len(fixed)} fixed costs: give one of each "
+                                  "per device")
+        self.ids, self.target_types, self.rates, self.fixed = ids, target_types, rates, fixed
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -55,7 +67,8 @@ class DeviceColumns(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return PlannedDevice(self.ids[i], self.target_types[i], self.rates[i])
+        return PlannedDevice(self.ids[i], self.target_types[i], self.rates[i],
+                             0.0 if self.fixed is None else self.fixed[i])
 
 
 class Shard(NamedTuple):
@@ -66,7 +79,7 @@ class Shard(NamedTuple):
     target_type: str
     first_row: int
     rows: int
-    predicted_seconds: float  # this shard alone on its device
+    predicted_seconds: float  # this shard alone on its device: its fixed cost plus its rows
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,7 @@ class ShardingPlan:
     """The shards in row order and the predicted makespans (Plan)."""
 
     shards: tuple[Shard, ...]
-    predicted_seconds: float  # until the slowest device finishes all its shards
+    predicted_seconds: float  # until the slowest device finishes its rows, its fixed cost once
     equal_split_predicted_seconds: float  # the same for equal shares over every given device
 
     def rows_by_device(self) -> dict[str, int]:
@@ -93,10 +106,10 @@ def plan_shards(
     exact: bool = False,
     bucket_rungs: int | None = None,
 ) -> ShardingPlan:
-    """Split ``total_rows`` among ``devices`` by their rates.
+    """Split ``total_rows`` among ``devices`` by their costs (fixed seconds + rows / rate).
 
-    ``exact=False`` rounds proportional shares by largest remainder (within one row-time of the
-    optimum); ``exact=True`` gives the integer split with the smallest makespan. With
+    ``exact=False`` rounds the LP optimum's shares by largest remainder (within one row-time of
+    the optimum); ``exact=True`` gives the integer split with the smallest makespan. With
     ``min_shard_rows`` above 1, only the fastest devices whose proportional share among
     themselves reaches it are used (slower ones would get slivers whose fixed costs dominate),
     unless the whole job is smaller, when the fastest device takes it all.
@@ -105,34 +118,38 @@ def plan_shards(
     rows (``buckets.bucket_ladder``): each share is cut into the ladder's rungs, and the tail
     (rows % unit) goes to the kept device that finishes earliest with it.
     """
-    rates = _check(total_rows, devices, max_shard_rows, min_shard_rows)
+    rates, fixed = _check(total_rows, devices, max_shard_rows, min_shard_rows)
     ladder = None if bucket_rungs is None else bucket_ladder(total_rows, max_shard_rows, bucket_rungs)
     unit = 1 if ladder is None else ladder.unit
     units, min_units = total_rows // unit, -(-min_shard_rows // unit)
     kept = _fastest_reaching(units, rates, min_units) if min_units > 1 else np.arange(len(devices))
     split = min_makespan_array if exact else proportional_array
     rows = np.zeros(len(devices), np.int64)
-    rows[kept] = split(units, rates[kept]) * unit
+    # Split in units of q rows: f + u q / r, over q, is f / q + u / r, so the fixed costs scale instead.
+    rows[kept] = split(units, rates[kept], None if fixed is None else fixed[kept] / unit) * unit
     pieces = {int(i): (_pieces(int(rows[i]), max_shard_rows) if ladder is None else ladder.pieces(int(rows[i])))
               for i in np.flatnonzero(rows)}  # a device without rows has no pieces
     if ladder is not None and ladder.tail:
         # The kept device finishing earliest with the tail (np.argmin: the first, so the lowest index).
-        i = int(kept[np.argmin((rows[kept] + ladder.tail) / rates[kept])])
+        finish = (rows[kept] + ladder.tail) / rates[kept]
+        i = int(kept[np.argmin(finish if fixed is None else fixed[kept] + finish)])
         rows[i] += ladder.tail
         pieces.setdefault(i, []).append(ladder.tail)
 
     shards: list[Shard] = []
     first_row = 0
-    for i in sorted(pieces):
+    used = sorted(pieces)
+    costs = [0.0] * len(used) if fixed is None else fixed[used].tolist()  # plain floats: cheaper per shard
+    for i, cost in zip(used, costs):
         device = devices[i]
         for piece in pieces[i]:
             shards.append(Shard(len(shards), device.device_id, device.target_type, first_row, piece,
-                                piece / device.rows_per_second))
+                                cost + piece / device.rows_per_second))
             first_row += piece
     return ShardingPlan(
         shards=tuple(shards),
-        predicted_seconds=makespan(rows, rates),
-        equal_split_predicted_seconds=makespan(equal_array(total_rows, len(devices)), rates),
+        predicted_seconds=makespan(rows, rates, fixed),
+        equal_split_predicted_seconds=makespan(equal_array(total_rows, len(devices)), rates, fixed),
     )
 
 
@@ -168,9 +185,9 @@ _NUMBERS = {int, float, bool, np.float64}
 
 
 def _check(total_rows: int, devices: Sequence[PlannedDevice], max_shard_rows: int | None,
-           min_shard_rows: int) -> np.ndarray:
+           min_shard_rows: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Refuse bad input naming the first bad device, as a device-by-device check would; the rates
-    as an array."""
+    and the fixed costs (None when every one is 0) as arrays."""
     if isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows <= 0:
         raise InvalidArgument(f"total_rows must be a positive whole number of rows, got {total_rows!r}; "
                               "declare the inputs' full shapes with at least one row")
@@ -184,8 +201,20 @@ def _check(total_rows: int, devices: Sequence[PlannedDevice], max_shard_rows: in
     if rates is None or not (np.isfinite(rates).all() and (rates > 0).all()) or len(set(ids)) != len(devices):
         _first_bad_device(devices)  # names the first device at fault, as checking one by one would
         rates = np.array(raw, float)  # none was: numbers of some other float type
+    raw_fixed = devices.fixed if columns else [device.fixed_seconds for device in devices]
+    fixed = None
+    if raw_fixed is not None:
+        try:  # a string or None among them fails here or as NaN below, and is then named
+            fixed = np.array(raw_fixed, float)
+        except (TypeError, ValueError):
+            fixed = None
+        if fixed is None or not (np.isfinite(fixed).all() and (fixed >= 0).all()):
+            _first_bad_device(devices)
+            fixed = np.array(raw_fixed, float)
+        if not fixed.any():
+            fixed = None  # the plain rate model: its arithmetic exactly
     _check_bounds(max_shard_rows, min_shard_rows)
-    return rates
+    return rates, fixed
 
 
 def _first_bad_device(devices: Sequence[PlannedDevice]) -> None:
@@ -195,6 +224,10 @@ def _first_bad_device(devices: Sequence[PlannedDevice]) -> None:
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise InvalidArgument(f"device {device.device_id!r}: rows_per_second must be a positive finite "
                                   f"number, got {rate!r}; leave out devices that cannot run the program")
+        fixed = device.fixed_seconds
+        if not (isinstance(fixed, (int, float)) and math.isfinite(fixed) and fixed >= 0):
+            raise InvalidArgument(f"device {device.device_id!r}: fixed_seconds must be a finite number of seconds "
+                                  f">= 0, got {fixed!r}; use 0 when a shard's fixed cost is not known")
         if device.device_id in seen:
             raise InvalidArgument(f"device {device.device_id!r} is listed twice; list each device once")
         seen.add(device.device_id)

@@ -164,6 +164,16 @@ class InflightBudget:
 
 
 @dataclass
+class _MakespanClock:
+    """What a job's measured makespan is taken from (JobContext._ended)."""
+
+    start: float | None = None  # perf_counter of the first shard's start (training: of this step's)
+    running: int = 0  # attempts under way
+    steps: int = 0  # training steps ended
+    step_seconds: float = 0.0  # their makespans, summed
+
+
+@dataclass
 class JobContext:
     mesh: Mesh
     book: JobBook
@@ -177,6 +187,7 @@ class JobContext:
     # its plan that one finished, kept (None: the job runs whole).
     kept: frozenset[int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _clock: _MakespanClock = field(default_factory=_MakespanClock)
 
     @property
     def spec(self) -> m.JobSpec:
@@ -227,17 +238,52 @@ class JobContext:
             attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
             attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
             attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays), **(span_attributes or {})}
-        with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
-            out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                    shard.rows, self.live.scope, held_keys=held_keys)
-            # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
-            check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
+        self._started(started)
+        try:
+            with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
+                out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
+                                        shard.rows, self.live.scope, held_keys=held_keys)
+                # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
+                check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
+        except BaseException:
+            self._ended(started, None)
+            raise
+        finished = time.perf_counter()
         record = self.record(shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
-        record.execute_seconds, record.total_seconds = out.execute_seconds, time.perf_counter() - started
+        record.execute_seconds, record.total_seconds = out.execute_seconds, finished - started
+        # The shard's own time, what the planner predicts: all the dispatcher saw, less the wait on
+        # the worker behind the device's previous shard. What of it was not the device's execution
+        # (sending, loading the executable) is the part a shard pays whatever its rows.
+        own = max(record.total_seconds - out.queue_seconds, out.execute_seconds)
         if out.execute_seconds > 0:
-            self.throughput.record(program.ref, device.target_type, shard.rows, out.execute_seconds)
+            self.throughput.record(program.ref, device.target_type, shard.rows, own,
+                                   fixed_seconds=own - out.execute_seconds)
+        self._ended(started, finished)
         return out
+
+    def _started(self, started: float) -> None:
+        with self._lock:
+            clock = self._clock
+            if clock.running == 0 and (clock.start is None or self.spec.kind == m.TRAINING):
+                clock.start = started  # a training step's shards start together, after the last step's ended
+            clock.running += 1
+
+    def _ended(self, started: float, finished: float | None) -> None:
+        """The job's measured makespan (JobRecord.measured_seconds) after an attempt ended
+        (``finished`` None: it failed): inference, from the first shard's start to the latest end;
+        training, the mean over the steps, a step being the shards running together."""
+        with self._lock:
+            clock = self._clock
+            clock.running -= 1
+            if finished is None or self.spec.placement is not None:
+                return
+            if self.spec.kind != m.TRAINING:
+                self.job.measured_seconds = max(self.job.measured_seconds, finished - clock.start)
+            elif clock.running == 0:
+                clock.steps += 1
+                clock.step_seconds += finished - clock.start
+                self.job.measured_seconds = clock.step_seconds / clock.steps
 
     def record(self, shard: ShardWork, device: JobDevice, build: Build, attempt: int) -> m.ShardRecord:
         with self._lock:
@@ -245,7 +291,19 @@ class JobContext:
             record = self.job.shards[shard.index]
             record.device_id, record.target_type, record.rule = device.id, device.target_type, build.rule_name
             record.first_row, record.rows, record.attempts = shard.first_row, shard.rows, attempt
+            record.predicted_seconds = self._predicted(shard.rows, device.target_type, shard.index)
             return record
+
+    def _predicted(self, rows: int, target_type: str, index: int) -> float:
+        """What the plan predicts for ``rows`` on ``target_type``: the type's fixed seconds and rate
+        (a retry on another type, a training job's last, smaller step), else the planned shard's."""
+        plan = self.job.plan
+        if plan is None or self.spec.placement is not None:
+            return 0.0
+        for target in plan.targets:
+            if target.target_type == target_type and target.rows_per_second > 0:
+                return target.fixed_seconds + rows / target.rows_per_second
+        return plan.shards[index].predicted_seconds if index < len(plan.shards) else 0.0
 
     def ensure_records(self, count: int) -> None:
         """The job has at least `count` shard records (callers hold the lock or run before shards do)."""

@@ -1,5 +1,6 @@
 """Data-parallel planning (MISSION A2, A5): the program built once per target type, the batch
-split into shards sized by each device's expected throughput, executables for the shard sizes.
+split into shards sized by what a shard costs on each device (a fixed part plus one per row, the
+throughput model's fit), executables for the shard sizes.
 Shard sizes come from the job's bucket ladder (dispatch_svc.planner.buckets): the rates choose
 how many of each rung a device runs, never a new size, so a program's jobs of one input size
 reuse the same few executables instead of compiling one per rate-driven row count.
@@ -40,7 +41,7 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpe
             f"constraints ({_describe_constraints(spec.constraints)})"
         )
     devices = mesh.refresh(devices)  # real-time status of exactly the candidates (A2)
-    builds = mesh.compile(program, devices, ())
+    builds = mesh.compile(program, devices, (), spec.constraints.precision)
     by_type = {b.target_type: b for b in builds}
     type_of = {d: b.target_type for b in builds for d in b.device_ids}
     devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]
@@ -52,7 +53,7 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpe
         if len(sizes | last) <= MAX_EXECUTABLE_SIZES:  # else the last mini-batch of an epoch runs portable
             sizes |= last
     if len(sizes) <= MAX_EXECUTABLE_SIZES:
-        builds = mesh.compile(program, devices, sorted(sizes))  # portables come from the cache
+        builds = mesh.compile(program, devices, sorted(sizes), spec.constraints.precision)  # portables come from the cache
     return program, job_plan, builds, devices
 
 
@@ -111,8 +112,9 @@ def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: 
     row_bytes = sum(int(np.prod(i.shape[1:], dtype=np.int64)) * np.dtype(i.dtype).itemsize for i in spec.inputs)
     max_rows = None if spec.kind == m.TRAINING else max(1, limits.max_shard_bytes // max(1, row_bytes))
     speed = {t: rate.rows_per_second for t, rate in rates.items()}
+    fixed = {t: rate.fixed_seconds for t, rate in rates.items()}
     types = [d.target_type for d in devices]
-    pool = DeviceColumns([d.spec.id for d in devices], types, [speed[t] for t in types])
+    pool = DeviceColumns([d.spec.id for d in devices], types, [speed[t] for t in types], [fixed[t] for t in types])
     sharding = plan_shards(rows, pool, max_shard_rows=max_rows, exact=True, bucket_rungs=BUCKET_RUNGS)
     used = {s.device_id for s in sharding.shards}
     used_by_type: dict[str, list[str]] = {}  # in the devices' order, as the plan lists them
@@ -122,7 +124,8 @@ def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: 
     return m.Plan(
         targets=tuple(
             m.TargetPlan(t, builds[t].rule_name, builds[t].compute_dtype, builds[t].portable.key,
-                         tuple(used_by_type[t]), rates[t].rows_per_second, rates[t].source)
+                         tuple(used_by_type[t]), rates[t].rows_per_second, rates[t].source, rates[t].fixed_seconds,
+                         rates[t].samples, rates[t].residual_seconds)
             for t in targets if t in used_by_type
         ),
         shards=tuple(m.ShardPlan(s.index, s.device_id, s.target_type, s.first_row, s.rows, s.predicted_seconds)

@@ -23,6 +23,7 @@ from dispatch_svc.device_queues import Attempt, DevicePool
 from dispatch_svc.interface import Build, Mesh, ShardOutput, ShardWork
 from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.pipeline_plan import PlacedJob, plan_placement
+from dispatch_svc.planner.calibration import StageCalibration
 from dispatch_svc.strategies.context import InflightBudget, JobContext
 from dispatch_svc.strategies.pipeline_training import TrainedStage, check_training_inputs, train
 from dispatch_svc.validation import check_inputs
@@ -30,7 +31,8 @@ from dispatch_svc.validation import check_inputs
 ALL_DONE_POLL_S = 0.5  # how often the collecting thread checks for a cancel while micro-batches run
 
 
-def place(mesh: Mesh, spec: m.JobSpec) -> tuple[Program | None, PlacedJob]:
+def place(mesh: Mesh, spec: m.JobSpec, calibration: StageCalibration | None = None
+          ) -> tuple[Program | None, PlacedJob]:
     """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
     if spec.placement.layers:
         program = None
@@ -47,7 +49,7 @@ def place(mesh: Mesh, spec: m.JobSpec) -> tuple[Program | None, PlacedJob]:
             rows = check_training_inputs(program, spec)
         else:
             rows = check_inputs(program, spec)
-    return program, plan_placement(mesh, spec, program, rows)
+    return program, plan_placement(mesh, spec, program, rows, calibration)
 
 
 def start(ctx: JobContext, max_shards: int | None = None):
@@ -60,7 +62,7 @@ def start(ctx: JobContext, max_shards: int | None = None):
             "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
             "name a registered model program")
     training = spec.kind == m.TRAINING
-    program, placed = place(ctx.mesh, spec)
+    program, placed = place(ctx.mesh, spec, ctx.throughput.stages)
     placement = placed.plan.placement
     rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
     # a shard record per micro-batch and stage (and pass, training: reused every step)
@@ -109,18 +111,17 @@ def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_S
         for target_type in list(stage.builds):
             device = next(placed.devices[d] for d in stage.device_ids if placed.devices[d].target_type == target_type)
             stage.backward, built = ctx.mesh.compile_stage(program, [device], stage.first_layer, stage.layer_count,
-                                                           sizes, backward=True)
+                                                           sizes, backward=True,
+                                                           precision=ctx.spec.constraints.precision)
             stage.backward_builds.update({b.target_type: b for b in built})
     ctx.book.emit(ctx.job, m.COMPILED, message=f"backward passes of {len(stages)} stages built")
     count = len(stages)
 
     def submit(stage: _Stage, k: int, backward: bool, inputs, params, held: str, on_done, on_error) -> None:
-        devices = stage.device_ids
         index = (k * count + stage.index) * 2 + int(backward)
-        rows = inputs[0].shape[0]
-        work = _StageWork(index, 0, rows, devices[k % len(devices)], inputs=inputs, params=params, stage=stage,
-                          batch=ShardWork(k, 0, rows, devices[k % len(devices)]), backward=backward,
-                          held=f"stage{stage.index}:{held}")
+        rows, device = inputs[0].shape[0], stage.device_for(k)
+        work = _StageWork(index, 0, rows, device, inputs=inputs, params=params, stage=stage,
+                          batch=ShardWork(k, 0, rows, device), backward=backward, held=f"stage{stage.index}:{held}")
 
         def done(out: ShardOutput) -> None:
             ctx.job.shards[index].done = True
@@ -128,7 +129,10 @@ def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_S
         pool.submit(work, work.device_id, on_done=done, on_error=on_error)
 
     batch = min(ctx.spec.inputs[0].rows, ctx.spec.training.batch_size)
-    ctx.ensure_records(-(-batch // placement.micro_batch_rows) * count * 2)
+    per_step = -(-batch // placement.micro_batch_rows)
+    ctx.ensure_records(per_step * count * 2)
+    for stage in stages:  # every step's micro-batches 0.. take the same turns
+        stage.take_turns(per_step)
     ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
     pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
     trained = [TrainedStage(st.index, st.device_ids, st.program, st.backward) for st in stages]
@@ -146,10 +150,13 @@ def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: l
         device = placed.devices[st.device_id]
         stage_program, by_type = builds.get(key, (None, {}))
         if device.target_type not in by_type:
-            stage_program, built = ctx.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes)
+            stage_program, built = ctx.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes,
+                                                          precision=ctx.spec.constraints.precision)
             by_type.update({b.target_type: b for b in built})
             builds[key] = (stage_program, by_type)
-        stages.append(_Stage(st.index, st.device_ids, st.first_layer, st.layer_count, stage_program, by_type))
+        stages.append(_Stage(st.index, st.device_ids, st.first_layer, st.layer_count, stage_program, by_type,
+                             shares=st.shares, catalog_seconds={d: placed.catalog_seconds.get((st.index, d), 0.0)
+                                                                for d in st.device_ids}))
     return stages
 
 
@@ -162,12 +169,20 @@ def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt:
     build = builds.get(attempt.device.target_type)
     if build is None:
         _, built = ctx.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes,
-                                          backward=work.backward)
+                                          backward=work.backward, precision=ctx.spec.constraints.precision)
         build = builds.setdefault(attempt.device.target_type, built[0])
     # A stage's parameters serve every micro-batch: its worker gets them once, then by key.
     ran = stage.backward if work.backward else stage.program
-    return ctx.execute(ran, [build], None, attempt, held=work.held or f"stage{stage.index}",
-                       span_attributes={attr.PIPELINE_STAGE: stage.index, attr.MICRO_BATCH: work.batch.index})
+    out = ctx.execute(ran, [build], None, attempt, held=work.held or f"stage{stage.index}",
+                      span_attributes={attr.PIPELINE_STAGE: stage.index, attr.MICRO_BATCH: work.batch.index})
+    predicted = stage.catalog_seconds.get(attempt.device.id, 0.0)
+    calibration = ctx.throughput.stages
+    if calibration is not None and predicted > 0 and not work.backward and ctx.spec.kind != m.TRAINING:
+        record = ctx.job.shards[work.index]
+        micro = ctx.job.plan.placement.micro_batch_rows
+        calibration.record(attempt.device.target_type, predicted * work.rows / micro, out.execute_seconds,
+                           record.total_seconds - record.queue_seconds)  # what calibrates the next plans
+    return out
 
 
 def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DevicePool):
@@ -178,6 +193,8 @@ def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DeviceP
     micro, total = placement.micro_batch_rows, job.spec.inputs[0].rows
     batches = [ShardWork(k, first, min(micro, total - first), stages[0].device_ids[0])
                for k, first in enumerate(range(0, total, micro))]
+    for stage in stages:
+        stage.take_turns(len(batches))
     outputs = JobOutputs(ctx.book, job, live, program, batches)
     budget = InflightBudget(ctx.limits.inflight_bytes, live)
     all_done = threading.Event()
@@ -188,8 +205,7 @@ def _flow(ctx: JobContext, program: Program, stages: list[_Stage], pool: DeviceP
         all_done.set()
 
     def submit(batch: ShardWork, s: int, x: list[np.ndarray]) -> None:
-        devices = stages[s].device_ids
-        work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, devices[batch.index % len(devices)],
+        work = _StageWork(batch.index * len(stages) + s, batch.first_row, batch.rows, stages[s].device_for(batch.index),
                           inputs=x, params=stages[s].params, stage=stages[s], batch=batch)
         pool.submit(work, work.device_id, on_done=lambda out: advanced(work, out), on_error=failed)
 
@@ -234,6 +250,31 @@ class _Stage:
     params: list[tuple[str, np.ndarray]] = field(default_factory=list)
     backward: Program | None = None  # training: the stage's backward pass, and its builds
     backward_builds: dict[str, Build] = field(default_factory=dict)
+    shares: tuple[float, ...] = ()  # of the micro-batches per device of device_ids (empty: one device)
+    catalog_seconds: dict[str, float] = field(default_factory=dict)  # PlacedJob.catalog_seconds, by device
+    turns: list[int] = field(default_factory=list)  # the device index of each micro-batch
+
+    def take_turns(self, count: int) -> None:
+        self.turns = weighted_turns(self.shares or (1.0,) * len(self.device_ids), count)
+
+    def device_for(self, micro_batch: int) -> str:
+        return self.device_ids[self.turns[micro_batch]]
+
+
+def weighted_turns(shares: tuple[float, ...], count: int) -> list[int]:
+    """Which of the devices takes each of `count` micro-batches, in proportion to `shares`, as
+    evenly spread as can be (smooth weighted round robin: each turn every device gains its share,
+    the one furthest ahead takes the micro-batch and gives back the whole); equal shares take
+    turns in order."""
+    credit = [0.0] * len(shares)
+    total = sum(shares)
+    out = []
+    for _ in range(count):
+        credit = [c + w for c, w in zip(credit, shares)]
+        chosen = max(range(len(credit)), key=lambda i: (credit[i], -i))
+        credit[chosen] -= total
+        out.append(chosen)
+    return out
 
 
 @dataclass

@@ -69,7 +69,7 @@ class FakeMesh:
             raise errors.NotFound(f"program {name!r} is not registered")
         return self.program
 
-    def compile(self, program, devices, batch_sizes):
+    def compile(self, program, devices, batch_sizes, precision=""):
         builds = {}
         for d in devices:
             key = f"cuda:{d.spec.type}[]"
@@ -199,7 +199,7 @@ class FakePipelineMesh(FakeMesh):
         self.stages: dict[str, int] = {}  # stage program name -> stage position by first layer
         self.stage_count = 1  # set from the plan: a shard's index is micro-batch * stages + stage
 
-    def explain_rule(self, device):
+    def explain_rule(self, device, precision=""):
         return RuleChoice(f"cuda:{device.spec.type}[]", "cuda-fp32", "fp32")
 
     def score_devices(self, kind, precision, intensity, weights, constraints, device_ids=()):
@@ -207,7 +207,7 @@ class FakePipelineMesh(FakeMesh):
         status = ScoredStatus(1.0, 10.0, 30 * 10**9, 0.0, 0.0)
         return Scoring({d.id: status for d in self.devices}, (0.5, 0.25, 0.25), "test weights")
 
-    def compile_stage(self, program, devices, first, count, batch_sizes=(), backward=False):
+    def compile_stage(self, program, devices, first, count, batch_sizes=(), backward=False, precision=""):
         stage = Program(name=f"chain[{first}:{first + count}]", version="1", kind="function", description="",
                         parameters=program.parameters[first: first + count], inputs=program.inputs,
                         outputs=program.outputs, digest=f"s{first}")

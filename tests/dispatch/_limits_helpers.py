@@ -44,9 +44,9 @@ class RecordingMesh(FakeMesh):
         self.calls.append("candidate_devices")
         return super().candidate_devices(constraints)
 
-    def compile(self, program, devices, batch_sizes):
+    def compile(self, program, devices, batch_sizes, precision=""):
         self.calls.append("compile")
-        return super().compile(program, devices, batch_sizes)
+        return super().compile(program, devices, batch_sizes, precision)
 
     def reserve(self, job_id, claims, ttl_s):
         self.calls.append("reserve")

@@ -56,8 +56,8 @@ class DriftingMesh(FakeMesh):
         for key in self.speed:
             self.speed[key] = min(1e5, max(10.0, self.speed[key] * self._rng.uniform(0.3, 3.0)))
 
-    def compile(self, program, devices, batch_sizes):
-        builds = super().compile(program, devices, batch_sizes)
+    def compile(self, program, devices, batch_sizes, precision=""):
+        builds = super().compile(program, devices, batch_sizes, precision)
         for build in builds:
             self.executables.setdefault(build.target_type, set()).update(batch_sizes)
         return builds

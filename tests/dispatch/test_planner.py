@@ -1,5 +1,6 @@
-"""Planner: throughput-weighted sharding and its bucketed shard sizes (pure domain, no server). The
-throughput model the rates come from is tested in test_throughput.py."""
+"""Planner: sharding under affine shard costs (a fixed part plus one per row; the plain rate model
+when nothing is fixed) and its bucketed shard sizes (pure domain, no server). The throughput
+model the costs come from is tested in test_throughput.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dispatch_svc.planner import (
     group_by_target_type,
     plan_shards,
 )
-from dispatch_svc.planner.apportion import makespan, min_makespan_rows, proportional_rows
+from dispatch_svc.planner.apportion import makespan, min_makespan_rows, proportional_rows, quotas
 
 
 def devices(*rates: float, target_type: str = "t") -> list[PlannedDevice]:
@@ -140,6 +141,102 @@ def test_exact_mode_beats_rounding_when_a_slow_device_would_be_the_bottleneck():
     assert plan_shards(60, devices(*rates), exact=True).predicted_seconds == pytest.approx(0.6)
 
 
+# -- sharding: affine costs, by hand and against the brute force ---------------------------------------
+
+
+def affine(*costs: tuple[float, float]) -> list[PlannedDevice]:
+    """Devices from (rows per second, fixed seconds) pairs."""
+    return [PlannedDevice(f"10.0.0.1/cuda:{i}", "t", rate, fixed) for i, (rate, fixed) in enumerate(costs)]
+
+
+def brute_force_affine(total: int, rates: list[float], fixed: list[float]) -> float:
+    best = math.inf
+    for split in itertools.product(range(total + 1), repeat=len(rates) - 1):
+        if sum(split) <= total:
+            best = min(best, makespan([*split, total - sum(split)], rates, fixed))
+    return best
+
+
+def test_the_lp_optimum_fills_devices_to_one_level_above_their_fixed_costs():
+    import numpy as np
+
+    # Level 100 with the first alone is above the second's 10 s, so both: (100 + 10) / 2 = 55 s.
+    assert quotas(100, np.array([1.0, 1.0]), np.array([0.0, 10.0])).tolist() == [55.0, 45.0]
+    # 10 rows take the first 10 s; the second would start at 50 s: it gets none.
+    assert quotas(10, np.array([1.0, 1.0]), np.array([0.0, 50.0])).tolist() == [10.0, 0.0]
+
+
+def test_a_device_whose_fixed_cost_exceeds_the_makespan_gets_no_rows():
+    plan = plan_shards(10, affine((10, 0.0), (1000, 5.0)), exact=True)  # 1 s alone; 5 s just to start on the other
+    assert plan.rows_by_device() == {"10.0.0.1/cuda:0": 10}
+    assert plan.predicted_seconds == pytest.approx(1.0)
+    assert plan_shards(10, affine((10, 0.0), (1000, 5.0))).rows_by_device() == {"10.0.0.1/cuda:0": 10}
+    # Equal shares pay both fixed costs: 5 s + 5 rows at 1000/s.
+    assert plan.equal_split_predicted_seconds == pytest.approx(5.005)
+
+
+def test_fixed_costs_move_rows_to_the_device_that_starts_sooner():
+    # By rate alone 300 : 100 gives 75 : 25 rows; with 0.5 s and 0.1 s fixed both end at 0.65 s with 45 : 55.
+    plan = plan_shards(100, affine((300, 0.5), (100, 0.1)), exact=True)
+    assert rows_of(plan) == [45, 55]
+    assert [s.predicted_seconds for s in plan.shards] == pytest.approx([0.65, 0.65])
+    assert plan.predicted_seconds == pytest.approx(0.65)
+
+
+def test_every_shard_predicts_its_devices_fixed_cost_and_the_makespan_charges_a_device_once():
+    plan = plan_shards(40, affine((1, 0.5), (3, 0.5)), max_shard_rows=7, exact=True)
+    by_device = plan.rows_by_device()
+    assert by_device == {"10.0.0.1/cuda:0": 10, "10.0.0.1/cuda:1": 30}  # both end at 10.5 s
+    for shard in plan.shards:
+        rate = 1 if shard.device_id.endswith(":0") else 3
+        assert shard.predicted_seconds == pytest.approx(0.5 + shard.rows / rate)
+    assert plan.predicted_seconds == pytest.approx(10.5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_affine_plans_are_optimal_and_rounded_ones_within_a_row_time(seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        n = rng.randint(2, 3)
+        rates = [rng.choice([0.3, 1, 2, 2.5, 7, 40]) * rng.uniform(0.5, 1.5) for _ in range(n)]
+        fixed = [rng.choice([0.0, 0.0, 0.1, 0.5, 2.0, 20.0]) * rng.uniform(0.5, 1.5) for _ in range(n)]
+        total = rng.randint(1, 14)
+        pool = affine(*zip(rates, fixed))
+        optimum = brute_force_affine(total, rates, fixed)
+        exact = plan_shards(total, pool, exact=True)
+        assert exact.predicted_seconds == pytest.approx(optimum, rel=1e-12)
+        assert sum(rows_of(exact)) == total
+        level = max(f + q / r for q, r, f in zip(quotas(total, *map(_array, (rates, fixed))), rates, fixed) if q > 0)
+        assert level <= optimum + 1e-12  # the LP optimum bounds every integer split
+        rounded = plan_shards(total, pool)
+        used = [int(s.device_id.rsplit(":", 1)[1]) for s in rounded.shards]
+        assert rounded.predicted_seconds <= level + max(1 / rates[i] for i in used) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_bucketed_affine_plans_are_the_best_split_into_whole_units(seed):
+    rng = random.Random(seed)
+    for _ in range(30):
+        n = rng.randint(2, 3)
+        rates = [rng.choice([0.3, 1, 2, 7, 40]) * rng.uniform(0.5, 1.5) for _ in range(n)]
+        fixed = [rng.choice([0.0, 0.5, 3.0, 30.0]) * rng.uniform(0.5, 1.5) for _ in range(n)]
+        cap = rng.choice([1, 2, 5]) * 16
+        total = cap * rng.randint(1, 3) // 2
+        ladder = bucket_ladder(total, cap)
+        plan = plan_shards(total, affine(*zip(rates, fixed)), max_shard_rows=cap, exact=True, bucket_rungs=BUCKET_RUNGS)
+        # The split charges one fixed cost per device: against the brute force over units of q rows.
+        by_device = plan.rows_by_device()
+        rows = [by_device.get(f"10.0.0.1/cuda:{i}", 0) for i in range(n)]
+        best = brute_force_affine(total // ladder.unit, [r / ladder.unit for r in rates], fixed)
+        assert makespan(rows, rates, fixed) == pytest.approx(best, rel=1e-12)
+
+
+def _array(values):
+    import numpy as np
+
+    return np.array(values, float)
+
+
 # -- sharding: bucketed sizes ---------------------------------------------------------------------
 
 
@@ -256,3 +353,6 @@ def test_bad_requests_raise_typed_errors(total, pool, options, error):
 def test_error_messages_name_the_field_and_the_device():
     with pytest.raises(InvalidArgument, match=r"'10.0.0.1/cuda:1'.*rows_per_second"):
         plan_shards(10, devices(1, 0))
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(InvalidArgument, match=r"'10.0.0.1/cuda:1'.*fixed_seconds"):
+            plan_shards(10, affine((1, 0.0), (1, bad)))

@@ -143,8 +143,13 @@ def test_node_client_plans_its_built_in_decoder_with_every_layer_placed(node_cli
     devices = {d["device_id"]: d for d in out["devices"]}
     assert all(x["device_id"] in devices and DEVICE_ID.match(x["device_id"]) for x in out["layers"]), out["layers"]
     assert len(devices) == out["device_count"] >= 1
+    runs_on = {}  # a replicated stage's devices each hold its layers
+    for stage in out["stages"]:
+        for device_id in [stage["device_id"], *stage["replica_device_ids"]]:
+            runs_on.setdefault(device_id, set()).add(stage["device_id"])
+    assert set(runs_on) == set(devices)
     for device_id, device in devices.items():
-        on_it = [x for x in out["layers"] if x["device_id"] == device_id]
+        on_it = [x for x in out["layers"] if x["device_id"] in runs_on[device_id]]
         assert device["layers"] == [x["layer"] for x in on_it]
         assert sum(x["memory_bytes"] for x in on_it) <= device["memory_bytes"] <= device["memory_capacity_bytes"]
 

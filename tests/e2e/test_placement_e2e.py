@@ -15,6 +15,7 @@ from accelmesh.embedded import start_embedded_mesh
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs import default_registry
 from conftest import reservations, rpc_error
+from dispatch_svc.strategies.pipeline import weighted_turns
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +27,29 @@ GB = 10**9
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    with start_embedded_mesh(tmp_path_factory.mktemp("mesh"), devices=3, emulate=EMULATE) as running:
-        yield running
+    # plans from the catalog alone: what the tests below assert must not follow this host's timing
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ACCELMESH_STAGE_CALIBRATION", "0")
+        with start_embedded_mesh(tmp_path_factory.mktemp("mesh"), devices=3, emulate=EMULATE) as running:
+            yield running
+
+
+def test_finished_stage_calls_calibrate_the_next_plan_of_their_types(tmp_path):
+    x = tokens(24)
+    options = plan_pb.PlacementOptions(strategy=BALANCED, device_count=3, micro_batch_rows=8)
+    with start_embedded_mesh(tmp_path, devices=3, emulate=EMULATE) as calibrating, \
+            MeshClient(calibrating.dispatch.address, security=calibrating.client) as c:
+        before = c.plan("transformer_encoder", {"tokens": x}, placement=options).placement
+        assert not any(line.startswith("calibrated") for line in before.explain)
+        ran = c.run("transformer_encoder", {"tokens": x}, placement=options).job
+        after = c.plan("transformer_encoder", {"tokens": x}, placement=options).placement
+    calls: dict[str, int] = {}
+    for record in ran.shards:  # every stage call of the job, by its device's type
+        calls[record.target_type] = calls.get(record.target_type, 0) + 1
+    lines = [line for line in after.explain if line.startswith("calibrated")]
+    assert len(lines) == len(calls) == 2  # the A100s' and the V100's
+    for target_type, count in calls.items():
+        assert any(line.startswith(f"calibrated: {target_type} from {count} stage call(s): compute ") for line in lines)
 
 
 @pytest.fixture
@@ -68,18 +90,19 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
     assert {s.rule for s in stages} == {"cuda-bf16", "cuda-fp32"}
     assert placement.micro_batches == 7 and placement.cross_device_transfers == len(stages) - 1
     # Every micro-batch went through every stage on the stage's own device (of a replicated
-    # stage: micro-batch k on its (k mod replicas)-th device).
+    # stage: on the device whose turn it was, by the plan's shares).
     assert len(result.job.shards) == 7 * len(stages)
     for record in result.job.shards:
         stage = stages[record.index % len(stages)]
         devices = [stage.device_id, *stage.replica_device_ids]
-        assert record.done and record.device_id == devices[(record.index // len(stages)) % len(devices)]
+        turns = weighted_turns(tuple(stage.micro_batch_shares) or (1.0,) * len(devices), 7)
+        assert record.done and record.device_id == devices[turns[record.index // len(stages)]]
     if strategy == BALANCED:  # the two A100s share the heavy stage, taking micro-batches in turn
         replicated = [s for s in stages if s.replica_device_ids]
         assert len(replicated) == 1 and len(replicated[0].replica_device_ids) == 1
         assert {r.device_id for r in result.job.shards if r.index % len(stages) == replicated[0].index} == \
             {replicated[0].device_id, *replicated[0].replica_device_ids}
-        assert "taking micro-batches in turn" in "\n".join(placement.explain)
+        assert "sharing micro-batches 50% / 50%" in "\n".join(placement.explain)
     logits = result.outputs["logits"]
     expected = single_device(x)
     assert logits.shape == (50, 16)

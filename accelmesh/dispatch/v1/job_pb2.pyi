@@ -18,6 +18,13 @@ class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_KIND_INFERENCE: _ClassVar[JobKind]
     JOB_KIND_TRAINING: _ClassVar[JobKind]
 
+class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRECISION_UNSPECIFIED: _ClassVar[Precision]
+    PRECISION_FP32: _ClassVar[Precision]
+    PRECISION_BF16_ALLOWED: _ClassVar[Precision]
+    PRECISION_FP16_ALLOWED: _ClassVar[Precision]
+
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -44,6 +51,10 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
+PRECISION_UNSPECIFIED: Precision
+PRECISION_FP32: Precision
+PRECISION_BF16_ALLOWED: Precision
+PRECISION_FP16_ALLOWED: Precision
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PLANNING: JobState
 JOB_STATE_COMPILING: JobState
@@ -64,16 +75,18 @@ JOB_EVENT_TYPE_CANCELLED: JobEventType
 JOB_EVENT_TYPE_TAKEN_OVER: JobEventType
 
 class JobConstraints(_message.Message):
-    __slots__ = ("platforms", "required_capabilities", "max_devices", "filter")
+    __slots__ = ("platforms", "required_capabilities", "max_devices", "filter", "precision")
     PLATFORMS_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
     platforms: _containers.RepeatedScalarFieldContainer[_common_pb2.Platform]
     required_capabilities: _containers.RepeatedScalarFieldContainer[str]
     max_devices: int
     filter: str
-    def __init__(self, platforms: _Optional[_Iterable[_Union[_common_pb2.Platform, str]]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., max_devices: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
+    precision: Precision
+    def __init__(self, platforms: _Optional[_Iterable[_Union[_common_pb2.Platform, str]]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., max_devices: _Optional[int] = ..., filter: _Optional[str] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
 
 class TrainingOptions(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "momentum", "shuffle_seed")
@@ -138,7 +151,7 @@ class JobEvent(_message.Message):
     def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[JobEventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shard: _Optional[_Union[ShardRecord, _Mapping]] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
 
 class ShardRecord(_message.Message):
-    __slots__ = ("index", "device_id", "target_type", "rule", "first_row", "rows", "attempts", "failures", "queue_seconds", "load_seconds", "execute_seconds", "total_seconds", "done")
+    __slots__ = ("index", "device_id", "target_type", "rule", "first_row", "rows", "attempts", "failures", "queue_seconds", "load_seconds", "execute_seconds", "total_seconds", "done", "predicted_seconds")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +165,7 @@ class ShardRecord(_message.Message):
     EXECUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     device_id: str
     target_type: str
@@ -165,10 +179,11 @@ class ShardRecord(_message.Message):
     execute_seconds: float
     total_seconds: float
     done: bool
-    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ...) -> None: ...
+    predicted_seconds: float
+    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ..., predicted_seconds: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner")
+    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner", "measured_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +196,7 @@ class Job(_message.Message):
     LOSSES_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -193,4 +209,5 @@ class Job(_message.Message):
     losses: _containers.RepeatedScalarFieldContainer[float]
     expire_time: _timestamp_pb2.Timestamp
     owner: str
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
+    measured_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., measured_seconds: _Optional[float] = ...) -> None: ...

@@ -60,7 +60,7 @@ class PlacementOptions(_message.Message):
     def __init__(self, strategy: _Optional[_Union[PlacementStrategy, str]] = ..., device_count: _Optional[int] = ..., memory_headroom: _Optional[float] = ..., weights: _Optional[_Union[_inventory_service_pb2.TaskWeights, _Mapping]] = ..., micro_batch_rows: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerCost, _Mapping]]] = ...) -> None: ...
 
 class TargetPlan(_message.Message):
-    __slots__ = ("target_type", "rule", "compute_dtype", "artifact_key", "device_ids", "rows_per_second", "rate_source")
+    __slots__ = ("target_type", "rule", "compute_dtype", "artifact_key", "device_ids", "rows_per_second", "rate_source", "fixed_seconds", "rate_samples", "residual_seconds")
     TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,9 @@ class TargetPlan(_message.Message):
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     RATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RATE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     target_type: str
     rule: str
     compute_dtype: str
@@ -75,7 +78,10 @@ class TargetPlan(_message.Message):
     device_ids: _containers.RepeatedScalarFieldContainer[str]
     rows_per_second: float
     rate_source: str
-    def __init__(self, target_type: _Optional[str] = ..., rule: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., artifact_key: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., rows_per_second: _Optional[float] = ..., rate_source: _Optional[str] = ...) -> None: ...
+    fixed_seconds: float
+    rate_samples: int
+    residual_seconds: float
+    def __init__(self, target_type: _Optional[str] = ..., rule: _Optional[str] = ..., compute_dtype: _Optional[str] = ..., artifact_key: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., rows_per_second: _Optional[float] = ..., rate_source: _Optional[str] = ..., fixed_seconds: _Optional[float] = ..., rate_samples: _Optional[int] = ..., residual_seconds: _Optional[float] = ...) -> None: ...
 
 class ShardPlan(_message.Message):
     __slots__ = ("index", "device_id", "target_type", "first_row", "rows", "predicted_seconds")
@@ -128,7 +134,7 @@ class LayerPlacement(_message.Message):
     def __init__(self, layer: _Optional[str] = ..., order: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., parameter_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., stage: _Optional[int] = ...) -> None: ...
 
 class StagePlan(_message.Message):
-    __slots__ = ("index", "device_id", "target_type", "first_layer", "layer_count", "compute_seconds", "transfer_seconds", "artifact_key", "rule", "replica_device_ids")
+    __slots__ = ("index", "device_id", "target_type", "first_layer", "layer_count", "compute_seconds", "transfer_seconds", "artifact_key", "rule", "replica_device_ids", "micro_batch_shares")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +145,7 @@ class StagePlan(_message.Message):
     ARTIFACT_KEY_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SHARES_FIELD_NUMBER: _ClassVar[int]
     index: int
     device_id: str
     target_type: str
@@ -149,7 +156,8 @@ class StagePlan(_message.Message):
     artifact_key: str
     rule: str
     replica_device_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., first_layer: _Optional[int] = ..., layer_count: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., artifact_key: _Optional[str] = ..., rule: _Optional[str] = ..., replica_device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    micro_batch_shares: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., first_layer: _Optional[int] = ..., layer_count: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., artifact_key: _Optional[str] = ..., rule: _Optional[str] = ..., replica_device_ids: _Optional[_Iterable[str]] = ..., micro_batch_shares: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DeviceLoad(_message.Message):
     __slots__ = ("device_id", "target_type", "memory_bytes", "memory_capacity_bytes", "compute_seconds", "transfer_seconds", "layers", "score")

@@ -256,7 +256,7 @@ class JobContext:
         # the worker behind the device's previous shard. What of it was not the device's execution
         # (sending, loading the executable) is the part a shard pays whatever its rows.
         own = max(record.total_seconds - out.queue_seconds, out.execute_seconds)
-        if out.execute_seconds > 0:
+        if out.execute_seconds > 0 and self.throughput.warm(device.id, artifact.key):
             self.throughput.record(program.ref, device.target_type, shard.rows, own,
                                    fixed_seconds=own - out.execute_seconds)
         self._ended(started, finished)

@@ -61,6 +61,8 @@ def test_the_records_predictions_and_measurements_reach_the_protos_and_survive_t
 def test_finished_shards_are_the_fits_samples_and_plan_the_next_job(tmp_path):
     mesh = FakeMesh(AFFINE)
     runner = runner_for(mesh, tmp_path)
+    warming = run(runner, spec_for(AFFINE, [X]), Feed([X]))  # a device's first run of an artifact is not fitted
+    assert all(runner.throughput.measured("affine@1", t.target_type) is None for t in warming.plan.targets)
     first = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert {t.rate_source for t in first.plan.targets} == {"catalog"}
     per_type: dict[str, int] = {}

@@ -27,8 +27,8 @@ from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
 
 # job_spec's `precision` -> JobConstraints.precision.
-PRECISIONS = {"": job_pb.PRECISION_UNSPECIFIED, "fp32": job_pb.PRECISION_FP32, "bf16": job_pb.PRECISION_BF16_ALLOWED,
-              "fp16": job_pb.PRECISION_FP16_ALLOWED}
+PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32, "bf16": common_pb2.PRECISION_BF16_ALLOWED,
+              "fp16": common_pb2.PRECISION_FP16_ALLOWED}
 
 
 @dataclass

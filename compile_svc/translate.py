@@ -4,6 +4,7 @@ build options are shared ones (accelmesh.runtime.programs)."""
 from __future__ import annotations
 
 from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
@@ -12,8 +13,8 @@ from compile_svc.compiler import BuiltArtifact, TargetBuild
 from compile_svc.programs.stages import LayerRange
 from compile_svc.rules import Explanation, Rule
 
-PRECISION_FROM_PROTO = {pb.PRECISION_UNSPECIFIED: "", pb.PRECISION_FP32: "fp32", pb.PRECISION_BF16_ALLOWED: "bf16",
-                        pb.PRECISION_FP16_ALLOWED: "fp16"}
+PRECISION_FROM_PROTO = {common_pb2.PRECISION_UNSPECIFIED: "", common_pb2.PRECISION_FP32: "fp32", common_pb2.PRECISION_BF16_ALLOWED: "bf16",
+                        common_pb2.PRECISION_FP16_ALLOWED: "fp16"}
 
 
 def precision_from_proto(value: int) -> str:

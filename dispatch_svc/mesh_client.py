@@ -54,8 +54,8 @@ def _builds(response: compile_pb.CompileResponse) -> list[Build]:
 
 
 # A job's precision (records.PRECISIONS) as the compile service's Precision.
-PRECISION_TO_PROTO = {"": compile_pb.PRECISION_UNSPECIFIED, "fp32": compile_pb.PRECISION_FP32,
-                      "bf16": compile_pb.PRECISION_BF16_ALLOWED, "fp16": compile_pb.PRECISION_FP16_ALLOWED}
+PRECISION_TO_PROTO = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32,
+                      "bf16": common_pb2.PRECISION_BF16_ALLOWED, "fp16": common_pb2.PRECISION_FP16_ALLOWED}
 
 
 def _constraints_filter(c: m.Constraints) -> str:

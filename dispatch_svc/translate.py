@@ -35,8 +35,8 @@ KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_
 STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
                        plan_pb.PLACEMENT_STRATEGY_AUTO: pl.AUTO}
 STRATEGY_TO_PROTO = {v: k for k, v in STRATEGY_FROM_PROTO.items()}
-PRECISION_FROM_PROTO = {job_pb.PRECISION_UNSPECIFIED: "", job_pb.PRECISION_FP32: "fp32",
-                        job_pb.PRECISION_BF16_ALLOWED: "bf16", job_pb.PRECISION_FP16_ALLOWED: "fp16"}
+PRECISION_FROM_PROTO = {common_pb2.PRECISION_UNSPECIFIED: "", common_pb2.PRECISION_FP32: "fp32",
+                        common_pb2.PRECISION_BF16_ALLOWED: "bf16", common_pb2.PRECISION_FP16_ALLOWED: "fp16"}
 PRECISION_TO_PROTO = {v: k for k, v in PRECISION_FROM_PROTO.items()}
 
 
@@ -53,7 +53,7 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         raise errors.InvalidArgument(f"spec.constraints.precision {c.precision} is not a Precision; use PRECISION_FP32, "
                                      "PRECISION_BF16_ALLOWED, PRECISION_FP16_ALLOWED or leave it unset",
                                      field="spec.constraints.precision")
-    if c.precision == job_pb.PRECISION_FP16_ALLOWED and msg.kind == job_pb.JOB_KIND_TRAINING:
+    if c.precision == common_pb2.PRECISION_FP16_ALLOWED and msg.kind == job_pb.JOB_KIND_TRAINING:
         # Gradients underflow fp16's range without loss scaling, which no compile rule applies.
         raise errors.InvalidArgument("spec.constraints.precision PRECISION_FP16_ALLOWED is for inference only; train "
                                      "with PRECISION_BF16_ALLOWED or PRECISION_FP32",

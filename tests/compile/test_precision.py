@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from accelmesh import artifacts
+from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh.hardware.catalog import resolve_type
@@ -171,15 +172,15 @@ def test_an_a100s_fp32_and_bf16_builds_are_cached_apart_and_never_served_for_eac
         (only,) = response.builds
         return only
 
-    bf16, fp32 = build(pb.PRECISION_UNSPECIFIED), build(pb.PRECISION_FP32)
+    bf16, fp32 = build(common_pb2.PRECISION_UNSPECIFIED), build(common_pb2.PRECISION_FP32)
     assert (bf16.rule.name, fp32.rule.name) == ("cuda-bf16", "default-fp32")
     assert bf16.target_type == fp32.target_type  # one target type, two rules: the rule keys the artifact
     assert bf16.portable.key != fp32.portable.key and bf16.executables[0].key != fp32.executables[0].key
     assert compiler.cache.builds == 4  # a portable and an executable each
-    again = {p: build(p) for p in (pb.PRECISION_BF16_ALLOWED, pb.PRECISION_FP32, pb.PRECISION_UNSPECIFIED)}
+    again = {p: build(p) for p in (common_pb2.PRECISION_BF16_ALLOWED, common_pb2.PRECISION_FP32, common_pb2.PRECISION_UNSPECIFIED)}
     assert compiler.cache.builds == 4 and all(b.portable.cache_hit for b in again.values())
-    assert again[pb.PRECISION_FP32].portable.key == fp32.portable.key
-    assert again[pb.PRECISION_BF16_ALLOWED].portable.key == again[pb.PRECISION_UNSPECIFIED].portable.key == \
+    assert again[common_pb2.PRECISION_FP32].portable.key == fp32.portable.key
+    assert again[common_pb2.PRECISION_BF16_ALLOWED].portable.key == again[common_pb2.PRECISION_UNSPECIFIED].portable.key == \
         bf16.portable.key
     fetched = {rule: artifacts.hlo_text(b"".join(p.chunk for p in stub.FetchArtifact(
         pb.FetchArtifactRequest(key=key)))) for rule, key in (("bf16", bf16.portable.key), ("fp32", fp32.portable.key))}
@@ -189,7 +190,7 @@ def test_an_a100s_fp32_and_bf16_builds_are_cached_apart_and_never_served_for_eac
 def test_a_mixed_request_under_fp16_builds_fp16_only_where_a_rule_allows_it(service):
     stub, _ = service
     response = stub.Compile(pb.CompileRequest(
-        program="transformer_encoder", precision=pb.PRECISION_FP16_ALLOWED,
+        program="transformer_encoder", precision=common_pb2.PRECISION_FP16_ALLOWED,
         targets=[device("a100-80gb"), device("v100-32gb", 1, "cpu:1"), device("t4", 2, "cpu:2"),
                  device("p100-16gb", 3, "cpu:3")]))
     rules = {b.target_type.split(":")[1].split("[")[0]: (b.rule.name, b.rule.build.compute_dtype)
@@ -200,10 +201,10 @@ def test_a_mixed_request_under_fp16_builds_fp16_only_where_a_rule_allows_it(serv
 
 def test_explain_rule_applies_the_precision(service):
     stub, _ = service
-    explained = stub.ExplainRule(pb.ExplainRuleRequest(device=device("t4"), precision=pb.PRECISION_FP16_ALLOWED))
+    explained = stub.ExplainRule(pb.ExplainRuleRequest(device=device("t4"), precision=common_pb2.PRECISION_FP16_ALLOWED))
     assert explained.rule.name == "cuda-fp16-turing" and explained.rule.build.compute_dtype == "fp16"
     assert explained.rule.build.tolerance == pytest.approx(1e-2)
-    fp32 = stub.ExplainRule(pb.ExplainRuleRequest(device=device("a100-80gb"), precision=pb.PRECISION_FP32))
+    fp32 = stub.ExplainRule(pb.ExplainRuleRequest(device=device("a100-80gb"), precision=common_pb2.PRECISION_FP32))
     assert fp32.rule.name == "default-fp32"
     assert "which precision fp32 does not allow" in {v.rule: v.reason for v in fp32.verdicts}["cuda-bf16"]
 
@@ -211,11 +212,11 @@ def test_explain_rule_applies_the_precision(service):
 @pytest.mark.parametrize(("request_for", "message"), [
     (lambda: pb.CompileRequest(program="mlp_classifier", targets=[device("t4")], precision=99),
      "precision 99 is not a Precision"),
-    (lambda: pb.CompileRequest(program="mlp_train_step", targets=[device("t4")], precision=pb.PRECISION_FP16_ALLOWED),
+    (lambda: pb.CompileRequest(program="mlp_train_step", targets=[device("t4")], precision=common_pb2.PRECISION_FP16_ALLOWED),
      "precision fp16 is for inference only, and mlp_train_step@1 is a training step"),
     (lambda: pb.CompileRequest(program="transformer_encoder", targets=[device("t4")],
                                layers=pb.LayerRange(first=1, count=2, backward=True),
-                               precision=pb.PRECISION_FP16_ALLOWED),
+                               precision=common_pb2.PRECISION_FP16_ALLOWED),
      "is a stage's backward pass asked for"),
     (lambda: pb.ExplainRuleRequest(device=device("t4"), precision=7), "precision 7 is not a Precision"),
 ], ids=["unknown-compile", "fp16-training-step", "fp16-backward-stage", "unknown-explain"])
@@ -238,7 +239,7 @@ def test_a_precision_that_leaves_devices_without_a_rule_is_failed_precondition(t
     with serving(config) as (stub, compiler):
         targets = [device("a100-80gb"), device("a100-80gb", 1, "cpu:1"), device("tpu-v4", 2, "cpu:2")]
         error = rpc_error(stub.Compile, pb.CompileRequest(program="identity", targets=targets,
-                                                          precision=pb.PRECISION_FP32))
+                                                          precision=common_pb2.PRECISION_FP32))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = error.details()
         assert "precision fp32 leaves all of the 3 target devices without a compile rule" in details
@@ -247,7 +248,7 @@ def test_a_precision_that_leaves_devices_without_a_rule_is_failed_precondition(t
         assert "127.0.0.1/tpu:2" in details and "127.0.0.1/cuda:1" not in details  # one line per target type
         assert "Allow bf16 in precision, leave these devices out (constraints)" in details
         assert compiler.cache.builds == 0
-        explain = rpc_error(stub.ExplainRule, pb.ExplainRuleRequest(device=targets[2], precision=pb.PRECISION_FP32))
+        explain = rpc_error(stub.ExplainRule, pb.ExplainRuleRequest(device=targets[2], precision=common_pb2.PRECISION_FP32))
         assert explain.code() == grpc.StatusCode.FAILED_PRECONDITION and "everything-bf16 (bf16)" in explain.details()
         # Without the precision, the same devices build.
         assert len(stub.Compile(pb.CompileRequest(program="identity", targets=targets)).builds) == 2

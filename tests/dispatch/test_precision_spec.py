@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from dispatch_svc import job_codec
 from dispatch_svc import records as m
@@ -28,8 +29,8 @@ def spec_message(precision: int, kind: int = job_pb.JOB_KIND_INFERENCE) -> job_p
 
 
 @pytest.mark.parametrize(("value", "name"), [
-    (job_pb.PRECISION_UNSPECIFIED, ""), (job_pb.PRECISION_FP32, "fp32"), (job_pb.PRECISION_BF16_ALLOWED, "bf16"),
-    (job_pb.PRECISION_FP16_ALLOWED, "fp16"),
+    (common_pb2.PRECISION_UNSPECIFIED, ""), (common_pb2.PRECISION_FP32, "fp32"), (common_pb2.PRECISION_BF16_ALLOWED, "bf16"),
+    (common_pb2.PRECISION_FP16_ALLOWED, "fp16"),
 ])
 def test_the_precision_round_trips_through_the_proto_and_the_job_book(value, name):
     spec = tr.spec_from_proto(spec_message(value))
@@ -47,7 +48,7 @@ def test_a_record_from_before_the_field_loads_with_no_precision():
 
 @pytest.mark.parametrize(("msg", "message"), [
     (spec_message(9), "spec.constraints.precision 9 is not a Precision"),
-    (spec_message(job_pb.PRECISION_FP16_ALLOWED, job_pb.JOB_KIND_TRAINING),
+    (spec_message(common_pb2.PRECISION_FP16_ALLOWED, job_pb.JOB_KIND_TRAINING),
      "spec.constraints.precision PRECISION_FP16_ALLOWED is for inference only"),
 ], ids=["unknown", "fp16-training"])
 def test_a_bad_precision_is_invalid_argument_naming_the_field(msg, message):
@@ -57,7 +58,7 @@ def test_a_bad_precision_is_invalid_argument_naming_the_field(msg, message):
 
 
 def test_training_may_ask_for_fp32_or_bf16():
-    for value in (job_pb.PRECISION_FP32, job_pb.PRECISION_BF16_ALLOWED):
+    for value in (common_pb2.PRECISION_FP32, common_pb2.PRECISION_BF16_ALLOWED):
         assert tr.spec_from_proto(spec_message(value, job_pb.JOB_KIND_TRAINING)).kind == m.TRAINING
 
 

@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
+from accelmesh.common.v1 import common_pb2
 from accelmesh.client import MeshClient, job_spec
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -51,7 +52,7 @@ def _three_plans(client, program, inputs):
     assert len({frozenset(split(j)) for j in jobs}) == 3  # three different plans
     assert rules(jobs[2]) == {"a100-80gb": ("default-fp32", "fp32")}  # the A100s' fp32 build
     assert {dtype for j in jobs for _, dtype in rules(j).values()} == {"fp32"}
-    assert all(j.spec.constraints.precision == job_pb.PRECISION_FP32 for j in jobs)
+    assert all(j.spec.constraints.precision == common_pb2.PRECISION_FP32 for j in jobs)
     return results
 
 

@@ -38,6 +38,13 @@ class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DATA_TYPE_UINT8: _ClassVar[DataType]
     DATA_TYPE_UINT32: _ClassVar[DataType]
     DATA_TYPE_BOOL: _ClassVar[DataType]
+
+class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRECISION_UNSPECIFIED: _ClassVar[Precision]
+    PRECISION_FP32: _ClassVar[Precision]
+    PRECISION_BF16_ALLOWED: _ClassVar[Precision]
+    PRECISION_FP16_ALLOWED: _ClassVar[Precision]
 PLATFORM_UNSPECIFIED: Platform
 PLATFORM_CPU: Platform
 PLATFORM_CUDA: Platform
@@ -58,6 +65,10 @@ DATA_TYPE_INT64: DataType
 DATA_TYPE_UINT8: DataType
 DATA_TYPE_UINT32: DataType
 DATA_TYPE_BOOL: DataType
+PRECISION_UNSPECIFIED: Precision
+PRECISION_FP32: Precision
+PRECISION_BF16_ALLOWED: Precision
+PRECISION_FP16_ALLOWED: Precision
 
 class Performance(_message.Message):
     __slots__ = ("peak_tflops", "memory_bytes", "memory_bandwidth_gbps", "interconnect", "interconnect_bandwidth_gbps", "estimated")

@@ -2,24 +2,12 @@ from accelmesh.common.v1 import common_pb2 as _common_pb2
 from accelmesh.compile.v1 import build_pb2 as _build_pb2
 from accelmesh.compile.v1 import program_pb2 as _program_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    PRECISION_UNSPECIFIED: _ClassVar[Precision]
-    PRECISION_FP32: _ClassVar[Precision]
-    PRECISION_BF16_ALLOWED: _ClassVar[Precision]
-    PRECISION_FP16_ALLOWED: _ClassVar[Precision]
-PRECISION_UNSPECIFIED: Precision
-PRECISION_FP32: Precision
-PRECISION_BF16_ALLOWED: Precision
-PRECISION_FP16_ALLOWED: Precision
 
 class ListProgramsRequest(_message.Message):
     __slots__ = ()
@@ -106,8 +94,8 @@ class ExplainRuleRequest(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     device: _common_pb2.Device
-    precision: Precision
-    def __init__(self, device: _Optional[_Union[_common_pb2.Device, _Mapping]] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
+    precision: _common_pb2.Precision
+    def __init__(self, device: _Optional[_Union[_common_pb2.Device, _Mapping]] = ..., precision: _Optional[_Union[_common_pb2.Precision, str]] = ...) -> None: ...
 
 class ExplainRuleResponse(_message.Message):
     __slots__ = ("rule", "verdicts", "target_type")
@@ -134,8 +122,8 @@ class CompileRequest(_message.Message):
     targets: _containers.RepeatedCompositeFieldContainer[_common_pb2.Device]
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
     layers: LayerRange
-    precision: Precision
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_program_pb2.TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
+    precision: _common_pb2.Precision
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_program_pb2.TensorSpec, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[_common_pb2.Device, _Mapping]]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., layers: _Optional[_Union[LayerRange, _Mapping]] = ..., precision: _Optional[_Union[_common_pb2.Precision, str]] = ...) -> None: ...
 
 class LayerRange(_message.Message):
     __slots__ = ("first", "count", "backward")

@@ -18,13 +18,6 @@ class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_KIND_INFERENCE: _ClassVar[JobKind]
     JOB_KIND_TRAINING: _ClassVar[JobKind]
 
-class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    PRECISION_UNSPECIFIED: _ClassVar[Precision]
-    PRECISION_FP32: _ClassVar[Precision]
-    PRECISION_BF16_ALLOWED: _ClassVar[Precision]
-    PRECISION_FP16_ALLOWED: _ClassVar[Precision]
-
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -51,10 +44,6 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
-PRECISION_UNSPECIFIED: Precision
-PRECISION_FP32: Precision
-PRECISION_BF16_ALLOWED: Precision
-PRECISION_FP16_ALLOWED: Precision
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PLANNING: JobState
 JOB_STATE_COMPILING: JobState
@@ -85,8 +74,8 @@ class JobConstraints(_message.Message):
     required_capabilities: _containers.RepeatedScalarFieldContainer[str]
     max_devices: int
     filter: str
-    precision: Precision
-    def __init__(self, platforms: _Optional[_Iterable[_Union[_common_pb2.Platform, str]]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., max_devices: _Optional[int] = ..., filter: _Optional[str] = ..., precision: _Optional[_Union[Precision, str]] = ...) -> None: ...
+    precision: _common_pb2.Precision
+    def __init__(self, platforms: _Optional[_Iterable[_Union[_common_pb2.Platform, str]]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., max_devices: _Optional[int] = ..., filter: _Optional[str] = ..., precision: _Optional[_Union[_common_pb2.Precision, str]] = ...) -> None: ...
 
 class TrainingOptions(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "momentum", "shuffle_seed")

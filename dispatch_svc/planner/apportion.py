@@ -87,13 +87,31 @@ def min_makespan_array(total_rows: int, rates: np.ndarray, fixed: np.ndarray | N
     # Every device's next slot; the left-th earliest of them bounds the slots to choose from.
     first = offset + (rows + 1) / rates
     bound = np.partition(first, left - 1)[left - 1] if left < len(first) else first.max()
-    slots = _slots_until(rows, rates, offset, bound)  # per device, how many of its slots finish by the bound
+    # Per device, how many of its slots finish by the bound (none needs more than `left`). A device
+    # far faster than the rest would still list (bound - T*) x rate of them, millions: then the
+    # bound comes down, by bisection, to where little more than `left` slots finish by it.
+    slots = np.minimum(_slots_until(rows, rates, offset, bound), left)
+    if int(slots.sum()) > SLOTS_PER_ROW_LEFT * left + len(rates):
+        low, high = float(first.min()), bound
+        for _ in range(BISECTIONS):
+            middle = (low + high) / 2
+            if middle in (low, high):
+                break
+            if int(np.minimum(_slots_until(rows, rates, offset, middle), left).sum()) >= left:
+                high = middle
+            else:
+                low = middle
+        slots = np.minimum(_slots_until(rows, rates, offset, high), left)
     device = np.repeat(np.arange(len(rates)), slots)
     extra = np.arange(len(device)) - np.repeat(np.cumsum(slots) - slots, slots) + 1  # m = 1, 2, ... per device
     times = offset[device] + (rows[device] + extra) / rates[device]
     chosen = device[np.lexsort((device, times))[:left]]
     rows += np.bincount(chosen, minlength=len(rates))
     return rows
+
+
+SLOTS_PER_ROW_LEFT = 4  # slots listed per row still to place before the bound is narrowed
+BISECTIONS = 200  # halvings of the bound at most (a float interval closes within ~1,100)
 
 
 def _slots_until(rows: np.ndarray, rates: np.ndarray, fixed: np.ndarray, bound: float) -> np.ndarray:

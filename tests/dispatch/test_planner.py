@@ -356,3 +356,25 @@ def test_error_messages_name_the_field_and_the_device():
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(InvalidArgument, match=r"'10.0.0.1/cuda:1'.*fixed_seconds"):
             plan_shards(10, affine((1, 0.0), (1, bad)))
+
+
+def test_a_device_far_faster_than_the_rest_does_not_list_its_slots_one_by_one():
+    # A catalog prior of billions of rows/s beside measured devices of a few hundred, with fixed
+    # costs: the exact split must not enumerate every slot of the fast device up to the bound.
+    import heapq
+
+    from dispatch_svc.planner.apportion import makespan, min_makespan_rows
+
+    rates = [2.4e15, 211.0, 227.0, 205.0]
+    fixed = [0.5, 0.29, 0.17, 0.25]
+    for total in (7, 1_000, 4_097):
+        rows = min_makespan_rows(total, rates, fixed)
+        assert sum(rows) == total
+        heap = [(f + 1 / r, i) for i, (f, r) in enumerate(zip(fixed, rates))]  # the N earliest slots, one by one
+        heapq.heapify(heap)
+        taken = [0] * len(rates)
+        for _ in range(total):
+            _, i = heapq.heappop(heap)
+            taken[i] += 1
+            heapq.heappush(heap, (fixed[i] + (taken[i] + 1) / rates[i], i))
+        assert makespan(rows, rates, fixed) == pytest.approx(makespan(taken, rates, fixed), rel=1e-12)

@@ -196,6 +196,12 @@ class ShardRecord:
     done: bool = False
     predicted_seconds: float = 0.0  # the plan's figure for its rows on the type that ran it
 
+    @property
+    def own_seconds(self) -> float:
+        """The shard's own time, what the planner predicts: all the dispatcher saw, less the wait
+        on the worker behind the device's previous shard (never below its execution)."""
+        return max(self.total_seconds - self.queue_seconds, self.execute_seconds)
+
 
 @dataclass
 class Event:

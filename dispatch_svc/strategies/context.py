@@ -252,10 +252,9 @@ class JobContext:
         record = self.record(shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
         record.execute_seconds, record.total_seconds = out.execute_seconds, finished - started
-        # The shard's own time, what the planner predicts: all the dispatcher saw, less the wait on
-        # the worker behind the device's previous shard. What of it was not the device's execution
-        # (sending, loading the executable) is the part a shard pays whatever its rows.
-        own = max(record.total_seconds - out.queue_seconds, out.execute_seconds)
+        # What of the shard's own time was not the device's execution (sending, loading the
+        # executable) is the part a shard pays whatever its rows.
+        own = record.own_seconds
         if out.execute_seconds > 0 and self.throughput.warm(device.id, artifact.key):
             self.throughput.record(program.ref, device.target_type, shard.rows, own,
                                    fixed_seconds=own - out.execute_seconds)

@@ -67,7 +67,8 @@ def start(ctx: JobContext, max_shards: int | None = None):
     rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
     # a shard record per micro-batch and stage (and pass, training: reused every step)
     batch = min(rows, spec.training.batch_size) if training else rows
-    shards = -(-batch // micro) * len(placement.stages) * (2 if training else 1)
+    per_batch = -(-batch // micro)  # micro-batches of the job (training: of one step)
+    shards = per_batch * len(placement.stages) * (2 if training else 1)
     if max_shards is not None and shards > max_shards:  # before anything is built or reserved
         raise errors.ResourceExhausted(
             f"the job's {placement.micro_batches:,} micro-batches through {len(placement.stages)} stages are {shards:,} "
@@ -93,7 +94,7 @@ def start(ctx: JobContext, max_shards: int | None = None):
         f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
         f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
     if training:
-        return _train(ctx, program, placed, stages, sizes)
+        return _train(ctx, program, placed, stages, sizes, per_batch)
     params = dict(ctx.parameters(program))
     for stage in stages:  # a device receives only the parameters of its own layers
         stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
@@ -103,9 +104,11 @@ def start(ctx: JobContext, max_shards: int | None = None):
     return _flow(ctx, program, stages, pool)
 
 
-def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_Stage], sizes: list[int]):
+def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_Stage], sizes: list[int],
+           per_step: int):
     """Placed training (pipeline_training.py): each stage's backward pass built for the types its
-    forward was, the devices reserved, the steps' work returned."""
+    forward was, the devices reserved, the steps' work returned. `per_step`: micro-batches of a
+    full step."""
     placement = placed.plan.placement
     for stage in stages:
         for target_type in list(stage.builds):
@@ -128,8 +131,6 @@ def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_S
             on_done(out)
         pool.submit(work, work.device_id, on_done=done, on_error=on_error)
 
-    batch = min(ctx.spec.inputs[0].rows, ctx.spec.training.batch_size)
-    per_step = -(-batch // placement.micro_batch_rows)
     ctx.ensure_records(per_step * count * 2)
     for stage in stages:  # every step's micro-batches 0.. take the same turns
         stage.take_turns(per_step)
@@ -181,7 +182,7 @@ def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt:
         record = ctx.job.shards[work.index]
         micro = ctx.job.plan.placement.micro_batch_rows
         calibration.record(attempt.device.target_type, predicted * work.rows / micro, out.execute_seconds,
-                           record.total_seconds - record.queue_seconds)  # what calibrates the next plans
+                           record.own_seconds)  # what calibrates the next plans
     return out
 
 

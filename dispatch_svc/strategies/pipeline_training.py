@@ -22,6 +22,7 @@ parameters and the step losses are the job's results, as for data-parallel train
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from dispatch_svc.interface import ShardOutput
 from dispatch_svc.strategies.context import JobContext
 from dispatch_svc.strategies.training import read_all
 from dispatch_svc.training import steps_per_epoch
+from dispatch_svc.validation import check_inputs
 
 LABELS = "labels"  # a placed training job's second input: one class index per row
 ALL_DONE_POLL_S = 0.5  # how often a waiting step checks for a cancel
@@ -53,18 +55,15 @@ def check_training_inputs(program: Program, spec: m.JobSpec) -> int:
         raise errors.InvalidArgument(
             f"spec.inputs are {names}; a placed training job of {program.ref} sends ['{wanted.name}', '{LABELS}']: "
             f"the model's input, then one int32 class index per row")
+    rows = check_inputs(program, dataclasses.replace(spec, inputs=spec.inputs[:1]))  # the model's input, as any job's
     given, labels = spec.inputs
-    if given.dtype != wanted.dtype or tuple(given.shape[1:]) != tuple(wanted.shape[1:]) or \
-            len(given.shape) != len(wanted.shape):
-        raise errors.InvalidArgument(f"spec.inputs[0] '{given.name}': dtype {given.dtype} shape {list(given.shape)}, "
-                                     f"{program.ref} expects {wanted.dtype} {['rows', *wanted.shape[1:]]}")
     if labels.dtype != "int32" or len(labels.shape) != 1:
         raise errors.InvalidArgument(f"spec.inputs[1] '{LABELS}': dtype {labels.dtype} shape {list(labels.shape)}; "
                                      "send int32 [rows], one class index per row")
-    if labels.rows != given.rows or not given.rows:
+    if labels.rows != rows:
         raise errors.InvalidArgument(f"spec.inputs: '{LABELS}' has {labels.rows} rows and '{given.name}' "
-                                     f"{given.rows}; send one label per row, at least one row")
-    return given.rows
+                                     f"{rows}; send one label per row")
+    return rows
 
 
 def cross_entropy(logits: np.ndarray, labels: np.ndarray, rows: int) -> tuple[float, np.ndarray]:

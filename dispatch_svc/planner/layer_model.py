@@ -269,12 +269,15 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
         transfer_seconds=send, layer_memory=layer_memory, layer_seconds=layer_seconds, over_memory=over)
 
 
-def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
+def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas: bool = True) -> float:
     """A step time no placement on `devices` can beat. A device's time is at least the sum over
     its layers of FLOPs / rate and of memory traffic / bandwidth, so the busiest device takes at
     least the model's FLOPs over the devices' summed rate, and its traffic over their summed
-    bandwidth; and every layer runs somewhere, so at least the slowest layer on its best device,
-    over as many identical devices as may replicate its stage."""
+    bandwidth; and every layer runs somewhere, so at least the slowest layer over the stage that
+    holds it: replicas of any type take micro-batches in proportion to their speed, so a layer
+    shared by the MAX_STAGE_REPLICAS devices fastest at it takes 1 / (the sum of their rates).
+    Without `mixed_replicas` only identical devices replicate a stage (ranked's fair step, which
+    ranked.py has always measured that way)."""
     if not devices:
         return math.inf
     rate = sum(d.peak_tflops for d in devices) * 1e12 * CATALOG_EFFICIENCY
@@ -284,8 +287,16 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device]) -> float:
     alike: dict[tuple, list[Device]] = {}
     for d in devices:
         alike.setdefault(alike_key(d, model.task), []).append(d)
-    layer = max(min(model.compute_seconds(i, group[0]) / min(MAX_STAGE_REPLICAS, len(group)) for group in alike.values())
-                for i in range(len(model)))
+    if not mixed_replicas:
+        layer = max(min(model.compute_seconds(i, group[0]) / min(MAX_STAGE_REPLICAS, len(group))
+                        for group in alike.values()) for i in range(len(model)))
+        return max(work, traffic, layer)
+    layer = 0.0
+    for i in range(len(model)):
+        per_device = sorted((1.0 / seconds if seconds > 0 else math.inf
+                             for group in alike.values() for seconds in [model.compute_seconds(i, group[0])]
+                             for _ in group), reverse=True)
+        layer = max(layer, 1.0 / sum(per_device[:MAX_STAGE_REPLICAS]))
     return max(work, traffic, layer)
 
 

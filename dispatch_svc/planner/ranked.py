@@ -54,7 +54,7 @@ def _ranked(model: Model, devices: Sequence[Device], values: np.ndarray, count: 
     caps = ByDevice(ids, free.copy())  # free changes as layers are placed; the capacities do not
     # The compute a layer reserves on a device (B5) is its predicted time there over the model's
     # ideal step on the N best devices: a device is full once it holds its fair share of work.
-    fair = lower_bound_seconds(model, top_by_score(devices, values, count))
+    fair = lower_bound_seconds(model, top_by_score(devices, values, count), mixed_replicas=False)
     load = np.zeros(len(ids))  # fraction of the fair step the device's layers take
     idle_peaks = None  # once every device is chosen: the largest rate, memory, bandwidth of the rest
     chosen = np.zeros(len(ids), bool)

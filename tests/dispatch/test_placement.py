@@ -241,6 +241,22 @@ def test_balanced_finds_the_brute_force_optimum(seed, kind):
     assert len(placement.devices) <= count
     runs = [k for k, _ in itertools.groupby(placement.assignment)]
     assert len(runs) == len(set(runs)), "a device holds one contiguous stage"
+    # the bound holds over the devices offered and those used, replicas of other types included
+    assert step >= lower_bound_seconds(model, devices) * (1 - 1e-9)
+    assert step >= lower_bound_seconds(model, [d for d in devices if d.id in placement.devices]) * (1 - 1e-9)
+
+
+def test_the_lower_bound_counts_replicas_of_another_type():
+    # One layer on a 100 and a 60 TFLOP/s device: sharing its micro-batches by speed takes
+    # 1 / (1/a + 1/b) of a micro-batch's work, less than the faster device alone.
+    layers = [layer("only", 0, 10**6, flops=1e12, act=10**3)]
+    devices = [device("a", 100.0, 80 * GB, target_type="a"), device("b", 60.0, 80 * GB, target_type="b")]
+    model = Model(layers, task(micro_batch_rows=8))
+    a, b = (model.compute_seconds(0, d) for d in devices)
+    assert lower_bound_seconds(model, devices) == pytest.approx(1 / (1 / a + 1 / b), rel=1e-12)
+    assert lower_bound_seconds(model, devices, mixed_replicas=False) == pytest.approx(a, rel=1e-12)
+    placement = place_balanced(model, devices)
+    assert placement.evaluation.step_seconds >= lower_bound_seconds(model, devices) * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("params, replicated", [(10**6, True), (10**10, False)])

@@ -8,8 +8,8 @@ Prints one JSON document on stdout (progress on stderr).
     device mixes: 2x a100-80gb + 2x v100-32gb + 1x t4; 4x h100-sxm-80gb + 4x l4; and a sample of
     the Alibaba PAI cluster (../shared/data/pai_machine_spec.csv, loaded as bench/planning.py
     does) with the cluster's type proportions. For inference and training, micro-batches of
-    MICRO_BATCH_ROWS rows, and two device counts (the mix size; derived from memory), four
-    placements computed in the same run: place_ranked, place_balanced and the two baselines,
+    MICRO_BATCH_ROWS rows, and two device counts (the mix size; unset), five placements
+    computed in the same run: place (auto, the default), place_ranked, place_balanced and the two baselines,
     sequential_fill (devices in listed order, as big-model loaders fill them) and parameter_split
     (equal parameter counts over as many devices as balanced uses). Each predicted step time is
     a ratio to lower_bound_seconds over every device of the mix (>= 1; lower is better).
@@ -74,7 +74,7 @@ PAI_MIX = "pai_sample_16"
 PAI_SAMPLE_DEVICES = 16
 MICRO_BATCH_ROWS = 8
 KINDS = (INFERENCE, TRAINING)
-MIX_SIZE, MEMORY_DERIVED = "mix_size", "memory_derived"
+MIX_SIZE, MEMORY_DERIVED = "mix_size", "count_unset"
 STRATEGIES = ("auto", "ranked", "balanced", "sequential_fill", "parameter_split")
 DEFAULT_STRATEGY = "auto"  # what a placed job gets (PlacementStrategy AUTO): the faster of ranked and balanced
 GOAL_GEOMEAN = 1.05  # the default strategy's geometric-mean ratio to the lower bound over every device offered
@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_to_lower_bound = predicted step time / lower_bound_seconds(model, every device of the mix), "
             "both from the planner's own cost model (dispatch_svc.planner.placement)",
             f"count modes: {MIX_SIZE} sets Task.device_count to the mix size for ranked and balanced; "
-            f"{MEMORY_DERIVED} leaves it 0 (the fewest best-scored devices whose memory holds the model)",
+            f"{MEMORY_DERIVED} leaves it 0: auto and balanced take as many of the devices offered as lower the "
+            "step, ranked the fewest best-scored devices whose memory holds the model (B6)",
             "sequential_fill fills the mix's devices in listed order and ignores the count; parameter_split uses as "
             "many devices as balanced used (first N listed)",
             f"PAI: {', '.join(f'{k} -> {v}' for k, v in PAI_TYPES.items())} (as bench/planning.py); the sample "

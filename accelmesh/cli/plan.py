@@ -235,7 +235,8 @@ def add_commands(sub) -> None:
     plan.add_argument("--rows", type=_count(1), default=0, metavar="N",
                       help=f"rows of the job's inputs (default {DEFAULT_MICRO_BATCHES} micro-batches)")
     plan.add_argument("--device-count", type=_count(0), default=0, metavar="N",
-                      help="devices to use (default: as many as the model's memory needs)")
+                      help="the most devices to use (default: every device offered; auto and balanced take as many "
+                      "as lower the predicted step, ranked the fewest whose memory holds the model)")
     plan.add_argument("--headroom", type=parse_headroom, default=None, metavar="F",
                       help="fraction of each device's free memory left unused, in [0, 1) (default 0.1)")
     plan.add_argument("--layers", metavar="FILE.json", help="plan this layer table (a JSON list of LayerCost "

@@ -52,8 +52,9 @@ class _Class:
 
 def place_balanced(model: Model, devices: Sequence[Device]) -> Placement:
     """Contiguous stages over distinct devices minimising the step time, exactly; a stage may
-    run on several identical devices taking micro-batches in turn (trained, they exchange
-    gradients once per step: Model.sync_seconds).
+    run on several identical devices taking micro-batches in turn (trained, each returns its
+    gradients every micro-batch and receives the step's parameters: Model.gradient_seconds and
+    Model.load_seconds).
 
     The step time is the largest stage time, and every candidate step time is the time of some
     stage (layers i..j-1 on a device class k, over r replicas), so a binary search over those
@@ -119,9 +120,10 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     overhead = np.array([cls.example.stage_overhead_s for cls in classes], float)
     reach_mem = _memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
     gradients = np.concatenate(([0.0], np.cumsum([layer.parameter_bytes for layer in model.layers], dtype=float)))
-    # Model.sync_seconds of one gradient byte on two devices; on r it is 2 (r - 1) / r times that
-    sync = np.array([model.sync_seconds(1.0, cls.example, 2) for cls in classes])
-    spans = _Spans(cum, send, reach_mem, gradients, sync, overhead)
+    # Model.gradient_seconds and load_seconds of one gradient byte (both linear in the bytes)
+    per_call = np.array([model.gradient_seconds(1.0, cls.example) for cls in classes])
+    per_step = np.array([model.load_seconds(1.0, cls.example) for cls in classes])
+    spans = _Spans(cum, send, reach_mem, gradients, per_call, per_step, overhead)
     if not spans.any():
         raise _no_split(model, classes)
     candidates = spans.candidates()
@@ -242,14 +244,17 @@ class _Spans:
     included, over r of its devices)
     that the class's memory holds: the candidate step times, and for a limit the longest stage
     from each i within it. One (k, i, j) array when it is small enough, else one (k, j) array per
-    first layer i. Over r devices a stage takes its time / r, plus, trained, `sync[k]` x
-    2 (r - 1) / r x its parameter bytes (Model.sync_seconds, linear in the bytes)."""
+    first layer i. Trained, a stage's device also returns its parameter bytes' gradients every
+    micro-batch (`per_call[k]` a byte) and receives them as new parameters every step
+    (`per_step[k]` a byte, per micro-batch): over r devices a stage takes (its time + the
+    gradients' return) / r + the parameters' load (Model.gradient_seconds, Model.load_seconds)."""
 
     def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray, gradients: np.ndarray,
-                 sync: np.ndarray, overhead: np.ndarray):
+                 per_call: np.ndarray, per_step: np.ndarray, overhead: np.ndarray):
         k_count, n = reach_mem.shape
         self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
-        self._sync = sync[:, None]
+        self._per_call, self._per_step = per_call[:, None], per_step[:, None]
+        self._trained = bool(per_call.any() or per_step.any())
         last = np.arange(1, n + 1)
         if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
             self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:] + overhead[:, None, None]
@@ -262,10 +267,10 @@ class _Spans:
                           for i in range(n)]
 
     def _over(self, times: np.ndarray, grads: np.ndarray, r: int) -> np.ndarray:
-        if r == 1:
-            return times
-        sync = self._sync[:, :, None] if times.ndim == 3 else self._sync
-        return times / r + sync * (2 * (r - 1) / r) * grads
+        if not self._trained:
+            return times if r == 1 else times / r
+        per_call, per_step = ((a[:, :, None] if times.ndim == 3 else a) for a in (self._per_call, self._per_step))
+        return (times + per_call * grads) / r + per_step * grads
 
     def any(self) -> bool:
         return bool(self._fits.any()) if self._whole else any(fits.any() for _, _, fits in self._rows)

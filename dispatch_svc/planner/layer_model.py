@@ -3,7 +3,9 @@ what a layer needs on a device, what a placement costs, how many devices a model
 
 Per layer l on device d, for a micro-batch of b rows:
 
-    weights(l) = parameter bytes x (1 inference | 3 training: weights, gradients, momentum)
+    weights(l) = parameter bytes x (1 inference | 2 training: the weights and the gradient a
+                 backward pass returns; the optimizer's state and the master copy of the
+                 parameters stay in the dispatcher, strategies/pipeline_training.py)
                  + buffer bytes (state that is not trained: held once)
                  + shared (tied) parameter bytes when their owner sits on another device
     work(l)    = b x (activation in + activation out): what is live while l runs
@@ -24,20 +26,24 @@ the micro-batches in flight, which peak in one layer at a time:
                micro-batch, arriving while one runs) + (1 + WORKSPACE_COPIES) x the largest
                work(l) (the running micro-batch's input and output, and as much again of
                workspace for the compiled layer's temporaries)
-    training:  sum of weights + TRAINING_IN_FLIGHT x the sum of b x activation in (each
-               micro-batch in flight keeps every layer's input for its backward pass; the
-               pipeline trainer admits no more) + (2 + WORKSPACE_COPIES) x the largest work(l)
+    training:  sum of weights + TRAINING_IN_FLIGHT x the sum of b x activation in (the
+               trainer is GPipe with rematerialisation: the dispatcher keeps each micro-batch's
+               stage input, and a backward call recomputes its forward, keeping every layer's
+               input of that one micro-batch) + (2 + WORKSPACE_COPIES) x the largest work(l)
                (forward, the activation gradients, workspace)
 
 A device's time per micro-batch is the sum of compute and send over its layers, and of its
 stage_overhead_s (measured, calibration.py; 0 until then) for every stage it runs, shared with the
 replicas of its stage when it has any (they take micro-batches in proportion to their speed, so
-each is as busy; identical ones in turn), plus, for a trained stage on r devices, its share of
-one gradient exchange per optimizer step (a ring all-reduce over the slowest link, spread over
-the step):
+each is as busy; identical ones in turn). A trained stage's device also pays what the trainer
+moves (strategies/pipeline_training.py): every backward call returns the stage's gradients to the
+dispatcher, which applies the optimizer, and every optimizer step's new parameters reach each of
+the stage's devices once:
 
-    sync = 2 x (r - 1) / r x the stage's parameter bytes / (link x BANDWIDTH_EFFICIENCY)
-           / micro-batches per step
+    gradient(stage) = the stage's parameter bytes / (link x BANDWIDTH_EFFICIENCY), per
+                      micro-batch the device runs (shared with its replicas like compute)
+    load(stage)     = the same bytes / (link x BANDWIDTH_EFFICIENCY) / micro-batches per
+                      step, on every device of the stage (not shared)
 
 The step time is the busiest device's (in steady state the pipeline moves one micro-batch per
 step); a job of m micro-batches takes about (one micro-batch through every stage) + (m - 1) x
@@ -67,18 +73,19 @@ from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 BANDWIDTH_EFFICIENCY = 0.8
 # A device that reports no link bandwidth (a host CPU) sends over 100 Gb/s Ethernet.
 DEFAULT_LINK_GBPS = 12.5
-PARAMETER_COPIES = {INFERENCE: 1, TRAINING: 3}  # training: weights, gradients, SGD momentum
+PARAMETER_COPIES = {INFERENCE: 1, TRAINING: 2}  # training: weights and the gradient a backward returns
 COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 3.0}  # backward ~ twice the forward
 # Workspace for a compiled layer's temporaries, in copies of its largest working set (input and
 # output of one micro-batch): XLA's fused kernels keep far less than the unfused graph would.
 WORKSPACE_COPIES = 1
-# Micro-batches a pipeline-trained stage keeps forward activations for (1F1B's window).
-TRAINING_IN_FLIGHT = 4
+# Micro-batches a pipeline-trained stage keeps every layer's input for: the one its backward call
+# recomputes (GPipe with rematerialisation; the dispatcher stashes the stage inputs).
+TRAINING_IN_FLIGHT = 1
 # Copies of the largest working set live at once, workspace included: the running micro-batch
 # (inference); its forward and its activation gradients (training).
 WORKING_COPIES = {INFERENCE: 1 + WORKSPACE_COPIES, TRAINING: 2 + WORKSPACE_COPIES}
-# Devices one stage may run on (itself and its replicas), taking micro-batches in turn. Trained
-# replicas exchange their gradients once per optimizer step (sync_seconds).
+# Devices one stage may run on (itself and its replicas), taking micro-batches in turn. Each
+# trained replica receives the step's parameters (load_seconds).
 MAX_STAGE_REPLICAS = 8
 # The most bytes a model may need in all (4 EiB): beyond anything placeable, and within int64.
 MAX_NEED_BYTES = 2**62
@@ -137,14 +144,18 @@ class Model:
         bytes_s = self.traffic[layer] / bandwidth if bandwidth > 0 else 0.0
         return max(flops_s, bytes_s)
 
-    def sync_seconds(self, gradient_bytes: float, device: Device, replicas: int) -> float:
-        """Per micro-batch, a trained stage's share of exchanging `gradient_bytes` among its
-        `replicas` devices once per optimizer step (the module docstring's sync); linear in the
-        bytes. 0 for inference and for a stage on one device."""
-        if replicas <= 1 or self.task.kind != TRAINING:
+    def gradient_seconds(self, gradient_bytes: float, device: Device) -> float:
+        """Seconds a trained stage's backward call takes to return `gradient_bytes` from `device`
+        (the module docstring's gradient); linear in the bytes; 0 for inference."""
+        if self.task.kind != TRAINING:
             return 0.0
+        return gradient_bytes / (link_gbps(device) * 1e9 * BANDWIDTH_EFFICIENCY)
+
+    def load_seconds(self, gradient_bytes: float, device: Device) -> float:
+        """Per micro-batch, a trained stage device's share of receiving the step's new parameters
+        once per optimizer step (the module docstring's load); linear in the bytes; 0 for inference."""
         steps = self.task.step_micro_batches or DEFAULT_STEP_MICRO_BATCHES
-        return 2.0 * (replicas - 1) / replicas * gradient_bytes / (link_gbps(device) * 1e9 * BANDWIDTH_EFFICIENCY) / steps
+        return self.gradient_seconds(gradient_bytes, device) / steps
 
     def send_seconds(self, layer: int, device: Device) -> float:
         """Seconds to send layer's output from `device` to another device."""
@@ -242,6 +253,12 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
                 send[prev.device_id] += out
             stages.append(Stage(len(stages), device_id, i, 1, seconds, 0.0, tuple(replicas.get(device_id, ()))))
     memory = {d: weights[d] + model.activation_bytes(held[d], starts[d]) for d in weights}
+    gradients = {d: sum(model.layers[i].parameter_bytes for i in layers) for d, layers in held.items()}
+    for device_id in held:
+        if device_id not in replicas:
+            device = by_id[device_id]
+            send[device_id] += model.gradient_seconds(gradients[device_id], device) + \
+                model.load_seconds(gradients[device_id], device)
     shares: dict[str, tuple[float, ...]] = {}
     for device_id, copies in replicas.items():  # each copy holds what its original holds; the work is shared
         group = [by_id[d] for d in (device_id, *copies)]
@@ -249,15 +266,14 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
         sends = [i for i in layers if i + 1 < len(assignment) and assignment[i + 1] != device_id]
         runs = len(starts[device_id])
         own = [(sum(model.compute_seconds(i, d) for i in layers) + runs * d.stage_overhead_s,
-                sum(model.send_seconds(i, d) for i in sends)) for d in group]
+                sum(model.send_seconds(i, d) for i in sends) + model.gradient_seconds(gradients[device_id], d))
+               for d in group]
         # micro-batches in proportion to speed, so every device of the group is as busy
         speed = [1.0 / (c + t) if c + t > 0 else 1.0 for c, t in own]
         share = [v / sum(speed) for v in speed]
-        gradients = sum(model.layers[i].parameter_bytes for i in layers)
-        sync = model.sync_seconds(gradients, min(group, key=link_gbps), len(group))
         for d, w, (c, t) in zip(group, share, own):
             memory[d.id] = memory[device_id]
-            compute[d.id], send[d.id] = w * c + sync, w * t
+            compute[d.id], send[d.id] = w * c, w * t + model.load_seconds(gradients[device_id], d)
         shares[device_id] = tuple(share)
     stages = [dataclasses.replace(st, shares=shares[st.device_id]) if st.device_id in shares else st for st in stages]
     step = max((compute[d] + send[d] for d in compute), default=0.0)

@@ -1,7 +1,8 @@
 """A placed model, run as a pipeline (MISSION B7): one artifact per stage built for its
 device's rule, each device given only its own layers' parameters, micro-batches streamed stage
 to stage through the dispatcher as soon as each stage's output is back. A replicated stage
-runs micro-batch k on its (k mod replicas)-th device, each holding the stage's parameters.
+spreads its micro-batches over its devices in proportion to the plan's shares (weighted_turns:
+identical replicas take turns), each device holding the stage's parameters.
 
 A stage's micro-batch runs through the same steps as any shard (JobContext.execute): it is
 retried, recorded and traced like one, and the feed is routed within the same in-flight budget.

@@ -106,7 +106,7 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int,
         targets=tuple(m.TargetPlan(t, rules[_first(used, t)].rule_name, rules[_first(used, t)].compute_dtype, "",
                                    tuple(d for d in used if used[d].target_type == t), rows_per_second, "catalog")
                       for t in types),
-        shards=(), predicted_seconds=placement.predicted_seconds, equal_split_predicted_seconds=0.0,
+        shards=(), predicted_seconds=_job_seconds(placement, steps), equal_split_predicted_seconds=0.0,
         placement=placement)
     by_catalog = {c.id: c for c in catalog}
     seconds = {(st.index, d): sum(model.compute_seconds(i, by_catalog[d])
@@ -134,6 +134,16 @@ def _calibrated(catalog: list[pl.Device], calibration: StageCalibration | None) 
             f"calibrated: {device.target_type} from {measured.samples} stage call(s): compute {measured.slowdown:.3g}x "
             f"the catalog's prediction, {measured.overhead_seconds * 1e3:.3f} ms a stage call beyond it")
     return out, list(lines.values())
+
+
+def _job_seconds(placement: m.PlacementPlan, step_micro_batches: int) -> float:
+    """The job's predicted seconds: all its micro-batches (the pipeline filled once, then one step
+    each); training, one optimizer step's (its micro-batches through and back, as the trainer
+    runs a step), as a data-parallel training job's is."""
+    if not step_micro_batches:
+        return placement.predicted_seconds
+    fill = placement.predicted_seconds - max(0, placement.micro_batches - 1) * placement.predicted_step_seconds
+    return fill + max(0, step_micro_batches - 1) * placement.predicted_step_seconds
 
 
 def _rules(mesh, devices: list[JobDevice], precision: str) -> dict[str, RuleChoice]:

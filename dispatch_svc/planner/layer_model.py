@@ -13,7 +13,7 @@ Per layer l on device d, for a micro-batch of b rows:
                      memory traffic / (memory bandwidth x BANDWIDTH_EFFICIENCY))
                  where memory traffic is the compulsory one: parameters read once per
                  micro-batch, b x (activation in + activation out); training multiplies both
-                 by 3 (forward + backward). XLA's bytes accessed (in the layer table) is measured
+                 by 4 (forward, then the backward call's forward again and its backward). XLA's bytes accessed (in the layer table) is measured
                  before fusion, counting every intermediate, so it overstates what fused
                  kernels move (30x for a GPT-2 XL block at 1,024 tokens) and is not used here.
     send(l)    = b x activation bytes / (sender's link bandwidth x BANDWIDTH_EFFICIENCY),
@@ -74,7 +74,9 @@ BANDWIDTH_EFFICIENCY = 0.8
 # A device that reports no link bandwidth (a host CPU) sends over 100 Gb/s Ethernet.
 DEFAULT_LINK_GBPS = 12.5
 PARAMETER_COPIES = {INFERENCE: 1, TRAINING: 2}  # training: weights and the gradient a backward returns
-COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 3.0}  # backward ~ twice the forward
+# Training: the forward call, then the backward call's forward again (rematerialisation) and its
+# backward, about twice a forward.
+COMPUTE_FACTOR = {INFERENCE: 1.0, TRAINING: 4.0}
 # Workspace for a compiled layer's temporaries, in copies of its largest working set (input and
 # output of one micro-batch): XLA's fused kernels keep far less than the unfused graph would.
 WORKSPACE_COPIES = 1
@@ -312,7 +314,8 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
         per_device = sorted((1.0 / seconds if seconds > 0 else math.inf
                              for group in alike.values() for seconds in [model.compute_seconds(i, group[0])]
                              for _ in group), reverse=True)
-        layer = max(layer, 1.0 / sum(per_device[:MAX_STAGE_REPLICAS]))
+        rate = sum(per_device[:MAX_STAGE_REPLICAS])  # micro-batches a second; 0 where no device computes
+        layer = max(layer, 1.0 / rate if rate > 0 else math.inf)
     return max(work, traffic, layer)
 
 

@@ -270,12 +270,13 @@ class JobContext:
 
     def _ended(self, started: float, finished: float | None) -> None:
         """The job's measured makespan (JobRecord.measured_seconds) after an attempt ended
-        (``finished`` None: it failed): inference, from the first shard's start to the latest end;
-        training, the mean over the steps, a step being the shards running together."""
+        (``finished`` None: it failed): inference, from the first shard's start to the latest end
+        (a pipeline's stage calls are its shards); training, the mean over the steps, a step being
+        the shards running together (a pipeline's steps are timed by pipeline_training.py)."""
         with self._lock:
             clock = self._clock
             clock.running -= 1
-            if finished is None or self.spec.placement is not None:
+            if finished is None or (self.spec.placement is not None and self.spec.kind == m.TRAINING):
                 return
             if self.spec.kind != m.TRAINING:
                 self.job.measured_seconds = max(self.job.measured_seconds, finished - clock.start)

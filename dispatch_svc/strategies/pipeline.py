@@ -158,7 +158,8 @@ def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: l
             builds[key] = (stage_program, by_type)
         stages.append(_Stage(st.index, st.device_ids, st.first_layer, st.layer_count, stage_program, by_type,
                              shares=st.shares, catalog_seconds={d: placed.catalog_seconds.get((st.index, d), 0.0)
-                                                                for d in st.device_ids}))
+                                                                for d in st.device_ids},
+                             planned_seconds=st.compute_seconds))
     return stages
 
 
@@ -177,10 +178,11 @@ def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt:
     ran = stage.backward if work.backward else stage.program
     out = ctx.execute(ran, [build], None, attempt, held=work.held or f"stage{stage.index}",
                       span_attributes={attr.PIPELINE_STAGE: stage.index, attr.MICRO_BATCH: work.batch.index})
+    record = ctx.job.shards[work.index]
+    record.predicted_seconds = stage.call_seconds(attempt.device.id, work.backward, ctx.spec.kind == m.TRAINING)
     predicted = stage.catalog_seconds.get(attempt.device.id, 0.0)
     calibration = ctx.throughput.stages
     if calibration is not None and predicted > 0 and not work.backward and ctx.spec.kind != m.TRAINING:
-        record = ctx.job.shards[work.index]
         micro = ctx.job.plan.placement.micro_batch_rows
         calibration.record(attempt.device.target_type, predicted * work.rows / micro, out.execute_seconds,
                            record.own_seconds)  # what calibrates the next plans
@@ -255,6 +257,18 @@ class _Stage:
     shares: tuple[float, ...] = ()  # of the micro-batches per device of device_ids (empty: one device)
     catalog_seconds: dict[str, float] = field(default_factory=dict)  # PlacedJob.catalog_seconds, by device
     turns: list[int] = field(default_factory=list)  # the device index of each micro-batch
+    planned_seconds: float = 0.0  # the plan's seconds per micro-batch on the first device (StagePlan.compute_seconds)
+
+    def call_seconds(self, device_id: str, backward: bool, training: bool) -> float:
+        """What the plan predicts for one call of this stage on `device_id`: the planned seconds
+        per micro-batch, scaled to the device by the catalog's figures (a replica of another type),
+        and for training split as the cost model's factor is (a forward of 4: the forward call 1,
+        the backward call, which runs the forward again, 3)."""
+        first, here = self.catalog_seconds.get(self.device_ids[0], 0.0), self.catalog_seconds.get(device_id, 0.0)
+        seconds = self.planned_seconds * (here / first if first > 0 and here > 0 else 1.0)
+        if training:
+            seconds *= 0.75 if backward else 0.25
+        return seconds
 
     def take_turns(self, count: int) -> None:
         self.turns = weighted_turns(self.shares or (1.0,) * len(self.device_ids), count)

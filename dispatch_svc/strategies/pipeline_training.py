@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -162,9 +163,13 @@ def train(ctx: JobContext, program: Program, stages: list[TrainedStage], pool: D
         return loss
 
     def work():
+        took = 0.0
         for batch in options.batches(rows):
             ctx.live.scope.check()
+            started = time.perf_counter()
             loss = step(batch.indices, batch.step)
+            took += time.perf_counter() - started
+            job.measured_seconds = took / batch.step  # the mean step, beside plan.predicted_seconds
             job.losses.append(loss)
             job.progress = batch.step / total_steps
             ctx.book.emit(job, m.TRAINING_STEP, step=batch.step, loss=loss,

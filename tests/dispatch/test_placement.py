@@ -257,6 +257,10 @@ def test_the_lower_bound_counts_replicas_of_another_type():
     assert lower_bound_seconds(model, devices, mixed_replicas=False) == pytest.approx(a, rel=1e-12)
     placement = place_balanced(model, devices)
     assert placement.evaluation.step_seconds >= lower_bound_seconds(model, devices) * (1 - 1e-9)
+    # devices that compute nothing bound nothing: no placement on them runs the layer (fuzz found a
+    # division by zero here)
+    idle = [device("z", 0.0, 80 * GB, target_type="z", bandwidth=0.0)]
+    assert lower_bound_seconds(model, idle) == math.inf
 
 
 @pytest.mark.parametrize("params", [10**6, 10**10])

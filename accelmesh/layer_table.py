@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.errors import InvalidArgument
-from accelmesh.programs import layer_cost_fields
+from accelmesh.programs import layer_cost_fields, proto_fields
 
 # Layers a table may have: placing 1,024 over 150 devices takes ~0.7 s (balanced) here.
 MAX_LAYERS = 1024
@@ -84,14 +84,8 @@ def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layer
 
 def layer_cost_from_proto(msg: plan_pb.LayerCost) -> LayerCost:
     """A client's layer row; FLOPs left unset are unknown (None), not 0."""
-    fields = layer_cost_fields(msg)
-    if not msg.HasField("flops_per_sample"):
-        fields["flops_per_sample"] = None
-    return LayerCost(**fields)
+    return LayerCost(**layer_cost_fields(msg))
 
 
 def layer_cost_to_proto(layer: LayerCost) -> plan_pb.LayerCost:
-    fields = layer_cost_fields(layer)
-    if fields["flops_per_sample"] is None:
-        del fields["flops_per_sample"]
-    return plan_pb.LayerCost(**fields)
+    return plan_pb.LayerCost(**proto_fields(layer_cost_fields(layer)))

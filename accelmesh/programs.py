@@ -51,7 +51,7 @@ class LayerInfo:
     parameter_shapes: Mapping[str, tuple[int, ...]]  # leaf path within the layer -> shape
     parameter_count: int
     parameter_bytes: int
-    flops_per_sample: float  # XLA cost analysis of the layer at batch 1
+    flops_per_sample: float | None  # XLA cost analysis of the layer at batch 1; None where XLA gave none
     bytes_accessed_per_sample: float
     activation_bytes_per_sample: int  # size of the layer's output for one sample
     # Tied weights: an earlier layer whose parameters this one also reads (counted in the
@@ -69,8 +69,19 @@ LAYER_COST_FIELDS = ("name", "order", "parameter_count", "parameter_bytes", "flo
 
 
 def layer_cost_fields(row: Any) -> dict[str, Any]:
-    """`row`'s cost columns by name, to build another kind of layer row from."""
-    return {name: getattr(row, name) for name in LAYER_COST_FIELDS}
+    """`row`'s cost columns by name, to build another kind of layer row from. FLOPs are unknown
+    (None) where a message row leaves its optional field unset, never 0 (0 is a layer without
+    arithmetic); build a message from ``proto_fields`` of them."""
+    fields = {name: getattr(row, name) for name in LAYER_COST_FIELDS}
+    has_field = getattr(row, "HasField", None)
+    if has_field is not None and not has_field("flops_per_sample"):
+        fields["flops_per_sample"] = None
+    return fields
+
+
+def proto_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``layer_cost_fields`` as a message's keyword arguments: an unknown value stays unset."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from accelmesh import errors
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import program_pb2 as program_pb
-from accelmesh.programs import BuildOptions, LayerInfo, OutputSpec, Program, TensorSpec, layer_cost_fields
+from accelmesh.programs import BuildOptions, LayerInfo, OutputSpec, Program, TensorSpec, layer_cost_fields, proto_fields
 from accelmesh.runtime.tensors import dtype_code_for_name, dtype_name
 
 BATCH = -1  # how a symbolic batch dimension travels in TensorSpec.shape
@@ -40,7 +40,7 @@ def layer_to_proto(layer: LayerInfo) -> program_pb.Layer:
     return program_pb.Layer(
         kind=layer.kind,
         parameters=[tensor_spec_to_proto(TensorSpec(n, "float32", tuple(s))) for n, s in layer.parameter_shapes.items()],
-        **layer_cost_fields(layer),
+        **proto_fields(layer_cost_fields(layer)),
     )
 
 

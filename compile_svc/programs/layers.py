@@ -135,7 +135,7 @@ def describe_layers(program: Program, layer_fns: Sequence[LayerFn], model_input:
             parameter_shapes={p.name.removeprefix(prefix): tuple(int(d) for d in p.shape) for p in own},
             parameter_count=sum(math.prod(p.shape) for p in own),
             parameter_bytes=_bytes(own),
-            flops_per_sample=cost.get("flops", 0.0) / PROFILE_BATCH,
+            flops_per_sample=cost["flops"] / PROFILE_BATCH if "flops" in cost else None,  # absent: unknown
             bytes_accessed_per_sample=cost.get("bytes accessed", 0.0) / PROFILE_BATCH,
             activation_bytes_per_sample=math.prod(out.shape) * np.dtype(out.dtype).itemsize // PROFILE_BATCH,
             shared_from=layer.shared_from if shared else "",

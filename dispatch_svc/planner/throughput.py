@@ -97,8 +97,12 @@ class Target(NamedTuple):
 
 
 def flops_per_row(program: Program) -> float | None:
-    """FLOPs to process one row: the sum of the layers' per-sample estimates; None if unknown."""
-    total = sum(layer.flops_per_sample for layer in program.layers)
+    """FLOPs to process one row: the sum of the layers' per-sample estimates; None if any layer's
+    is unknown, or the program has no layer table or no arithmetic to time by."""
+    values = [layer.flops_per_sample for layer in program.layers]
+    if not values or any(v is None for v in values):
+        return None
+    total = sum(values)
     return total if total > 0 else None
 
 

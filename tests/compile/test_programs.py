@@ -227,3 +227,18 @@ def test_a_multi_billion_parameter_model_is_described_without_materialising_weig
     assert layer.parameter_bytes == 4 * width * width
     assert layer.flops_per_sample == pytest.approx(2 * width * width)
 
+
+
+@pytest.mark.parametrize("flops", [None, 0.0, 2.5e6])
+def test_a_layers_flops_cross_the_proto_as_they_are_unknown_stays_unknown_and_zero_stays_zero(flops):
+    from accelmesh.runtime.programs import layer_from_proto, layer_to_proto
+    from dispatch_svc.planner.throughput import flops_per_row
+
+    (first, second) = mlp_classifier().program.layers[:2]
+    layer = dataclasses.replace(first, flops_per_sample=flops)
+    msg = layer_to_proto(layer)
+    assert msg.HasField("flops_per_sample") == (flops is not None)
+    assert layer_from_proto(msg) == layer
+    program = dataclasses.replace(mlp_classifier().program, layers=(layer, second))
+    # a row cannot be timed by FLOPs when any layer's are unknown: the catalog rate is not guessed
+    assert flops_per_row(program) == (None if flops is None else flops + second.flops_per_sample)

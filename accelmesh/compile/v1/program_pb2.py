@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from accelmesh.common.v1 import common_pb2 as accelmesh_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"accelmesh/compile/v1/program.proto\x12\x14\x61\x63\x63\x65lmesh.compile.v1\x1a accelmesh/common/v1/common.proto\"W\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x05\x64type\x18\x02 \x01(\x0e\x32\x1d.accelmesh.common.v1.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\"r\n\nOutputSpec\x12\x30\n\x06tensor\x18\x01 \x01(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x32\n\x07\x63ombine\x18\x02 \x01(\x0e\x32!.accelmesh.compile.v1.CombineRule\"\xc7\x02\n\x05Layer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05order\x18\x03 \x01(\x05\x12\x34\n\nparameters\x18\x04 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x17\n\x0fparameter_count\x18\x05 \x01(\x03\x12\x17\n\x0fparameter_bytes\x18\x06 \x01(\x03\x12\x18\n\x10\x66lops_per_sample\x18\x07 \x01(\x01\x12!\n\x19\x62ytes_accessed_per_sample\x18\x08 \x01(\x01\x12#\n\x1b\x61\x63tivation_bytes_per_sample\x18\t \x01(\x03\x12\x13\n\x0bshared_from\x18\n \x01(\t\x12\x1e\n\x16shared_parameter_bytes\x18\x0b \x01(\x03\x12\x14\n\x0c\x62uffer_bytes\x18\x0c \x01(\x03\"\xdf\x02\n\x07Program\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x04kind\x18\x03 \x01(\x0e\x32!.accelmesh.compile.v1.ProgramKind\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x34\n\nparameters\x18\x05 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x30\n\x06inputs\x18\x06 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x31\n\x07outputs\x18\x07 \x03(\x0b\x32 .accelmesh.compile.v1.OutputSpec\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12+\n\x06layers\x18\t \x03(\x0b\x32\x1b.accelmesh.compile.v1.Layer\x12\x17\n\x0fparameter_count\x18\n \x01(\x03*q\n\x0b\x43ombineRule\x12\x1c\n\x18\x43OMBINE_RULE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMBINE_RULE_CONCAT\x10\x01\x12\x14\n\x10\x43OMBINE_RULE_SUM\x10\x02\x12\x15\n\x11\x43OMBINE_RULE_MEAN\x10\x03*\x99\x01\n\x0bProgramKind\x12\x1c\n\x18PROGRAM_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15PROGRAM_KIND_FUNCTION\x10\x01\x12\x16\n\x12PROGRAM_KIND_MODEL\x10\x02\x12\x1e\n\x1aPROGRAM_KIND_TRAINING_STEP\x10\x03\x12\x19\n\x15PROGRAM_KIND_UPLOADED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"accelmesh/compile/v1/program.proto\x12\x14\x61\x63\x63\x65lmesh.compile.v1\x1a accelmesh/common/v1/common.proto\"W\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x05\x64type\x18\x02 \x01(\x0e\x32\x1d.accelmesh.common.v1.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\"r\n\nOutputSpec\x12\x30\n\x06tensor\x18\x01 \x01(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x32\n\x07\x63ombine\x18\x02 \x01(\x0e\x32!.accelmesh.compile.v1.CombineRule\"\xe1\x02\n\x05Layer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05order\x18\x03 \x01(\x05\x12\x34\n\nparameters\x18\x04 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x17\n\x0fparameter_count\x18\x05 \x01(\x03\x12\x17\n\x0fparameter_bytes\x18\x06 \x01(\x03\x12\x1d\n\x10\x66lops_per_sample\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12!\n\x19\x62ytes_accessed_per_sample\x18\x08 \x01(\x01\x12#\n\x1b\x61\x63tivation_bytes_per_sample\x18\t \x01(\x03\x12\x13\n\x0bshared_from\x18\n \x01(\t\x12\x1e\n\x16shared_parameter_bytes\x18\x0b \x01(\x03\x12\x14\n\x0c\x62uffer_bytes\x18\x0c \x01(\x03\x42\x13\n\x11_flops_per_sample\"\xdf\x02\n\x07Program\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x04kind\x18\x03 \x01(\x0e\x32!.accelmesh.compile.v1.ProgramKind\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x34\n\nparameters\x18\x05 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x30\n\x06inputs\x18\x06 \x03(\x0b\x32 .accelmesh.compile.v1.TensorSpec\x12\x31\n\x07outputs\x18\x07 \x03(\x0b\x32 .accelmesh.compile.v1.OutputSpec\x12\x0e\n\x06\x64igest\x18\x08 \x01(\t\x12+\n\x06layers\x18\t \x03(\x0b\x32\x1b.accelmesh.compile.v1.Layer\x12\x17\n\x0fparameter_count\x18\n \x01(\x03*q\n\x0b\x43ombineRule\x12\x1c\n\x18\x43OMBINE_RULE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OMBINE_RULE_CONCAT\x10\x01\x12\x14\n\x10\x43OMBINE_RULE_SUM\x10\x02\x12\x15\n\x11\x43OMBINE_RULE_MEAN\x10\x03*\x99\x01\n\x0bProgramKind\x12\x1c\n\x18PROGRAM_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15PROGRAM_KIND_FUNCTION\x10\x01\x12\x16\n\x12PROGRAM_KIND_MODEL\x10\x02\x12\x1e\n\x1aPROGRAM_KIND_TRAINING_STEP\x10\x03\x12\x19\n\x15PROGRAM_KIND_UPLOADED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'accelmesh.compile.v1.program_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMBINERULE']._serialized_start=983
-  _globals['_COMBINERULE']._serialized_end=1096
-  _globals['_PROGRAMKIND']._serialized_start=1099
-  _globals['_PROGRAMKIND']._serialized_end=1252
+  _globals['_COMBINERULE']._serialized_start=1009
+  _globals['_COMBINERULE']._serialized_end=1122
+  _globals['_PROGRAMKIND']._serialized_start=1125
+  _globals['_PROGRAMKIND']._serialized_end=1278
   _globals['_TENSORSPEC']._serialized_start=94
   _globals['_TENSORSPEC']._serialized_end=181
   _globals['_OUTPUTSPEC']._serialized_start=183
   _globals['_OUTPUTSPEC']._serialized_end=297
   _globals['_LAYER']._serialized_start=300
-  _globals['_LAYER']._serialized_end=627
-  _globals['_PROGRAM']._serialized_start=630
-  _globals['_PROGRAM']._serialized_end=981
+  _globals['_LAYER']._serialized_end=653
+  _globals['_PROGRAM']._serialized_start=656
+  _globals['_PROGRAM']._serialized_end=1007
 # @@protoc_insertion_point(module_scope)

@@ -87,9 +87,12 @@ def start_inventory(
 
 
 def start_compile(data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0",
-                  echo: bool = False, name: str = "compile") -> ServiceProcess:
-    """Replicas started on one `data_dir` share its artifact store and uploaded programs."""
+                  echo: bool = False, name: str = "compile", rules: Path | None = None) -> ServiceProcess:
+    """Replicas started on one `data_dir` share its artifact store and uploaded programs. `rules`:
+    a compile rule file of the operator's (default: the shipped deploy/rules/compile_rules.toml)."""
     args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"), "--programs-dir", str(data_dir / "programs")]
+    if rules is not None:
+        args += ["--rules", str(rules)]
     return start_service(name, "compile_svc", args, echo=echo, env=service_env(credentials, Role.COMPILE))
 
 

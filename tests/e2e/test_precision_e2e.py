@@ -12,8 +12,8 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.client import MeshClient, job_spec
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.embedded import start_embedded_mesh
-from conftest import reservations, rpc_error
+from accelmesh.embedded import EmbeddedMesh, start_compile, start_dispatch, start_embedded_mesh, start_inventory, start_worker
+from conftest import CREDENTIALS, reservations, rpc_error
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +115,30 @@ def test_bad_precisions_are_invalid_argument_naming_the_field(mesh, client):
         error = rpc_error(lambda: list(client.stub.RunJob(iter([pb.RunJobRequest(spec=spec)]))))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.details()
     assert reservations(mesh) == []
+
+
+def test_a_precision_no_device_can_meet_fails_the_plan_naming_the_devices_and_their_rules(tmp_path):
+    # An operator's rules that build everything but CPUs in bf16 only: a job requiring fp32 on the
+    # A100 cannot be planned, and says which devices and rules stand in the way, reserving nothing.
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "cpu-fp32"\ndescription = "CPUs in fp32"\n[rule.match]\nplatform = "cpu"\n'
+                     '[rule.build]\ncompute_dtype = "fp32"\n\n[[rule]]\nname = "everything-bf16"\n'
+                     'description = "every other device in bf16"\n[rule.build]\ncompute_dtype = "bf16"\n'
+                     'tolerance = 5e-2\n')
+    inventory = start_inventory(tmp_path, CREDENTIALS)
+    with EmbeddedMesh(tmp_path, inventory, CREDENTIALS) as small:
+        small.compile = start_compile(tmp_path, CREDENTIALS, rules=rules)
+        small.workers.append(start_worker(inventory.address, small.compile.address, CREDENTIALS, devices=2,
+                                          emulate=("a100-80gb",), artifact_dir=tmp_path / "worker-artifacts"))
+        small.dispatch = start_dispatch(tmp_path, inventory.address, small.compile.address, CREDENTIALS)
+        with MeshClient(small.dispatch.address) as client:
+            x = np.zeros((8, 64), np.float32)
+            spec = job_spec("mlp_classifier", {"x": x}, precision="fp32", filter=ONLY_A100)
+            error = rpc_error(client.stub.PlanJob, pb.PlanJobRequest(spec=spec))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            assert "precision fp32" in error.details() and "everything-bf16 (bf16)" in error.details()
+            assert "/cuda:0" in error.details()
+            # bf16 allowed, the same job plans on the A100's bf16 rule
+            plan = client.stub.PlanJob(pb.PlanJobRequest(spec=job_spec("mlp_classifier", {"x": x}, filter=ONLY_A100)))
+            assert {t.rule for t in plan.plan.targets} == {"everything-bf16"}
+            assert reservations(small) == []

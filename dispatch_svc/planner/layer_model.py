@@ -289,19 +289,23 @@ def evaluate(model: Model, devices: Sequence[Device], assignment: Sequence[str],
 
 def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas: bool = True) -> float:
     """A step time no placement on `devices` can beat. A device's time is at least the sum over
-    its layers of FLOPs / rate and of memory traffic / bandwidth, so the busiest device takes at
-    least the model's FLOPs over the devices' summed rate, and its traffic over their summed
-    bandwidth; and every layer runs somewhere, so at least the slowest layer over the stage that
-    holds it: replicas of any type take micro-batches in proportion to their speed, so a layer
-    shared by the MAX_STAGE_REPLICAS devices fastest at it takes 1 / (the sum of their rates).
-    Without `mixed_replicas` only identical devices replicate a stage (ranked's fair step, which
-    ranked.py has always measured that way)."""
+    its layers of FLOPs / rate and of memory traffic / bandwidth, and, trained, of the gradients
+    it returns and the parameters it receives over its link. So the busiest device takes at least
+    the model's traffic over the devices' summed bandwidth, and, with F the model's FLOPs and G
+    the bytes every micro-batch must move (the gradients, and the parameters once a step), at
+    least (F + t G) / sum over devices of max(rate, t x link) for every t >= 0 (a device that
+    spends its step computing f FLOPs and moving g bytes does f + t g <= step x max(rate, t link)
+    of that work; t = 0 is the FLOPs over the summed rate). And every layer runs somewhere, so
+    at least the slowest layer over the stage that holds it: replicas of any type take
+    micro-batches in proportion to their speed, so a layer shared by the MAX_STAGE_REPLICAS
+    devices fastest at it takes 1 / (the sum of their rates). Without `mixed_replicas` only
+    identical devices replicate a stage (ranked's fair step, which ranked.py has always
+    measured that way)."""
     if not devices:
         return math.inf
-    rate = sum(d.peak_tflops for d in devices) * 1e12 * CATALOG_EFFICIENCY
     bandwidth = sum(d.memory_bandwidth_gbps for d in devices) * 1e9 * BANDWIDTH_EFFICIENCY
-    work = model.total_flops / rate if rate > 0 else math.inf
     traffic = sum(model.traffic) / bandwidth if bandwidth > 0 else 0.0
+    work = _work_bound(model, devices)
     alike: dict[tuple, list[Device]] = {}
     for d in devices:
         alike.setdefault(alike_key(d, model.task), []).append(d)
@@ -311,12 +315,33 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
         return max(work, traffic, layer)
     layer = 0.0
     for i in range(len(model)):
+        gradients = model.layers[i].parameter_bytes
         per_device = sorted((1.0 / seconds if seconds > 0 else math.inf
-                             for group in alike.values() for seconds in [model.compute_seconds(i, group[0])]
+                             for group in alike.values()
+                             for seconds in [model.compute_seconds(i, group[0]) + model.gradient_seconds(gradients, group[0])]
                              for _ in group), reverse=True)
         rate = sum(per_device[:MAX_STAGE_REPLICAS])  # micro-batches a second; 0 where no device computes
         layer = max(layer, 1.0 / rate if rate > 0 else math.inf)
     return max(work, traffic, layer)
+
+
+def _work_bound(model: Model, devices: Sequence[Device]) -> float:
+    """max over t >= 0 of (F + t G) / sum of max(rate, t x link): see lower_bound_seconds. The
+    ratio is piecewise of that shape, so its maximum is at t = 0, at a device's rate / link, or
+    as t grows without end (G over the summed links)."""
+    rates = [d.peak_tflops * 1e12 * CATALOG_EFFICIENCY for d in devices]
+    links = [link_gbps(d) * 1e9 * BANDWIDTH_EFFICIENCY for d in devices]
+    flops = model.total_flops
+    moved = 0.0
+    if model.task.kind == TRAINING:  # every gradient each micro-batch, every parameter once a step
+        steps = model.task.step_micro_batches or DEFAULT_STEP_MICRO_BATCHES
+        moved = sum(layer.parameter_bytes for layer in model.layers) * (1.0 + 1.0 / steps)
+    best = flops / sum(rates) if sum(rates) > 0 else math.inf
+    if moved > 0:
+        best = max(best, moved / sum(links))
+        for t in {r / l for r, l in zip(rates, links) if l > 0}:
+            best = max(best, (flops + t * moved) / sum(max(r, t * l) for r, l in zip(rates, links)))
+    return best
 
 
 def alike_key(device: Device, task: Task) -> tuple:

@@ -246,6 +246,21 @@ def test_balanced_finds_the_brute_force_optimum(seed, kind):
     assert step >= lower_bound_seconds(model, [d for d in devices if d.id in placement.devices]) * (1 - 1e-9)
 
 
+def test_the_training_bound_counts_the_gradients_and_parameters_every_placement_moves():
+    # One device, one flops-bound layer: no placement does better than computing it and moving
+    # its gradients back each micro-batch and its parameters in once a step, so the bound is the
+    # plan; over two devices it still holds and is no longer exact.
+    layers = [layer("heavy", 0, 10**8, flops=1e12, act=10**3)]
+    model = Model(layers, task(kind="training", micro_batch_rows=8, step_micro_batches=4))
+    one = [device("a", 100.0, 200 * GB, link=10.0, target_type="a")]
+    step = evaluate(model, one, ["a"]).step_seconds
+    assert lower_bound_seconds(model, one) == pytest.approx(step, rel=1e-12)
+    assert step > model.compute_seconds(0, one[0])  # the flops alone would bound less
+    two = [*one, device("b", 50.0, 200 * GB, link=40.0, target_type="b")]
+    placed = place_balanced(model, two).evaluation.step_seconds
+    assert lower_bound_seconds(model, two) * (1 - 1e-9) <= placed < step
+
+
 def test_the_lower_bound_counts_replicas_of_another_type():
     # One layer on a 100 and a 60 TFLOP/s device: sharing its micro-batches by speed takes
     # 1 / (1/a + 1/b) of a micro-batch's work, less than the faster device alone.

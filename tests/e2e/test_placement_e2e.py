@@ -97,6 +97,11 @@ def test_transformer_runs_as_a_pipeline_across_three_devices_of_two_types(client
         devices = [stage.device_id, *stage.replica_device_ids]
         turns = weighted_turns(tuple(stage.micro_batch_shares) or (1.0,) * len(devices), 7)
         assert record.done and record.device_id == devices[turns[record.index // len(stages)]]
+        # the plan's seconds for this stage on this device, beside what the call took
+        assert record.predicted_seconds > 0 and record.total_seconds > 0
+    # the job's predicted makespan beside its measured one (first stage call to the last outputs)
+    assert result.job.plan.predicted_seconds > 0 and result.job.measured_seconds > 0
+    assert result.job.measured_seconds <= result.job.end_time.ToNanoseconds() / 1e9 - result.job.create_time.ToNanoseconds() / 1e9
     if strategy == BALANCED:  # the two A100s share the heavy stage, taking micro-batches in turn
         replicated = [s for s in stages if s.replica_device_ids]
         assert len(replicated) == 1 and len(replicated[0].replica_device_ids) == 1
@@ -145,6 +150,9 @@ def test_a_placed_transformer_trains_as_a_pipeline_and_matches_single_device_tra
     assert {d.target_type.split(":")[1].split("[")[0] for d in placement.devices} == {"a100-80gb", "v100-32gb"}
     # every micro-batch's forward and backward pass of every stage ran (3 micro-batches a step)
     assert len(result.job.shards) == 3 * len(placement.stages) * 2 and all(r.done for r in result.job.shards)
+    assert all(r.predicted_seconds > 0 for r in result.job.shards)
+    # one optimizer step predicted, against the mean step measured
+    assert result.job.plan.predicted_seconds > 0 and result.job.measured_seconds > 0
     expected, expected_losses = single_device_training(x, labels, options)
     assert len(result.job.losses) == 2
     np.testing.assert_allclose(result.job.losses, expected_losses, rtol=5e-2)

@@ -109,10 +109,14 @@ def print_makespan(job: job_pb.Job) -> tuple[float, float]:
 def inference_demo(client: MeshClient, compile_address: str, samples: int, security: Security,
                    device_types: list[str]) -> float:
     tokens = np.random.default_rng(0).integers(0, 512, size=(samples, 32), dtype=np.int32)
-    calibration = tokens[: max(8, samples // 16)]
-    # One small job per device type, all at once: across types the catalog would give a V100
-    # (15.7 TFLOP/s fp32) no rows next to an A100 (312 bf16), and these emulated devices share the
-    # CPU, so they are measured while all of them run, as in the big job.
+    # One job per device type, all at once: across types the catalog would give a V100 (15.7
+    # TFLOP/s fp32) no rows next to an A100 (312 bf16), and these emulated devices share the CPU,
+    # so they are measured while all of them run, as in the big job. Each device's shard is as
+    # large as its share of the big job (the types have as many devices each): on a shared CPU a
+    # row costs more in a large shard than in a small one (measured here: 4.3 ms a row in shards
+    # of 128 rows, 7.6 ms in shards of 1,024, all four devices busy), which a cost of a fixed
+    # part plus one per row cannot carry from one size to the other.
+    calibration = tokens[: max(8, samples // max(1, len(device_types)))]
     print(f"\n(a) inference: transformer_encoder, first a {len(calibration)}-sequence job on each device type at "
           f"once, twice (a device's first run of an executable is not measured), planned from catalog peak "
           f"rates; their shards' measured costs (a fixed part per shard plus one per row) then plan the "

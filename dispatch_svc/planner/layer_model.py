@@ -309,6 +309,8 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
     alike: dict[tuple, list[Device]] = {}
     for d in devices:
         alike.setdefault(alike_key(d, model.task), []).append(d)
+    if mixed_replicas:
+        work = max(work, _shares_bound(model, list(alike.values())))
     if not mixed_replicas:
         layer = max(min(model.compute_seconds(i, group[0]) / min(MAX_STAGE_REPLICAS, len(group))
                         for group in alike.values()) for i in range(len(model)))
@@ -323,6 +325,51 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
         rate = sum(per_device[:MAX_STAGE_REPLICAS])  # micro-batches a second; 0 where no device computes
         layer = max(layer, 1.0 / rate if rate > 0 else math.inf)
     return max(work, traffic, layer)
+
+
+MAX_BOUND_VARIABLES = 200_000  # layers x kinds of device the shares bound solves for; past it, skipped
+
+
+def _shares_bound(model: Model, groups: Sequence[Sequence[Device]]) -> float:
+    """The least step over fractional plans: each layer's micro-batches shared among the kinds of
+    device in any proportions, a kind of n devices offering n x step seconds, a share x of layer
+    l on a device of kind k costing x times its seconds there (compute, and trained, the
+    gradients it returns and its part of the step's parameters: a device pays all of them
+    whatever its share, so charging the share is less than any plan pays). Every placement is
+    one such plan, so none beats the least; it ties each layer's gradients to the devices that
+    compute it, which the closed forms cannot. A linear program (scipy's HiGHS); 0 where it
+    finds nothing or is too large to solve here."""
+    n, k = len(model), len(groups)
+    if n * k > MAX_BOUND_VARIABLES or n == 0:
+        return 0.0
+    from scipy.optimize import linprog  # a dependency of jax's; imported only when a bound is asked for
+
+    cost = np.empty((n, k))
+    for j, group in enumerate(groups):
+        d = group[0]
+        for i in range(n):
+            moved = model.layers[i].parameter_bytes
+            cost[i, j] = model.compute_seconds(i, d) + model.gradient_seconds(moved, d) + model.load_seconds(moved, d)
+    if not np.all(np.isfinite(cost).any(axis=1)):
+        return math.inf  # a layer no device computes
+    cost = np.where(np.isfinite(cost), cost, 1e30)
+    scale = float(cost[cost < 1e30].max()) or 1.0  # seconds near 1 keep the solver's tolerances meaningful
+    cost = np.minimum(cost / scale, 1e12)
+    # variables: x[i, j] (row-major), then the step; minimise the step
+    objective = np.zeros(n * k + 1)
+    objective[-1] = 1.0
+    capacity = np.zeros((k, n * k + 1))
+    for j, group in enumerate(groups):
+        capacity[j, j:n * k:k] = cost[:, j]
+        capacity[j, -1] = -float(len(group))
+    cover = np.zeros((n, n * k + 1))
+    for i in range(n):
+        cover[i, i * k:(i + 1) * k] = 1.0
+    result = linprog(objective, A_ub=capacity, b_ub=np.zeros(k), A_eq=cover, b_eq=np.ones(n), bounds=(0, None),
+                     method="highs")
+    if result.status != 0:
+        return 0.0
+    return max(0.0, float(result.x[-1]) * scale * (1 - 1e-7))  # below the solver's tolerance: still a bound
 
 
 def _work_bound(model: Model, devices: Sequence[Device]) -> float:

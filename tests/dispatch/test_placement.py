@@ -390,3 +390,26 @@ def test_without_a_count_balanced_takes_as_many_devices_as_lower_the_step_and_a_
     fast, slow = (sum(model.compute_seconds(i, d) for i in range(2)) for d in pair)
     assert stage.shares == pytest.approx((slow / (fast + slow), fast / (fast + slow)))
     assert placement.evaluation.step_seconds == pytest.approx(1 / (1 / fast + 1 / slow))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_array_search_and_the_dictionary_search_find_the_same_plan(seed, monkeypatch):
+    # balanced keeps its search in arrays while the vectors of devices used fit MAX_DENSE_STATES,
+    # in dictionaries past it: the same recurrence, so the same stages
+    import dispatch_svc.planner.balanced as balanced
+
+    rng = random.Random(seed)
+    layers, devices = random_instance(rng)
+    model = Model(layers, task(kind=rng.choice(["inference", "training"]), device_count=rng.randint(1, len(devices)),
+                               micro_batch_rows=rng.choice([1, 8, 32])))
+    try:
+        dense = place_balanced(model, devices)
+    except NoRoom:
+        monkeypatch.setattr(balanced, "MAX_DENSE_STATES", 0)
+        with pytest.raises(NoRoom):
+            place_balanced(model, devices)
+        return
+    monkeypatch.setattr(balanced, "MAX_DENSE_STATES", 0)
+    sparse = place_balanced(model, devices)
+    assert sparse.evaluation.step_seconds == pytest.approx(dense.evaluation.step_seconds, rel=1e-12)
+    assert len(sparse.devices) == len(dense.devices)

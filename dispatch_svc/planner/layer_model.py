@@ -365,8 +365,11 @@ def _shares_bound(model: Model, groups: Sequence[Sequence[Device]]) -> float:
     cover = np.zeros((n, n * k + 1))
     for i in range(n):
         cover[i, i * k:(i + 1) * k] = 1.0
-    result = linprog(objective, A_ub=capacity, b_ub=np.zeros(k), A_eq=cover, b_eq=np.ones(n), bounds=(0, None),
-                     method="highs")
+    try:
+        result = linprog(objective, A_ub=capacity, b_ub=np.zeros(k), A_eq=cover, b_eq=np.ones(n), bounds=(0, None),
+                         method="highs")
+    except ValueError:  # figures the solver refuses: the closed forms still bound the step
+        return 0.0
     if result.status != 0:
         return 0.0
     return max(0.0, float(result.x[-1]) * scale * (1 - 1e-7))  # below the solver's tolerance: still a bound

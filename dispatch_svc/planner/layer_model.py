@@ -327,7 +327,7 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
     return max(work, traffic, layer)
 
 
-MAX_BOUND_VARIABLES = 200_000  # layers x kinds of device the shares bound solves for; past it, skipped
+MAX_BOUND_VARIABLES = 20_000  # layers x kinds of device the shares bound solves for (dense rows); past it, skipped
 
 
 def _shares_bound(model: Model, groups: Sequence[Sequence[Device]]) -> float:

@@ -185,7 +185,7 @@ def training_demo(client: MeshClient, epochs: int) -> float:
 
 
 def pipeline_demo(client: MeshClient, compile_address: str, samples: int, security: Security) -> float:
-    from accelmesh.cli.placement_view import format_candidates, format_device_table, format_layer_table
+    from accelmesh.cli.placement_view import format_candidates, format_device_table, format_layer_table, format_summary
 
     tokens = np.random.default_rng(1).integers(0, 512, size=(samples, 32), dtype=np.int32)
     options = plan_pb.PlacementOptions(strategy=plan_pb.PLACEMENT_STRATEGY_AUTO, device_count=3, micro_batch_rows=16)
@@ -205,6 +205,10 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int, securi
     print(format_layer_table(placement))
     print(format_device_table(placement))
     print(format_candidates(placement))
+    print(format_summary(placement))
+    job = result.job
+    print(f"pipeline run: predicted {job.plan.predicted_seconds:.3f} s, measured {job.measured_seconds:.3f} s (first "
+          f"stage call to the last outputs)")
     (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0,
                                      security=security)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))
@@ -220,6 +224,7 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int, securi
           + ("; priced at the speed these emulated devices showed in the pipeline above" if calibrated else "")
           + "):")
     print(format_candidates(plan))
+    print(format_summary(plan))
     return error
 
 

@@ -52,12 +52,28 @@ def quotas(total_rows: int, rates: np.ndarray, fixed: np.ndarray | None = None) 
         return total_rows * rates / math.fsum(rates)
     order = np.lexsort((np.arange(len(rates)), fixed))
     f, r = fixed[order], rates[order]
-    levels = (total_rows + np.cumsum(f * r)) / np.cumsum(r)  # T* if the first k devices take rows
-    # The devices below their level form a prefix (the first always is, as N > 0); the last one's
-    # level is T*. Clamped at 0: a device at or above the level gets nothing.
-    below = np.flatnonzero(f < levels)
-    level = levels[int(below[-1])] if len(below) else levels[0]  # none: N / r too small to show next to f
-    return np.maximum((level - fixed) * rates, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # rates near the float limit: _sane takes over
+        levels = (total_rows + np.cumsum(f * r)) / np.cumsum(r)  # T* if the first k devices take rows
+        # The devices below their level form a prefix (the first always is, as N > 0); the last one's
+        # level is T*. Clamped at 0: a device at or above the level gets nothing.
+        below = np.flatnonzero(f < levels)
+        level = levels[int(below[-1])] if len(below) else levels[0]  # none: N / r too small to show next to f
+        shares = np.maximum((level - fixed) * rates, 0.0)
+    return _sane(shares, total_rows, rates)
+
+
+def _sane(shares: np.ndarray, total_rows: int, rates: np.ndarray) -> np.ndarray:
+    """The water-filling's shares, or, where float arithmetic lost them (a rate so large that
+    N / r vanishes next to a fixed cost: a level minus a fixed cost then cancels to nothing or
+    to garbage), shares by rate alone: every share finite, none above the job, summing to it
+    within a row per device, which the rounding after it can settle. A device measured
+    absurdly fast once made a quota of 1e183 rows, an int64 of garbage and a loop that never
+    ended."""
+    shares = np.clip(np.nan_to_num(shares, nan=0.0, posinf=float(total_rows)), 0.0, float(total_rows))
+    if abs(math.fsum(shares) - total_rows) <= len(shares):
+        return shares
+    weights = rates / rates.max()  # the largest 1: no overflow in the sum
+    return total_rows * weights / math.fsum(weights)
 
 
 def proportional_array(total_rows: int, rates: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:

@@ -60,6 +60,10 @@ MEASURED_SMOOTHING = 0.3
 # Shard sizes whose weighted standard deviation is below this fraction of their mean count as one
 # size: a size seen long ago, its weight decayed to almost nothing, then no longer sets the slope.
 SAME_SIZE_SPREAD = 1e-3
+# The least a row is priced at: a billion rows a second on one device. Shards whose time does not
+# grow with their rows (a tiny program, all fixed cost) fit a slope near 0, and a rate of its
+# inverse, next to measured ones, is beyond what float arithmetic splits rows by.
+MIN_SECONDS_PER_ROW = 1e-9
 
 # (device, artifact) pairs ThroughputModel.warm remembers: 64 bytes or so each.
 MAX_WARM_PAIRS = 100_000
@@ -150,6 +154,7 @@ class _Fit:
                 fixed, per_row, params = 0.0, (self.cxy + self.weight * self.mean_x * self.mean_y) / second_x, 1
         if per_row is None:
             fixed, per_row = self._one_size(prior)
+        per_row = max(per_row, MIN_SECONDS_PER_ROW)
         return CostEstimate(1.0 / per_row, SOURCE_MEASURED, fixed, self.samples, self._residual(fixed, per_row, params))
 
     def _one_size(self, prior: CostEstimate | None) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from dispatch_svc.planner import (
     plan_shards,
 )
 from dispatch_svc.planner.apportion import makespan, min_makespan_rows, proportional_rows, quotas
+from dispatch_svc.planner.throughput import MIN_SECONDS_PER_ROW, ThroughputModel
 
 
 def devices(*rates: float, target_type: str = "t") -> list[PlannedDevice]:
@@ -378,3 +379,24 @@ def test_a_device_far_faster_than_the_rest_does_not_list_its_slots_one_by_one():
             taken[i] += 1
             heapq.heappush(heap, (fixed[i] + (taken[i] + 1) / rates[i], i))
         assert makespan(rows, rates, fixed) == pytest.approx(makespan(taken, rates, fixed), rel=1e-12)
+
+
+@pytest.mark.parametrize("rates, fixed", [
+    ([1e308, 1e308], [0.1, 0.2]),  # sums overflow
+    ([1e200, 3.0], [0.1, 0.2]),  # N / r vanishes next to the fixed cost: a quota of 1e183 rows once
+    ([1e16, 3e16], [0.1, 0.1000000001]),
+])
+def test_rates_near_the_float_limit_still_split_every_row_once(rates, fixed):
+    # A device measured absurdly fast beside a real one made a garbage int64 quota and a rounding
+    # loop that never ended (a SubmitJob past its deadline on CI): the split stays whole and sane.
+    for split in (proportional_rows, min_makespan_rows):
+        rows = split(256, rates, fixed)
+        assert sum(rows) == 256 and all(0 <= r <= 256 for r in rows), (split.__name__, rows)
+
+
+def test_a_fit_whose_rows_cost_nothing_is_priced_at_the_floor():
+    model = ThroughputModel()
+    for rows in (16, 32, 64):  # nearly all fixed cost: a slope of a femtosecond a row
+        model.record("affine@1", "cpu", rows, 0.05 + rows * 1e-15)
+    cost = model.measured("affine@1", "cpu")
+    assert cost is not None and cost.rows_per_second == pytest.approx(1 / MIN_SECONDS_PER_ROW)

@@ -207,8 +207,11 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int, securi
     print(format_candidates(placement))
     print(format_summary(placement))
     job = result.job
-    print(f"pipeline run: predicted {job.plan.predicted_seconds:.3f} s, measured {job.measured_seconds:.3f} s (first "
-          f"stage call to the last outputs)")
+    calibrated = any(line.startswith("calibrated") for line in placement.explain)
+    print(f"pipeline run: predicted {job.plan.predicted_seconds * 1e3:.3g} ms, measured "
+          f"{job.measured_seconds * 1e3:.4g} ms (first stage call to the last outputs)"
+          + ("" if calibrated else "; predicted at the catalog speed of the devices these emulate, which the "
+             "stage calls just measured calibrate for the next plans"))
     (reference,) = reference_outputs(compile_address, "transformer_encoder", [tokens], parameter_seed=0,
                                      security=security)
     error = float(np.max(np.abs(result.outputs["logits"] - reference)) / np.max(np.abs(reference)))

@@ -480,10 +480,9 @@ def _dense_cover(reaches: Sequence[np.ndarray], replicas: Sequence[int], avail: 
                     ok = (digit + r <= min(avail[k], count)) & (reached > prefixes)
                     new = codes[ok] + r * strides[k]  # distinct: one (class, replicas) from distinct vectors
                     better = reached[ok] > best[new]
-                    new = new[better]
-                    best[new] = reached[ok][better]
-                    parent[new] = codes[ok][better]
-                    how[new] = np.stack([np.full(new.size, k), prefixes[ok][better], np.full(new.size, r)], axis=1)
+                    src, to, start, new = codes[ok][better], reached[ok][better], prefixes[ok][better], new[better]
+                    best[new], parent[new] = to, src
+                    how[new] = np.stack([np.full(new.size, k), start, np.full(new.size, r)], axis=1)
                     levels[used + r].append(new)
         if levels[used + 1]:
             reached_all = np.unique(np.concatenate(levels[used + 1]))

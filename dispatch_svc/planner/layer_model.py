@@ -309,20 +309,19 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
     alike: dict[tuple, list[Device]] = {}
     for d in devices:
         alike.setdefault(alike_key(d, model.task), []).append(d)
-    if mixed_replicas:
-        work = max(work, _shares_bound(model, list(alike.values())))
     if not mixed_replicas:
         layer = max(min(model.compute_seconds(i, group[0]) / min(MAX_STAGE_REPLICAS, len(group))
                         for group in alike.values()) for i in range(len(model)))
         return max(work, traffic, layer)
+    work = max(work, _shares_bound(model, list(alike.values())))
     layer = 0.0
     for i in range(len(model)):
         gradients = model.layers[i].parameter_bytes
-        per_device = sorted((1.0 / seconds if seconds > 0 else math.inf
-                             for group in alike.values()
-                             for seconds in [model.compute_seconds(i, group[0]) + model.gradient_seconds(gradients, group[0])]
-                             for _ in group), reverse=True)
-        rate = sum(per_device[:MAX_STAGE_REPLICAS])  # micro-batches a second; 0 where no device computes
+        per_device: list[float] = []  # micro-batches a second of layer i on each device
+        for group in alike.values():
+            seconds = model.compute_seconds(i, group[0]) + model.gradient_seconds(gradients, group[0])
+            per_device += [1.0 / seconds if seconds > 0 else math.inf] * len(group)
+        rate = sum(sorted(per_device, reverse=True)[:MAX_STAGE_REPLICAS])  # 0 where no device computes it
         layer = max(layer, 1.0 / rate if rate > 0 else math.inf)
     return max(work, traffic, layer)
 

@@ -25,6 +25,7 @@ from dispatch_svc.interface import Build, Mesh, ShardOutput, ShardWork
 from dispatch_svc.outputs import JobOutputs
 from dispatch_svc.pipeline_plan import PlacedJob, plan_placement
 from dispatch_svc.planner.calibration import StageCalibration
+from dispatch_svc.planner.placement import COMPUTE_FACTOR, INFERENCE, TRAINING
 from dispatch_svc.strategies.context import InflightBudget, JobContext
 from dispatch_svc.strategies.pipeline_training import TrainedStage, check_training_inputs, train
 from dispatch_svc.validation import check_inputs
@@ -262,12 +263,13 @@ class _Stage:
     def call_seconds(self, device_id: str, backward: bool, training: bool) -> float:
         """What the plan predicts for one call of this stage on `device_id`: the planned seconds
         per micro-batch, scaled to the device by the catalog's figures (a replica of another type),
-        and for training split as the cost model's factor is (a forward of 4: the forward call 1,
-        the backward call, which runs the forward again, 3)."""
+        and for training split as the cost model's factor is (COMPUTE_FACTOR: the forward call one
+        forward of them, the backward call, which runs the forward again, the rest)."""
         first, here = self.catalog_seconds.get(self.device_ids[0], 0.0), self.catalog_seconds.get(device_id, 0.0)
         seconds = self.planned_seconds * (here / first if first > 0 and here > 0 else 1.0)
         if training:
-            seconds *= 0.75 if backward else 0.25
+            forward = COMPUTE_FACTOR[INFERENCE] / COMPUTE_FACTOR[TRAINING]
+            seconds *= 1.0 - forward if backward else forward
         return seconds
 
     def take_turns(self, count: int) -> None:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -328,6 +329,14 @@ def lower_bound_seconds(model: Model, devices: Sequence[Device], mixed_replicas:
 
 MAX_BOUND_VARIABLES = 20_000  # layers x kinds of device the shares bound solves for (dense rows); past it, skipped
 
+# Every linear program is solved on this one thread. HiGHS keeps scheduler state per thread that
+# calls it and does not hand all of it back: a dispatcher planning on its request threads grew
+# by about 128 KiB per solve under bench/fuzz.py (memray: HighsTaskExecutor), 1.16x its memory
+# after 1,000 SubmitJob and RunJob calls; 120 solves from four threads at a time grew a bare
+# interpreter by 18 MiB, the same solves on one thread by nothing. The solves are small
+# (MAX_BOUND_VARIABLES) and a plan waits for its own.
+_SOLVER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lower-bound-lp")
+
 
 def _shares_bound(model: Model, groups: Sequence[Sequence[Device]]) -> float:
     """The least step over fractional plans: each layer's micro-batches shared among the kinds of
@@ -365,8 +374,8 @@ def _shares_bound(model: Model, groups: Sequence[Sequence[Device]]) -> float:
     for i in range(n):
         cover[i, i * k:(i + 1) * k] = 1.0
     try:
-        result = linprog(objective, A_ub=capacity, b_ub=np.zeros(k), A_eq=cover, b_eq=np.ones(n), bounds=(0, None),
-                         method="highs")
+        result = _SOLVER.submit(linprog, objective, A_ub=capacity, b_ub=np.zeros(k), A_eq=cover, b_eq=np.ones(n),
+                                bounds=(0, None), method="highs").result()
     except ValueError:  # figures the solver refuses: the closed forms still bound the step
         return 0.0
     if result.status != 0:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -276,6 +278,31 @@ def test_the_lower_bound_counts_replicas_of_another_type():
     # division by zero here)
     idle = [device("z", 0.0, 80 * GB, target_type="z", bandwidth=0.0)]
     assert lower_bound_seconds(model, idle) == math.inf
+
+
+def test_bounds_asked_from_many_threads_are_solved_on_one(monkeypatch):
+    # HiGHS keeps state per calling thread and does not give all of it back, so a dispatcher that
+    # planned on its request threads grew with every plan: every linear program runs on the
+    # planner's one solver thread, whichever thread asks, with the same answer.
+    import scipy.optimize
+
+    solved_on, real = [], scipy.optimize.linprog
+
+    def recording(*args, **kwargs):
+        solved_on.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    layers = [layer(f"l{i}", i, 10**8, flops=1e12, act=10**3) for i in range(3)]
+    model = Model(layers, task(kind="training", micro_batch_rows=8, step_micro_batches=4))
+    devices = [device("a", 100.0, 200 * GB, link=10.0, target_type="a"),
+               device("b", 50.0, 200 * GB, link=40.0, target_type="b")]
+    alone = lower_bound_seconds(model, devices)
+    monkeypatch.setattr(scipy.optimize, "linprog", recording)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        bounds = list(pool.map(lambda _: lower_bound_seconds(model, devices), range(8)))
+    assert bounds == [alone] * 8
+    assert len(solved_on) == 8 and set(solved_on) == {solved_on[0]}
+    assert solved_on[0].startswith("lower-bound-lp")
 
 
 @pytest.mark.parametrize("params", [10**6, 10**10])

@@ -1,6 +1,6 @@
 """Dispatch benchmark: what the mesh adds per shard and per byte, and what its planner buys and costs.
 
-    .venv/bin/python bench/dispatch.py [--quick]
+    .venv/bin/python bench/dispatch.py [--quick] [--no-ray]
 
 Prints one JSON document on stdout (progress on stderr). Every figure comes from this run, and
 each is set beside a baseline measured in the same run (STYLE rule 12):
@@ -39,6 +39,19 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     two); `security` sets each figure TLS beside plaintext with their ratio, and
     summary.security_cost gives overhead ms/shard, streaming MB/s and dispatcher peak RSS both
     ways. The bare-gRPC baselines are plaintext, as before.
+(f) ray: when Ray is installed (`pip install -e '.[bench]'`; else the JSON's `ray` says how, and
+    `--no-ray` leaves it out), the same shapes through a local Ray started by bench/ray_baseline.py:
+    one actor per worker device (WORKER_DEVICES), each holding a jax.jit of the program the mesh
+    runs on its CPU device, parameters put there once, compiled before timing. Per shard: the
+    per-shard jobs' inputs in the same K shards, submitted all to one actor then fetched together
+    (async; one device, as max_devices=1) and one at a time, ms per shard = run wall / K beside the
+    mesh's job wall / K; interleaved with the mesh arms (TLS, plaintext, Ray, then reversed for the
+    next program). Streaming: the same 256 MiB in 8 MiB pieces, all submitted round-robin over the
+    actors and each result copied into one output as it is fetched, a fourth arm of the rotation.
+    `ray` holds the figures and mesh / Ray ratios (per-shard cost: below 1 is cheaper than Ray;
+    MB/s: above 1 is faster), summary.vs_ray the compact view with the bare-gRPC floors beside.
+    Ray's idle processes share the machine during the mesh arms too, as the meshes share it
+    during Ray's.
 Compare ratios across machines, not milliseconds.
 """
 
@@ -67,6 +80,9 @@ import numpy as np
 
 # bench/common.py: this file runs from bench/, which Python puts first on sys.path
 from common import tls_vs_plaintext
+# bench/ray_baseline.py: Ray is imported there only when a baseline starts, so the bare roles stay bare
+from ray_baseline import (ABSENT_NOTE, STREAM_PIECE_BYTES, RayBaseline, measure_per_shard, object_store_bytes,
+                          ray_version)
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 
@@ -81,6 +97,7 @@ WORKER_DEVICES = 2
 EMULATE = ("v100-32gb", "v100-32gb")  # fp32 rule: identity stays bit-exact, the local baseline is fp32 too
 OVERHEAD_PROGRAMS = (("identity", 8), ("mlp_classifier", 128))  # (program, rows per shard): 32 KiB of input each
 STREAM_PROGRAM = "identity"
+BIT_EXACT_PROGRAMS = ("identity",)  # the Ray arm's results must equal these bit for bit; the rest within 1e-5
 STAGE_MESSAGES = ("queued", "loading", "running", "done")  # ExecuteResponse.stage, one message each
 MEMORY_PROBE_BYTES = 64 * MIB  # a smaller job first, so peak RSS is seen against input size
 STREAM_TIMEOUT_S = 120.0
@@ -406,6 +423,14 @@ def worker_style_call(data: bytes, arrays: list[np.ndarray], device) -> Callable
     return call
 
 
+def overhead_inputs(program, rows_per_shard: int, plan: Plan) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A per-shard job's input (K shards of rows_per_shard rows) and the program's parameters: the
+    same arrays for every arm."""
+    width = program.inputs[0].shape[1]
+    x = np.random.default_rng(7).standard_normal((plan.shards * rows_per_shard, width)).astype(np.float32)
+    return x, [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
+
+
 def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe) -> dict:
     import jax
 
@@ -420,11 +445,8 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     from worker_svc.artifacts import ArtifactStore
 
     program = default_registry().get(name)
-    width = program.inputs[0].shape[1]
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((plan.shards * rows_per_shard, width)).astype(np.float32)
+    x, params = overhead_inputs(program, rows_per_shard, plan)
     one = x[:rows_per_shard]
-    params = [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
     with MeshClient(mesh.small_shards.address, security=mesh.client) as client:
         progress(f"overhead {name} ({mesh.label}): warm-up job of {plan.shards} shards")
         client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
@@ -666,10 +688,11 @@ def bench_bounded(mesh: Mesh, data: np.ndarray) -> dict:
 
 
 def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan: Plan, data: np.ndarray,
-                shard_rows: int) -> tuple[dict[str, list[dict]], dict, dict[str, dict]]:
+                shard_rows: int, ray: RayBaseline | None) -> tuple[dict[str, list[dict]], dict, dict[str, dict]]:
     """Warm-ups, the memory probe on each mesh, then plan.stream_reps runs of every arm (each mesh's
-    default dispatcher, the bare pipeline), the order rotated each rep so drift hits all arms alike.
-    Returns (runs by arm, the bare warm-up run, the probe run by arm); a mesh's arm is its label."""
+    default dispatcher, the bare pipeline, Ray when given), the order rotated each rep so drift hits
+    all arms alike. Returns (runs by arm, the bare warm-up run, the probe run by arm); a mesh's arm
+    is its label, Ray's "ray"."""
     from accelmesh.client import MeshClient
 
     pipe = pipe_stub(relay.address)
@@ -683,6 +706,9 @@ def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan:
         for _, client in clients:
             client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact
         warm_bare = bare_run(pipe, relay, sink, data)
+        if ray is not None:
+            progress(f"streaming: warm-up, {data.nbytes // MIB} MiB through Ray")
+            ray.stream(STREAM_PROGRAM, data)
         progress(f"streaming: {probe.nbytes // MIB} MiB through each mesh (memory against input size)")
         probes = {mesh.label: mesh_stream(mesh.default, mesh.worker, client, probe) for mesh, client in clients}
 
@@ -690,6 +716,8 @@ def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan:
             return mesh.label, lambda: mesh_stream(mesh.default, mesh.worker, client, data)
 
         arms = [*(mesh_arm(mesh, client) for mesh, client in clients), ("bare", lambda: bare_run(pipe, relay, sink, data))]
+        if ray is not None:
+            arms.append(("ray", lambda: ray.stream(STREAM_PROGRAM, data)))
         runs: dict[str, list[dict]] = {arm: [] for arm, _ in arms}
         for rep in range(plan.stream_reps):
             turn = rep % len(arms)
@@ -731,8 +759,10 @@ def dispatcher_memory(probe: dict, runs: list[dict], data: np.ndarray) -> dict:
     }
 
 
-def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan) -> dict:
-    """`mesh` (TLS) is the one measured; `plain`, the same mesh in plaintext, is a third arm (mesh_plaintext)."""
+def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProcess, plan: Plan,
+                    ray: RayBaseline | None) -> tuple[dict, list[dict]]:
+    """`mesh` (TLS) is the one measured; `plain`, the same mesh in plaintext, is a third arm (mesh_plaintext)
+    and Ray, when given, a fourth. Returns (the streaming section, Ray's runs: empty without Ray)."""
     from accelmesh.security.identity import Role
     from compile_svc.programs.builtin import IDENTITY_WIDTH
     from dispatch_svc.config import DispatchConfig
@@ -742,7 +772,7 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
     shard_rows = defaults.max_shard_bytes // row_bytes
     rows = plan.stream_bytes // row_bytes
     data = np.random.default_rng(11).standard_normal((rows, IDENTITY_WIDTH)).astype(np.float32)
-    runs, warm_bare, probes = stream_arms([mesh, plain], relay, sink, plan, data, shard_rows)
+    runs, warm_bare, probes = stream_arms([mesh, plain], relay, sink, plan, data, shard_rows, ray)
     mesh_runs, plain_runs, bare_runs = runs[mesh.label], runs[plain.label], runs["bare"]
     mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50) for arm in (mesh_runs, bare_runs))
     return {
@@ -774,19 +804,26 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
             **mesh_arm_summary(plain_runs, data),
             "dispatcher_memory": dispatcher_memory(probes[plain.label], plain_runs, data),
         },
-    }
+    }, runs.get("ray", [])
 
 
 # -- (e) security: the same figures through a plaintext mesh ------------------------------------------
 
 
-def bench_overhead_both(meshes: list[Mesh], plan: Plan, floor_pipe) -> dict[str, dict]:
-    """bench_overhead of every program on each mesh, by mesh label; the mesh order is swapped for the
-    next program (TLS, plaintext, plaintext, TLS) so drift on a shared machine hits both alike."""
-    out: dict[str, dict] = {mesh.label: {} for mesh in meshes}
+def bench_overhead_arms(meshes: list[Mesh], plan: Plan, floor_pipe, ray: RayBaseline | None) -> dict[str, dict]:
+    """bench_overhead of every program on each mesh, and the Ray arm's per-shard runs when `ray` is
+    given, by arm (the mesh's label, "ray"); the order is reversed for the next program (TLS,
+    plaintext, Ray, then Ray, plaintext, TLS) so drift on a shared machine hits every arm alike."""
+    def mesh_arm(mesh: Mesh) -> tuple[str, Callable[[str, int], dict]]:
+        return mesh.label, lambda name, rows: bench_overhead(mesh, name, rows, plan, floor_pipe)
+
+    arms = [mesh_arm(mesh) for mesh in meshes]
+    if ray is not None:
+        arms.append(("ray", lambda name, rows: bench_ray_overhead(ray, name, rows, plan)))
+    out: dict[str, dict] = {label: {} for label, _ in arms}
     for index, (name, rows) in enumerate(OVERHEAD_PROGRAMS):
-        for mesh in meshes if index % 2 == 0 else meshes[::-1]:
-            out[mesh.label][name] = bench_overhead(mesh, name, rows, plan, floor_pipe)
+        for label, arm in arms if index % 2 == 0 else arms[::-1]:
+            out[label][name] = arm(name, rows)
     return out
 
 
@@ -822,6 +859,138 @@ def security_section(overhead: dict, plain_overhead: dict, stream: dict) -> dict
             "results_equal_input": stream["mesh"]["results_equal_input"] and plain_stream["results_equal_input"],
         },
         "per_shard_overhead_plaintext": plain_overhead,
+    }
+
+
+# -- (f) Ray: the same shapes through Ray actors (bench/ray_baseline.py) ------------------------------
+
+
+def start_ray(stack: ExitStack, plan: Plan) -> RayBaseline:
+    """A local Ray with an actor per worker device, every program of the run jitted and compiled in each
+    for the shapes it will see (a per-shard job's shard, a stream's piece); shut down by `stack`."""
+    from compile_svc.programs import default_registry
+    from compile_svc.programs.builtin import IDENTITY_WIDTH
+
+    registry = default_registry()
+    progress(f"ray: starting a local Ray with {WORKER_DEVICES} actors")
+    ray = stack.enter_context(RayBaseline(WORKER_DEVICES, object_store_bytes(plan.stream_bytes)))
+    examples: dict[str, list[np.ndarray]] = {}
+    for name, rows in OVERHEAD_PROGRAMS:
+        spec = registry.get(name).inputs[0]
+        examples.setdefault(name, []).append(np.zeros((rows, spec.shape[1]), spec.dtype))
+    piece_rows = STREAM_PIECE_BYTES // (IDENTITY_WIDTH * 4)
+    examples.setdefault(STREAM_PROGRAM, []).append(np.zeros((piece_rows, IDENTITY_WIDTH), np.float32))
+    for name, arrays in examples.items():
+        program = registry.get(name)
+        params = [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
+        ray.load(name, program.fn, params, arrays)
+    return ray
+
+
+def bench_ray_overhead(ray: RayBaseline, name: str, rows_per_shard: int, plan: Plan) -> dict:
+    """The per-shard job's input through Ray: K shard tasks, plan.shard_jobs timed runs of each way."""
+    import jax
+
+    from compile_svc.programs import default_registry
+
+    program = default_registry().get(name)
+    x, params = overhead_inputs(program, rows_per_shard, plan)
+    expected = np.asarray(jax.jit(program.fn)(*params, x)[0])
+    progress(f"overhead {name} (ray): {plan.shards} shard tasks, async and one at a time")
+    out = measure_per_shard(ray, name, x, rows_per_shard, plan.shard_jobs, expected, name in BIT_EXACT_PROGRAMS)
+    progress(f"overhead {name} (ray): {out['async_one_device_ms_per_shard']} ms a shard async, "
+             f"{out['one_at_a_time_ms_per_shard']} ms one at a time")
+    return out
+
+
+def ray_section(ray: RayBaseline, overhead: dict[str, dict], stream: dict, ray_runs: list[dict]) -> dict:
+    """Ray's figures beside the mesh's from the same run, as mesh / Ray ratios: per-shard cost (job wall
+    per shard against Ray's async ms per shard; below 1 is cheaper) and streaming MB/s (above 1 is
+    faster), through the TLS mesh and the plaintext one, with the bare-gRPC floors beside them."""
+    labels = ("tls", "plaintext")
+
+    def per_program(name: str) -> dict:
+        figures = overhead["ray"][name]
+        async_ms = figures["async_one_device_ms_per_shard"]
+        mesh_ms = {label: overhead[label][name]["job_wall_per_shard_ms"] for label in labels}
+        return {
+            **figures,
+            "mesh_job_wall_per_shard_ms": mesh_ms,
+            "ratio_mesh_over_ray_async": {label: ratio(ms, async_ms) for label, ms in mesh_ms.items()},
+            "ratio_mesh_over_ray_one_at_a_time": {label: ratio(ms, figures["one_at_a_time_ms_per_shard"])
+                                                  for label, ms in mesh_ms.items()},
+            "bare_stream_call_p50_ms": overhead["tls"][name]["bare_stream_call"]["p50_ms"],
+        }
+
+    mb_per_s = [mbps(stream["input_bytes"], r["seconds"]) for r in ray_runs]
+    ray_p50 = percentile(mb_per_s, 50)
+    mesh_p50 = {"tls": stream["mesh"]["mb_per_s_p50"], "plaintext": stream["mesh_plaintext"]["mb_per_s_p50"]}
+    return {
+        "version": ray.version,
+        "auth_mode": ray.auth_mode,
+        "actors": len(ray.actors),
+        "object_store_bytes": ray.store_bytes,
+        "how": "a local Ray (address='local', no dashboard) with one actor per worker device (num_cpus=1 each), "
+               "each holding a jax.jit of the program the mesh runs on its CPU device, parameters put there once; "
+               "compiled and warmed before timing; runs interleaved with the mesh arms",
+        "per_shard": {
+            "shape": "the per-shard jobs' input cut into the same K shards: async = submit every shard task to one "
+                     "actor (one device, as the mesh's max_devices=1), then ray.get them all; one_at_a_time = "
+                     "submit, get, repeat; async_spread_over_devices = async round-robin over every actor, for "
+                     "context; ms per shard = mean run wall / K, as the mesh's job_wall_per_shard_ms",
+            "programs": {name: per_program(name) for name in overhead["ray"]},
+        },
+        "streaming": {
+            "shape": f"the streaming job's input in {STREAM_PIECE_BYTES // MIB} MiB pieces, every piece submitted "
+                     "round-robin over the actors, then each result fetched in order into one output array "
+                     "(driver -> object store -> actor -> object store -> driver)",
+            "piece_bytes": STREAM_PIECE_BYTES,
+            "pieces": ray_runs[0]["pieces"],
+            "mb_per_s": mb_per_s, "mb_per_s_p50": ray_p50,
+            "results_equal_input": all(r["equal"] for r in ray_runs),
+            "mesh_mb_per_s_p50": mesh_p50,
+            "ratio_mesh_over_ray_p50": {label: ratio(mb, ray_p50) for label, mb in mesh_p50.items()},
+            "bare_mb_per_s_p50": stream["bare"]["mb_per_s_p50"],
+        },
+    }
+
+
+def why_no_ray(wanted: bool, version: str | None) -> dict | None:
+    """What the JSON says in Ray's place when it is not measured; None when it will be."""
+    if not wanted:
+        return {"skipped": "--no-ray was given"}
+    if version is None:
+        return {"absent": f"ray is not installed: {ABSENT_NOTE}"}
+    return None
+
+
+def ray_summary(section: dict) -> dict:
+    """The Ray comparison in a few lines: each mesh figure, Ray's, their ratio and the bare-gRPC floor."""
+    if "version" not in section:
+        return section  # absent or skipped: the reason
+    stream = section["streaming"]
+    per_shard = {name: {
+        "mesh": p["mesh_job_wall_per_shard_ms"]["tls"], "mesh_plaintext": p["mesh_job_wall_per_shard_ms"]["plaintext"],
+        "ray_async": p["async_one_device_ms_per_shard"], "ray_one_at_a_time": p["one_at_a_time_ms_per_shard"],
+        "ratio_mesh_over_ray_async": p["ratio_mesh_over_ray_async"]["tls"],
+        "ratio_mesh_plaintext_over_ray_async": p["ratio_mesh_over_ray_async"]["plaintext"],
+        "bare_grpc_call_floor": p["bare_stream_call_p50_ms"],
+    } for name, p in section["per_shard"]["programs"].items()}
+    return {
+        "ray_version": section["version"],
+        "per_shard_ms": per_shard,
+        "stream_mb_per_s": {
+            "mesh": stream["mesh_mb_per_s_p50"]["tls"], "mesh_plaintext": stream["mesh_mb_per_s_p50"]["plaintext"],
+            "ray": stream["mb_per_s_p50"],
+            "ratio_mesh_over_ray": stream["ratio_mesh_over_ray_p50"]["tls"],
+            "ratio_mesh_plaintext_over_ray": stream["ratio_mesh_over_ray_p50"]["plaintext"],
+            "bare_grpc_floor": stream["bare_mb_per_s_p50"],
+        },
+        "mesh_per_shard_at_most_ray_async": {name: p["ratio_mesh_over_ray_async"] is not None
+                                             and p["ratio_mesh_over_ray_async"] <= 1 for name, p in per_shard.items()},
+        "mesh_stream_at_least_ray": (stream["ratio_mesh_over_ray_p50"]["tls"] or 0) >= 1,
+        "ray_results_equal_local": (all(p["results_match_local"] for p in section["per_shard"]["programs"].values())
+                                    and stream["results_equal_input"]),
     }
 
 
@@ -876,7 +1045,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "load_average_1m_at_start": round(os.getloadavg()[0], 2),
         "python": platform.python_version(), "grpc": grpc.__version__, "jax": jax.__version__,
-        "numpy": np.__version__, "platform": platform.platform(),
+        "numpy": np.__version__, "ray": ray_version(), "platform": platform.platform(),
         "otel_env": sorted(k for k in os.environ if k.startswith("OTEL_")),
         "accelmesh_env": sorted(k for k in os.environ if k.startswith("ACCELMESH_")),  # inherited by the mesh
     }
@@ -913,12 +1082,17 @@ def summary(result: dict) -> dict:
             "stream_mb_per_s": security["streaming"]["mb_per_s_p50"],
             "dispatcher_peak_rss_bytes": security["streaming"]["dispatcher_peak_rss_bytes"],
         },
+        "vs_ray": ray_summary(result["ray"]),
     }
 
 
-def run_benchmark(plan: Plan, mode: str) -> dict:
+def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
+    """`with_ray`: measure Ray too when it is installed (otherwise the JSON says how to install it)."""
     started = time.perf_counter()
     result: dict = {"benchmark": "dispatch", "mode": mode, "machine": machine()}
+    ray_absent = why_no_ray(with_ray, result["machine"]["ray"])
+    if ray_absent:
+        progress(f"ray: {next(iter(ray_absent.values()))}")
     # Processes stop (the stack) before their folder goes.
     with tempfile.TemporaryDirectory(prefix="accelmesh-bench-dispatch-") as tmp, ExitStack() as stack:
         progress("starting inventory, compile, worker, three dispatchers, sink and relay; the same mesh again in plaintext")
@@ -928,6 +1102,7 @@ def run_benchmark(plan: Plan, mode: str) -> dict:
         stack.callback(sink.stop)
         relay = start_role("relay", "--listen", "127.0.0.1:0", "--sink", sink.address)
         stack.callback(relay.stop)
+        ray = start_ray(stack, plan) if ray_absent is None else None
         result["setup"] = {
             "worker": {"cpu_devices": WORKER_DEVICES, "emulate": list(EMULATE)},
             "dispatchers": {"per_shard_overhead": {"ACCELMESH_MAX_SHARD_BYTES": SMALL_SHARD_BYTES},
@@ -936,13 +1111,16 @@ def run_benchmark(plan: Plan, mode: str) -> dict:
                          "(this file, --role), all on loopback; the bench process is the client",
             "security": "mutual TLS + bearer tokens on every mesh hop; a second mesh of the same processes runs "
                         "in plaintext without authentication for the security section",
+            "ray": (f"a local Ray {ray.version} with {len(ray.actors)} actors, one per worker device, running the "
+                    "same programs on the same inputs, interleaved with the mesh arms" if ray else ray_absent),
         }
         floor_pipe = pipe_stub(sink.address)
-        overhead = bench_overhead_both([mesh, plain], plan, floor_pipe)
+        overhead = bench_overhead_arms([mesh, plain], plan, floor_pipe, ray)
         result["per_shard_overhead"] = overhead[mesh.label]
         result["grpc_message_cost"] = message_cost(result["per_shard_overhead"])
-        result["streaming"] = bench_streaming(mesh, plain, relay, sink, plan)
+        result["streaming"], ray_runs = bench_streaming(mesh, plain, relay, sink, plan, ray)
         result["security"] = security_section(overhead[mesh.label], overhead[plain.label], result["streaming"])
+        result["ray"] = ray_section(ray, overhead, result["streaming"], ray_runs) if ray else ray_absent
     result.update(bench_planning(plan))
     result["summary"] = summary(result)
     result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
@@ -953,6 +1131,8 @@ def run_benchmark(plan: Plan, mode: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke run, not a measurement")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="leave Ray out even when it is installed (it is measured beside the mesh by default)")
     parser.add_argument("--role", choices=("bench", "relay", "sink"), default="bench",
                         help="internal: the bare pipeline's processes")
     parser.add_argument("--listen", default="127.0.0.1:0", help="relay and sink: where to serve")
@@ -962,7 +1142,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_role(args.role, args.listen, args.sink)
         return 0
     mode = "quick" if args.quick else "full"
-    result = run_benchmark(QUICK if args.quick else FULL, mode)
+    result = run_benchmark(QUICK if args.quick else FULL, mode, with_ray=not args.no_ray)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

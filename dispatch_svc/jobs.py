@@ -48,6 +48,7 @@ WATCH_POLL_S = 0.5  # how often a watcher looks for events another process (a di
 # Records longer than this are trimmed by SQLite for a listing, which shows no per-shard lists:
 # the dispatcher then parses kilobytes per listed job, not megabytes.
 LISTING_TRIM_CHARS = 64 * 1024
+LISTING_READ_ROWS = 50  # rows a listing reads from the database at a time (see JobBook.listing)
 # What a listing leaves out of a record (its `summary`), and so what one too long to read lacks too.
 _LISTING_DROPS = ("shards", "losses", ("plan", "shards"), ("plan", "shard_runs"), ("plan", "placement", "layers"))
 OVERSIZED_ERROR = "this job's stored record was too large to read in full; its plan and shard records are left out"
@@ -87,7 +88,7 @@ _DELETE_JOBS = jobs_table.delete().where(_J.job_id.in_(sa.bindparam("ids", expan
 _RECORD = sa.select(sa.case((sa.func.length(_J.record) <= MAX_RECORD_CHARS, _J.record)), _J.summary).where(
     _J.job_id == sa.bindparam("job_id"))
 _COLUMNS = sa.select(_J.created, _J.state, _J.expires, _J.owner, _J.program).where(_J.job_id == sa.bindparam("job_id"))
-_LISTING = sa.select(_J.job_id, sa.case((sa.func.length(_J.record) <= LISTING_TRIM_CHARS, _J.record),
+_LISTING = sa.select(_J.job_id, _J.created, sa.case((sa.func.length(_J.record) <= LISTING_TRIM_CHARS, _J.record),
                                         else_=_J.summary)).order_by(_J.created.desc(), _J.job_id.desc())
 _EVENTS_FROM = sa.select(_E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
     _E.job_id == sa.bindparam("job_id"), _E.idx >= sa.bindparam("from_index")).order_by(_E.idx)
@@ -370,23 +371,36 @@ class JobBook:
                            error=why, expires=expires, owner=owner)
 
     def list(self, limit: int, owner: str | None = None, after: tuple[float, str] | None = None) -> list[m.JobRecord]:
-        """The newest ``limit`` jobs; with ``owner``, only that owner's; with ``after`` (a listed
-        job's created time and id), those listed after it. A record over LISTING_TRIM_CHARS is read
-        from its summary (no per-shard lists, which a listing leaves out anyway); one still too long
-        (or not JSON) is read as `_parsed` says."""
-        query = _LISTING.limit(limit)
-        if owner is not None:
-            query = query.where(_J.owner == owner)
-        if after is not None:
-            created, job_id = after
-            query = query.where(sa.or_(_J.created < created, sa.and_(_J.created == created, _J.job_id < job_id)))
-        with database.connected(self._engine) as connection:
-            rows = connection.execute(query).all()
-        with self._lock:
-            live = {job_id: self._live[job_id] for job_id, _ in rows if job_id in self._live}
-        return [live[job_id] if job_id in live else
-                self._parsed(job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
-                for job_id, text in rows]
+        """The newest ``limit`` jobs, as `listing` reads them."""
+        return list(self.listing(limit, owner, after))
+
+    def listing(self, limit: int, owner: str | None = None,
+                after: tuple[float, str] | None = None) -> Iterator[m.JobRecord]:
+        """The newest ``limit`` jobs, newest first; with ``owner``, only that owner's; with ``after``
+        (a listed job's created time and id), those listed after it. Read LISTING_READ_ROWS rows at a
+        time and parsed one by one as the caller takes them, so a caller that stops early (ListJobs
+        at its message budget) never reads the rest, and a page of a thousand jobs is never in
+        memory as records at once. A record over LISTING_TRIM_CHARS is read from its summary (no
+        per-shard lists, which a listing leaves out anyway); one still too long (or not JSON) is
+        read as `_parsed` says."""
+        while limit > 0:
+            query = _LISTING.limit(min(limit, LISTING_READ_ROWS))
+            if owner is not None:
+                query = query.where(_J.owner == owner)
+            if after is not None:
+                created, job_id = after
+                query = query.where(sa.or_(_J.created < created, sa.and_(_J.created == created, _J.job_id < job_id)))
+            with database.connected(self._engine) as connection:
+                rows = connection.execute(query).all()
+            for job_id, created, text in rows:
+                with self._lock:
+                    live = self._live.get(job_id)
+                yield live if live is not None else self._parsed(
+                    job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
+            if len(rows) < min(limit, LISTING_READ_ROWS):
+                return
+            limit -= len(rows)
+            after = (rows[-1][1], rows[-1][0])
 
     def events(self, job_id: str, from_index: int = 0) -> Iterator[m.Event]:
         """Every event from `from_index` on; blocks for new ones until the job is final."""

@@ -8,6 +8,7 @@ operators see every job.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 
@@ -149,18 +150,23 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             raise errors.InvalidArgument(f"page_size is {request.page_size}; use 0 for {DEFAULT_LIST}")
         principal = self._auth.principal(context)
         limit = min(request.page_size or DEFAULT_LIST, MAX_LIST)
-        jobs = self.book.list(limit, None if sees_everything(principal) else principal.key,
-                              after=_page_after(request.page_token))
-        listed, size = [], 0
-        for job in jobs:
-            message = tr.job_to_proto(job, with_shards=False)
-            size += message.ByteSize() + 8  # the field's tag and length
-            if size > self._list_bytes and listed:
-                break  # the rest come on the next page
-            listed.append(message)
-        more = len(listed) < len(jobs) or len(jobs) == limit
-        last = jobs[len(listed) - 1] if listed else None
-        return pb.ListJobsResponse(jobs=listed, next_page_token=_page_token(last) if more and last else "")
+        jobs = self.book.listing(limit, None if sees_everything(principal) else principal.key,
+                                 after=_page_after(request.page_token))
+        response, size, last = pb.ListJobsResponse(), 0, None
+        with contextlib.closing(jobs):
+            for job in jobs:
+                message = tr.job_to_proto(job, with_shards=False)
+                size += message.ByteSize() + 8  # the field's tag and length
+                if size > self._list_bytes and last is not None:
+                    break  # the rest come on the next page (and are never read)
+                response.jobs.append(message)
+                last = job
+            else:
+                if len(response.jobs) < limit:
+                    return response  # the last page
+        if last is not None:
+            response.next_page_token = _page_token(last)
+        return response
 
     def CancelJob(self, request, context):
         self._job(request.job_id, context)

@@ -109,8 +109,9 @@ BASELINE_CALLS = 5  # timed calls of the baseline after one untimed
 OUTPUT_TAIL_LINES = 30  # of each mesh process's output, in the JSON when a check failed
 MIB = 1024 * 1024
 # NVML's view of the lent H200 (nvidia-smi there: "NVIDIA H200", 143771 MiB, SM 1980 MHz and memory
-# 3201 MHz at most; an SXM board has 18 NVLink links), which the catalog does not know, and of a
-# catalog A100, so both of nvml_device_spec's branches run. Keys: tests/fakes/nvml.py.
+# 3201 MHz at most; an SXM board has 18 NVLink links), of a catalog A100, and of a GPU the catalog
+# does not know (a workstation Ada board, no NVLink), so both of nvml_device_spec's branches run.
+# Keys: tests/fakes/nvml.py.
 FAKE_NVML_GPUS = (
     {"name": "NVIDIA H200", "uuid": "GPU-fake-h200-0", "memory_total": 143771 * MIB, "memory_used": 512 * MIB,
      "utilization_gpu": 0, "cc": (9, 0), "sm_clock_max": 1980, "mem_clock_max": 3201, "pcie_gen_max": 5,
@@ -118,6 +119,9 @@ FAKE_NVML_GPUS = (
     {"name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-fake-a100-1", "memory_total": 81920 * MIB, "memory_used": 0,
      "utilization_gpu": 0, "cc": (8, 0), "sm_clock_max": 1410, "mem_clock_max": 1593, "pcie_gen_max": 4,
      "pcie_width_max": 16, "nvlink": [True] * 12, "temperature": 29, "power_mw": 61_000},
+    {"name": "NVIDIA RTX 6000 Ada Generation", "uuid": "GPU-fake-ada-2", "memory_total": 49140 * MIB,
+     "memory_used": 0, "utilization_gpu": 0, "cc": (8, 9), "sm_clock_max": 2505, "mem_clock_max": 10001,
+     "pcie_gen_max": 4, "pcie_width_max": 16, "nvlink": [], "temperature": 30, "power_mw": 25_000},
 )
 
 

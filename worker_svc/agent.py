@@ -12,6 +12,16 @@ from accelmesh.hardware.model import NodeDescription
 from worker_svc.probes.node import describe_node
 
 
+def cuda_devices(jax) -> list:
+    """JAX's CUDA devices, none where its CUDA plugin or a driver is missing. Their ids are CUDA's
+    ordinals, which are NVML's indices (the NVML probe's "cuda:<index>") when CUDA orders devices
+    by PCI bus as NVML does: the worker sets CUDA_DEVICE_ORDER=PCI_BUS_ID before JAX starts."""
+    try:
+        return list(jax.devices("cuda"))
+    except RuntimeError:  # "Unknown backend" / "Backend 'cuda' failed to initialize"
+        return []
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -31,7 +41,7 @@ class NodeAgent:
         if jax_devices is None:
             import jax  # imported here: XLA_FLAGS must be final before the first import
 
-            jax_devices = jax.devices("cpu")
+            jax_devices = jax.devices("cpu") + (cuda_devices(jax) if use_nvml else [])
         self.node_ip = node_ip
         self.hostname = hostname or socket.gethostname()
         self._jax_devices = list(jax_devices)
@@ -45,8 +55,9 @@ class NodeAgent:
 
     @property
     def jax_devices(self) -> dict[str, object]:
-        """This process's XLA devices by the name DeviceSpec.execution_device uses ("cpu:2")."""
-        return {f"{d.platform}:{d.id}": d for d in self._jax_devices}
+        """This process's XLA devices by the name DeviceSpec.execution_device uses ("cpu:2",
+        "cuda:0": JAX calls its CUDA devices' platform "gpu", the NVML probe names them "cuda")."""
+        return {f"{'cuda' if d.platform == 'gpu' else d.platform}:{d.id}": d for d in self._jax_devices}
 
     def describe(self, device_ids: Sequence[str] = ()) -> NodeDescription:
         node = describe_node(

@@ -50,38 +50,44 @@ def test_the_json_says_it_ran_cpu_only_on_an_emulated_gpu(check):
 @pytest.mark.parametrize(
     ("index", "expected"),
     [
-        pytest.param(0, {"id": "192.0.2.1/cuda:0", "kind": "NVIDIA H200", "type": "h200", "in_catalog": False,
+        pytest.param(0, {"id": "192.0.2.1/cuda:0", "kind": "NVIDIA H200", "type": "h200-sxm-141gb", "in_catalog": True,
                          "compute_capability": "9.0", "execution_device": "cuda:0", "memory_bytes": 143771 * 2**20,
-                         "peak_bf16": None, "dispatch_can_plan": False}, id="uncatalogued-h200"),
+                         "peak_bf16": 989.4, "dispatch_can_plan": True, "nvlink": True}, id="catalog-h200"),
         pytest.param(1, {"id": "192.0.2.1/cuda:1", "kind": "NVIDIA A100-SXM4-80GB", "type": "a100-80gb",
                          "in_catalog": True, "compute_capability": "8.0", "execution_device": "cuda:1",
-                         "memory_bytes": 80 * GIB, "peak_bf16": 312.0, "dispatch_can_plan": True}, id="catalog-a100"),
+                         "memory_bytes": 80 * GIB, "peak_bf16": 312.0, "dispatch_can_plan": True, "nvlink": True},
+                     id="catalog-a100"),
+        pytest.param(2, {"id": "192.0.2.1/cuda:2", "kind": "NVIDIA RTX 6000 Ada Generation",
+                         "type": "rtx-6000-ada-generation", "in_catalog": False, "compute_capability": "8.9",
+                         "execution_device": "cuda:2", "memory_bytes": 49140 * 2**20, "peak_bf16": None,
+                         "dispatch_can_plan": False, "nvlink": False}, id="uncatalogued-ada"),
     ],
 )
 def test_the_nvml_probe_found_each_gpu_of_the_fake_table_with_its_fields(check, index, expected):
     assert check["nvml"]["ok"] and check["nvml"]["driver"].endswith(str(FAKE_NVML))
-    assert len(check["nvml"]["gpus"]) == 2
+    assert len(check["nvml"]["gpus"]) == 3
     gpu = check["nvml"]["gpus"][index]
     spec = gpu["spec"]
     got = {"id": spec["id"], "kind": spec["kind"], "type": spec["type"], "in_catalog": spec["in_catalog"],
            "compute_capability": spec["compute_capability"], "execution_device": spec["execution_device"],
            "memory_bytes": spec["performance"]["memory_bytes"],
            "peak_bf16": spec["performance"]["peak_tflops"].get("bf16"),
-           "dispatch_can_plan": gpu["dispatch_can_plan"]}
+           "dispatch_can_plan": gpu["dispatch_can_plan"], "nvlink": "nvlink" in spec["capabilities"]}
     assert got == expected
     assert (spec["platform"], spec["emulated"], gpu["nvml"]["index"]) == ("cuda", False, index)
-    assert {"bf16", "tf32", "fp16", "tensor_cores", "nvlink"} <= set(spec["capabilities"])
+    assert {"bf16", "tf32", "fp16", "tensor_cores"} <= set(spec["capabilities"])
     assert (gpu["rule"], gpu["compute_dtype"], gpu["registered_by_worker"]) == ("cuda-bf16", "bf16", None)
 
 
 def test_an_uncatalogued_gpu_is_named_as_one_the_dispatcher_cannot_plan_on(check):
     (note,) = check["notes"]
-    assert "NVIDIA H200" in note and "catalog" in note
+    assert "NVIDIA RTX 6000 Ada Generation" in note and "catalog" in note
 
 
 def test_the_compile_service_built_the_cuda_bf16_rule_for_the_job_and_for_each_probed_gpu(check):
     builds = {b["target_type"]: b for b in check["compile"]["builds"]}
-    assert set(builds) == {"cuda@cpu:h100-sxm-80gb[bf16]", "cuda:h200[bf16]", "cuda:a100-80gb[bf16]"}
+    assert set(builds) == {"cuda@cpu:h100-sxm-80gb[bf16]", "cuda:h200-sxm-141gb[bf16]", "cuda:a100-80gb[bf16]",
+                           "cuda:rtx-6000-ada-generation[bf16]"}
     assert check["compile"]["job_target_type"] == "cuda@cpu:h100-sxm-80gb[bf16]"
     for build in builds.values():
         assert (build["rule"], build["compute_dtype"], build["tolerance"]) == ("cuda-bf16", "bf16", BF16_TOLERANCE)
@@ -89,7 +95,8 @@ def test_the_compile_service_built_the_cuda_bf16_rule_for_the_job_and_for_each_p
     emulated = builds["cuda@cpu:h100-sxm-80gb[bf16]"]
     executables = [(a["format"], a["batch_size"], a["platform"]) for a in emulated["executables"]]
     assert executables == [("executable", ROWS, "cpu")]
-    for real in ("cuda:h200[bf16]", "cuda:a100-80gb[bf16]"):  # built on this CPU host, finished by a worker
+    # built on this CPU host, finished by a worker
+    for real in ("cuda:h200-sxm-141gb[bf16]", "cuda:a100-80gb[bf16]", "cuda:rtx-6000-ada-generation[bf16]"):
         assert builds[real]["portable"]["platform"] == "cuda"
         assert (builds[real]["executables"], builds[real]["worker_finishes_compile"]) == ([], True)
     summary = check["summary"]

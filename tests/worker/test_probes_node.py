@@ -190,3 +190,35 @@ def test_fake_objects_need_only_the_documented_attributes():
     # probe_jax accepts anything with platform, id, device_kind and memory_stats()
     device = SimpleNamespace(platform="cpu", id=7, device_kind="cpu", memory_stats=lambda: None)
     assert probe_jax([device])[0].name == "cpu:7"
+
+
+def test_the_agent_names_jax_cuda_devices_as_the_nvml_probe_names_the_gpus():
+    # JAX calls a CUDA device's platform "gpu"; the NVML probe's DeviceSpec says "cuda:<index>":
+    # every GPU the node registers must find its JAX device, or each of its shards fails.
+    from worker_svc.agent import NodeAgent
+
+    agent = NodeAgent("10.1.2.3", jax_devices=[FakeJaxDevice("cpu", 0), FakeJaxDevice("gpu", 0, "NVIDIA A100"),
+                                               FakeJaxDevice("gpu", 1, "NVIDIA A100")],
+                      nvml=FakeNvml([a100(0), a100(1)]), proc_root=host.proc_root(host.FP32_CPU), env={})
+    gpus = [d for d in agent.describe().devices if d.platform == "cuda"]
+    assert [d.execution_device for d in gpus] == ["cuda:0", "cuda:1"]
+    assert all(agent.jax_devices[d.execution_device].platform == "gpu" for d in gpus)
+    assert set(agent.jax_devices) == {"cpu:0", "cuda:0", "cuda:1"}
+
+
+def test_a_host_without_cuda_gives_the_agent_no_cuda_devices():
+    from worker_svc.agent import cuda_devices
+
+    class NoCuda:  # jax without its CUDA plugin, or with no driver
+        @staticmethod
+        def devices(backend):
+            raise RuntimeError(f"Unknown backend: '{backend}' requested")
+
+    class OneGpu:
+        @staticmethod
+        def devices(backend):
+            assert backend == "cuda"
+            return [FakeJaxDevice("gpu", 0)]
+
+    assert cuda_devices(NoCuda) == []
+    assert [d.id for d in cuda_devices(OneGpu)] == [0]

@@ -136,7 +136,6 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         check_initialisable(program, self.max_parameter_bytes)
         chunk = min(DEFAULT_CHUNK_BYTES, self._max_chunk_bytes)
         for spec, value in zip(program.parameters, program.init_params(request.seed)):
-            header, chunks = split(spec.name, value, chunk)
+            header, chunks = split(spec.name, value, chunk, into=pb.FetchParametersResponse)
             yield pb.FetchParametersResponse(tensor=header)
-            for piece in chunks:
-                yield pb.FetchParametersResponse(chunk=piece)
+            yield from chunks

@@ -301,10 +301,9 @@ class GrpcMesh:
                 if name in refs:
                     yield worker_pb.ExecuteRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
                     continue
-                tensor, chunks = split(name, value, self._chunk_bytes)
+                tensor, chunks = split(name, value, self._chunk_bytes, into=worker_pb.ExecuteRequest)
                 yield worker_pb.ExecuteRequest(tensor=tensor)
-                for chunk in chunks:
-                    yield worker_pb.ExecuteRequest(chunk=chunk)
+                yield from chunks
 
         call = self._worker(address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
         unregister = scope.register(call.cancel)

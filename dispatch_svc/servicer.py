@@ -123,15 +123,14 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             elif isinstance(piece, delivery.TensorOut):
                 yield pb.RunJobResponse(tensor=_header(piece.entry))
             else:
-                yield from (pb.RunJobResponse(chunk=chunk) for chunk in self._chunks(piece))
+                yield from self._chunks(piece, pb.RunJobResponse)
 
-    def _chunks(self, piece: delivery.RowsOut):
-        """A slab of rows as chunks, each placed at its byte offset in the whole tensor."""
-        _, chunks = split(piece.entry.name, piece.rows, self._chunk_bytes)
-        for chunk in chunks:
-            if chunk.data:
-                chunk.offset += piece.first_row * piece.entry.row_bytes
-                yield chunk
+    def _chunks(self, piece: delivery.RowsOut, into):
+        """A slab of rows as `into` messages of chunks, each placed at its byte offset in the whole tensor."""
+        if piece.rows.size == 0:
+            return
+        yield from split(piece.entry.name, piece.rows, self._chunk_bytes, into=into,
+                         base_offset=piece.first_row * piece.entry.row_bytes)[1]
 
     def WatchJob(self, request, context):
         if request.from_index < 0:
@@ -189,7 +188,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             if isinstance(piece, delivery.TensorOut):
                 yield pb.FetchResultResponse(tensor=_header(piece.entry))
             else:
-                yield from (pb.FetchResultResponse(chunk=chunk) for chunk in self._chunks(piece))
+                yield from self._chunks(piece, pb.FetchResultResponse)
 
 
 def _header(entry) -> common_pb2.TensorHeader:

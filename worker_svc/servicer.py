@@ -174,8 +174,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def _results(self, result: ex.ShardResult):
         for index, array in enumerate(result.outputs):
-            header, chunks = split(f"output_{index}", array, self._chunk_bytes)
+            header, chunks = split(f"output_{index}", array, self._chunk_bytes, into=pb.ExecuteResponse)
             yield pb.ExecuteResponse(tensor=header)
-            for chunk in chunks:
-                yield pb.ExecuteResponse(chunk=chunk)
+            yield from chunks
         yield pb.ExecuteResponse(timings=timings_to_proto(result.timings))

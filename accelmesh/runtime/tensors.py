@@ -8,10 +8,11 @@ size crosses a stream without raising grpc.max_receive_message_length.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
+from google.protobuf.message import Message
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
@@ -100,9 +101,15 @@ def from_proto(tensor: common_pb2.Tensor, field: str = "tensor") -> np.ndarray:
 
 
 def split(
-    name: str, array, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> tuple[common_pb2.TensorHeader, Iterator[common_pb2.TensorChunk]]:
-    """A header announcing the tensor, and its chunks (at least one, so empty tensors arrive too)."""
+    name: str, array, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, into: Callable[[], Message] | None = None,
+    base_offset: int = 0,
+) -> tuple[common_pb2.TensorHeader, Iterator]:
+    """A header announcing the tensor, and its chunks (at least one, so empty tensors arrive too).
+
+    ``into``: a stream message type with a ``chunk`` field; each chunk is then written into a new
+    message of that type and the message is yielded. Building the chunk apart and wrapping it
+    (``Response(chunk=chunk)``) copies its bytes once more, a megabyte a chunk. ``base_offset``
+    is added to every chunk's offset (a slab of rows placed in a larger tensor)."""
     if chunk_bytes <= 0:
         raise errors.InvalidArgument(f"chunk_bytes must be positive, got {chunk_bytes}")
     array = _little_endian(array)
@@ -111,11 +118,17 @@ def split(
     )
     view = memoryview(array.reshape(-1).view(np.uint8))
 
-    def chunks() -> Iterator[common_pb2.TensorChunk]:
+    def chunks() -> Iterator:
         offset = 0
         while True:
             piece = view[offset : offset + chunk_bytes]
-            yield common_pb2.TensorChunk(name=name, offset=offset, data=piece.tobytes())
+            if into is None:
+                message = chunk = common_pb2.TensorChunk()
+            else:
+                message = into()
+                chunk = message.chunk
+            chunk.name, chunk.offset, chunk.data = name, base_offset + offset, piece.tobytes()
+            yield message
             offset += len(piece)
             if offset >= len(view):
                 return

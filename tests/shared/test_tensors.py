@@ -107,6 +107,22 @@ def test_chunked_round_trip(make, chunk_bytes):
     assert_same_tensor(reassemble(header, chunks), original)
 
 
+@pytest.mark.parametrize("chunk_bytes", [65_537, MIB])
+def test_chunks_written_into_stream_messages_carry_the_same_bytes_at_their_offsets(chunk_bytes):
+    # `into`: each chunk built inside its stream message (no wrapping copy); `base_offset` places a
+    # slab of rows in the larger tensor it belongs to. On the wire, the same chunks.
+    from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
+
+    original = _rng().integers(0, 256, size=2 * MIB + 5, dtype=np.uint8)
+    _, plain = split(NAME, original, chunk_bytes=chunk_bytes)
+    _, wrapped = split(NAME, original, chunk_bytes=chunk_bytes, into=worker_pb.ExecuteRequest, base_offset=64)
+    plain, wrapped = list(plain), list(wrapped)
+    assert all(isinstance(m, worker_pb.ExecuteRequest) and m.WhichOneof("part") == "chunk" for m in wrapped)
+    decoded = [worker_pb.ExecuteRequest.FromString(m.SerializeToString()).chunk for m in wrapped]
+    assert [c.offset for c in decoded] == [c.offset + 64 for c in plain]
+    assert [(c.name, c.data) for c in decoded] == [(c.name, c.data) for c in plain]
+
+
 @pytest.mark.parametrize("extra_bytes", [0, 3])
 def test_large_tensor_chunks_stay_under_the_message_limit(extra_bytes):
     original = _rng().integers(0, 256, size=5 * MIB + extra_bytes, dtype=np.uint8)

@@ -6,7 +6,7 @@ from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.devices import device_from_proto
-from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split_frames
 from accelmesh.runtime import programs as programs_pb
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
@@ -136,6 +136,6 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
         check_initialisable(program, self.max_parameter_bytes)
         chunk = min(DEFAULT_CHUNK_BYTES, self._max_chunk_bytes)
         for spec, value in zip(program.parameters, program.init_params(request.seed)):
-            header, chunks = split(spec.name, value, chunk, into=pb.FetchParametersResponse)
+            header, chunks = split_frames(spec.name, value, chunk, pb.FetchParametersResponse)
             yield pb.FetchParametersResponse(tensor=header)
             yield from chunks

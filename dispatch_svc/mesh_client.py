@@ -24,7 +24,7 @@ from accelmesh.security.identity import Role
 from accelmesh.runtime.errors import error_from_rpc, error_reason
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
-from accelmesh.runtime.tensors import TensorCollector, split
+from accelmesh.runtime.tensors import TensorCollector, serialized_or, split_frames
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import records as m
@@ -39,6 +39,8 @@ CALL_TIMEOUT_S = 120.0
 REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
 SHARD_TIMEOUT_S = 600.0
 RELEASE_TIMEOUT_S = 5.0  # a worker's ReleaseJob at a job's end: held tensors, best effort
+_WORKER_SERVICE = worker_pb.DESCRIPTOR.services_by_name["WorkerService"]
+EXECUTE_METHOD = f"/{_WORKER_SERVICE.full_name}/Execute"  # the path gRPC calls
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +249,12 @@ class GrpcMesh:
     def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
         return worker_service_pb2_grpc.WorkerServiceStub(self._workers.get(address))
 
+    def _execute_stub(self, address: str):
+        """The worker's Execute, taking chunks already serialized (tensors.split_frames) as well as messages."""
+        return self._workers.get(address).stream_stream(
+            EXECUTE_METHOD, request_serializer=serialized_or(worker_pb.ExecuteRequest.SerializeToString),
+            response_deserializer=worker_pb.ExecuteResponse.FromString)
+
     def _forget_worker(self, address: str) -> None:
         """The next call dials afresh (ChannelPool.forget). A worker back on the address holds no
         tensors: its keys go too."""
@@ -301,11 +309,11 @@ class GrpcMesh:
                 if name in refs:
                     yield worker_pb.ExecuteRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
                     continue
-                tensor, chunks = split(name, value, self._chunk_bytes, into=worker_pb.ExecuteRequest)
+                tensor, chunks = split_frames(name, value, self._chunk_bytes, worker_pb.ExecuteRequest)
                 yield worker_pb.ExecuteRequest(tensor=tensor)
                 yield from chunks
 
-        call = self._worker(address).Execute(requests(), timeout=SHARD_TIMEOUT_S)
+        call = self._execute_stub(address)(requests(), timeout=SHARD_TIMEOUT_S)
         unregister = scope.register(call.cancel)
         outputs, timings = TensorCollector("output"), None
         try:

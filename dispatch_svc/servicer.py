@@ -21,7 +21,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
-from accelmesh.runtime.tensors import dtype_code, split
+from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc import delivery
 from dispatch_svc import records as m
@@ -129,8 +129,8 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         """A slab of rows as `into` messages of chunks, each placed at its byte offset in the whole tensor."""
         if piece.rows.size == 0:
             return
-        yield from split(piece.entry.name, piece.rows, self._chunk_bytes, into=into,
-                         base_offset=piece.first_row * piece.entry.row_bytes)[1]
+        yield from split_frames(piece.entry.name, piece.rows, self._chunk_bytes, into,
+                                base_offset=piece.first_row * piece.entry.row_bytes)[1]
 
     def WatchJob(self, request, context):
         if request.from_index < 0:

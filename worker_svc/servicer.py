@@ -19,7 +19,7 @@ from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
-from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split_frames
 from accelmesh.security.access import Authenticator
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
@@ -174,7 +174,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def _results(self, result: ex.ShardResult):
         for index, array in enumerate(result.outputs):
-            header, chunks = split(f"output_{index}", array, self._chunk_bytes, into=pb.ExecuteResponse)
+            header, chunks = split_frames(f"output_{index}", array, self._chunk_bytes, pb.ExecuteResponse)
             yield pb.ExecuteResponse(tensor=header)
             yield from chunks
         yield pb.ExecuteResponse(timings=timings_to_proto(result.timings))

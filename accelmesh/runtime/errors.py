@@ -23,6 +23,7 @@ from grpc_status import rpc_status
 
 from accelmesh import errors
 from accelmesh.runtime.handlers import rewrapped
+from accelmesh.runtime.tensors import serialized_or
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,9 @@ class DecodeInterceptor(grpc.ServerInterceptor):
     """Requests that do not parse become INVALID_ARGUMENT, raised where the handler takes the
     message (so after the access check), instead of failing in gRPC's own deserializing code:
     that answers INTERNAL, and grpcio (1.85) then keeps the call's state for good, about 16 KiB
-    for each such request. Innermost, so every interceptor outside sees the same deserializer."""
+    for each such request. Innermost, so every interceptor outside sees the same deserializer.
+    A response a handler made already serialized (tensor chunks, tensors.split_frames) is sent
+    as it is (tensors.serialized_or)."""
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -231,4 +234,6 @@ class DecodeInterceptor(grpc.ServerInterceptor):
                     return behavior(take(request), context)
             return wrapped
 
-        return rewrapped(handler, wrap, request_deserializer=_tolerant(deserializer))
+        serializer = handler.response_serializer
+        return rewrapped(handler, wrap, request_deserializer=_tolerant(deserializer),
+                         response_serializer=serialized_or(serializer) if serializer is not None else None)

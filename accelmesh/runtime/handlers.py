@@ -21,13 +21,13 @@ _KINDS = (
 Wrap = Callable[[Callable, bool, bool], Callable]
 
 
-def rewrapped(handler: grpc.RpcMethodHandler, wrap: Wrap, *,
-              request_deserializer: Callable | None = None) -> grpc.RpcMethodHandler:
+def rewrapped(handler: grpc.RpcMethodHandler, wrap: Wrap, *, request_deserializer: Callable | None = None,
+              response_serializer: Callable | None = None) -> grpc.RpcMethodHandler:
     """A handler of the same kind as ``handler`` whose behaviour is ``wrap``'s."""
     for attribute, make, client_streams, server_streams in _KINDS:
         behavior = getattr(handler, attribute)
         if behavior is not None:
             return make(wrap(behavior, client_streams, server_streams),
                         request_deserializer=request_deserializer or handler.request_deserializer,
-                        response_serializer=handler.response_serializer)
+                        response_serializer=response_serializer or handler.response_serializer)
     raise ValueError(f"a method handler without a behaviour: {handler!r}")

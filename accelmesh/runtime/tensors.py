@@ -136,6 +136,63 @@ def split(
     return header, chunks()
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _length_delimited(field_number: int) -> bytes:
+    return _varint(field_number << 3 | 2)
+
+
+_CHUNK = common_pb2.TensorChunk.DESCRIPTOR.fields_by_name
+_NAME_TAG, _DATA_TAG = _length_delimited(_CHUNK["name"].number), _length_delimited(_CHUNK["data"].number)
+_OFFSET_TAG = _varint(_CHUNK["offset"].number << 3)
+
+
+def split_frames(name: str, array, chunk_bytes: int, into: type[Message], *,
+                 base_offset: int = 0) -> tuple[common_pb2.TensorHeader, Iterator[bytes]]:
+    """`split(name, array, chunk_bytes, into=into, base_offset=base_offset)`, each message already
+    serialized: the bytes a stream sends as they are (a method whose serializer takes them,
+    `serialized_or`). protobuf's Python messages copy a bytes field when it is set and again when
+    the message is serialized; here a chunk's bytes are copied once, from a view of the tensor
+    into its frame. The wire format is protobuf's own (the chunk as a length-delimited field of
+    `into` whose number its descriptor gives; tests/shared/test_tensors.py parses every frame back
+    with protobuf and compares it with `split`'s message)."""
+    header, _ = split(name, array, chunk_bytes)  # checks and the header, as split has them
+    array = _little_endian(array)
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    field_tag = _length_delimited(into.DESCRIPTOR.fields_by_name["chunk"].number)
+    encoded_name = name.encode()
+    name_field = _NAME_TAG + _varint(len(encoded_name)) + encoded_name
+
+    def frames() -> Iterator[bytes]:
+        offset = 0
+        while True:
+            piece = view[offset: offset + chunk_bytes]
+            at = base_offset + offset
+            fields = name_field + (_OFFSET_TAG + _varint(at) if at else b"") + _DATA_TAG + _varint(len(piece))
+            yield b"".join((field_tag, _varint(len(fields) + len(piece)), fields, piece))
+            offset += len(piece)
+            if offset >= len(view):
+                return
+
+    return header, frames()
+
+
+def serialized_or(serializer: Callable[[Message], bytes]) -> Callable[[Message | bytes], bytes]:
+    """A gRPC serializer that sends bytes (`split_frames`) as they are and messages as `serializer` does."""
+    def serialize(message):
+        return message if isinstance(message, bytes) else serializer(message)
+
+    serialize.serialized_or = True
+    return serialize
+
+
 class TensorAssembler:
     """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow.
 

@@ -11,7 +11,7 @@ from accelmesh.hardware.capabilities import CAPABILITIES
 from accelmesh.hardware.catalog import find_by_kind, load_catalog, resolve_type
 
 EXPECTED_TYPES = {
-    "a100-40gb", "a100-80gb", "h100-sxm-80gb", "v100-16gb", "v100-32gb", "t4", "l4",
+    "a100-40gb", "a100-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "v100-16gb", "v100-32gb", "t4", "l4",
     "mi250x", "tpu-v4", "p100-16gb", "k80",
 }
 
@@ -36,6 +36,7 @@ def test_every_entry_loads_with_consistent_fields():
         ("a100-80gb", "tf32", 156.0),
         ("a100-40gb", "int8", 624.0),
         ("h100-sxm-80gb", "fp8", 1978.9),
+        ("h200-sxm-141gb", "bf16", 989.4),
         ("v100-16gb", "fp16", 125.0),
         ("t4", "int8", 130.0),
         ("l4", "fp8", 242.5),
@@ -170,4 +171,5 @@ def test_find_by_kind_matches_vendor_names():
     catalog = load_catalog()
     assert find_by_kind("NVIDIA A100-SXM4-80GB", catalog).type == "a100-80gb"
     assert find_by_kind("tesla  v100-sxm2-32gb", catalog).type == "v100-32gb"
+    assert find_by_kind("NVIDIA H200", catalog).type == "h200-sxm-141gb"  # what NVML names the lent GPU
     assert find_by_kind("NVIDIA GeForce RTX 3090", catalog) is None

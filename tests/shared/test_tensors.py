@@ -13,7 +13,9 @@ import pytest
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
-from accelmesh.runtime.tensors import TensorAssembler, TensorCollector, dtype_code, from_proto, split, to_proto
+from accelmesh.runtime.tensors import (
+    TensorAssembler, TensorCollector, dtype_code, from_proto, serialized_or, split, split_frames, to_proto,
+)
 
 MIB = 1024 * 1024
 CHUNK_OVERHEAD_BYTES = 64  # name, offset and field tags around a chunk's data
@@ -121,6 +123,30 @@ def test_chunks_written_into_stream_messages_carry_the_same_bytes_at_their_offse
     decoded = [worker_pb.ExecuteRequest.FromString(m.SerializeToString()).chunk for m in wrapped]
     assert [c.offset for c in decoded] == [c.offset + 64 for c in plain]
     assert [(c.name, c.data) for c in decoded] == [(c.name, c.data) for c in plain]
+    # Already serialized by hand (split_frames): protobuf parses each frame to the same message.
+    header, frames = split_frames(NAME, original, chunk_bytes, worker_pb.ExecuteRequest, base_offset=64)
+    assert header == split(NAME, original, chunk_bytes=chunk_bytes)[0]
+    assert [worker_pb.ExecuteRequest.FromString(f) for f in frames] == wrapped
+
+
+@pytest.mark.parametrize("base_offset", [0, 1, 2**40])
+@pytest.mark.parametrize("make", ARRAYS.values(), ids=ARRAYS.keys())
+def test_frames_are_the_wire_bytes_of_the_chunk_messages(make, base_offset):
+    from accelmesh.dispatch.v1 import dispatch_service_pb2 as dispatch_pb
+
+    original, name = make(), "tensor-\u00e9"  # a name beyond ASCII: its length is in bytes
+    _, messages = split(name, original, 5, into=dispatch_pb.RunJobResponse, base_offset=base_offset)
+    _, frames = split_frames(name, original, 5, dispatch_pb.RunJobResponse, base_offset=base_offset)
+    frames = list(frames)
+    assert all(isinstance(f, bytes) for f in frames)
+    assert [dispatch_pb.RunJobResponse.FromString(f) for f in frames] == list(messages)
+
+
+def test_a_serializer_sends_frames_as_they_are_and_messages_through_protobuf():
+    serialize = serialized_or(common_pb2.TensorChunk.SerializeToString)
+    chunk = common_pb2.TensorChunk(name="a", offset=3, data=b"xyz")
+    assert serialize(b"\x01\x02") == b"\x01\x02"
+    assert serialize(chunk) == chunk.SerializeToString()
 
 
 @pytest.mark.parametrize("extra_bytes", [0, 3])

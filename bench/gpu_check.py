@@ -88,6 +88,7 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, device_to_proto
 from accelmesh.runtime.tensors import TensorCollector
 from compile_svc.programs.transformer import SEQ_LEN, VOCAB
+from worker_svc.config import GPU_ENVIRONMENT
 from worker_svc.probes.nvml import NvmlGpu, nvml_devices, probe_nvml
 from worker_svc.probes.registry import NodeContext
 
@@ -188,10 +189,9 @@ def worker_env(mode: str) -> dict[str, str]:
     if mode == CPU:
         return {"JAX_PLATFORMS": "cpu"}
     # cuda named, not left to discovery: a CUDA plugin that fails to start stops the worker with
-    # its reason instead of leaving it on the CPU. PCI_BUS_ID: CUDA numbers GPUs as NVML does
-    # (worker_svc/probes/nvml.py). No preallocation: the worker and the baseline share the GPU.
-    return {"JAX_PLATFORMS": "cuda,cpu", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "ACCELMESH_WORKER_NVML": "1"}
+    # its reason instead of leaving it on the CPU. GPU_ENVIRONMENT, what the worker sets itself:
+    # CUDA numbers GPUs as NVML does, and no preallocation (the worker and the baseline share the GPU).
+    return {**GPU_ENVIRONMENT, "JAX_PLATFORMS": "cuda,cpu", "ACCELMESH_WORKER_NVML": "1"}
 
 
 def start_mesh(data_dir: Path, mode: str, emulate: str) -> EmbeddedMesh:

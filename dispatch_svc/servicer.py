@@ -126,7 +126,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
                 yield from self._chunks(piece, pb.RunJobResponse)
 
     def _chunks(self, piece: delivery.RowsOut, into):
-        """A slab of rows as `into` messages of chunks, each placed at its byte offset in the whole tensor."""
+        """A slab of rows as serialized `into` messages of chunks, each at its byte offset in the whole tensor."""
         if piece.rows.size == 0:
             return
         yield from split_frames(piece.entry.name, piece.rows, self._chunk_bytes, into,

@@ -4,16 +4,7 @@ import os
 import sys
 
 from accelmesh.runtime.server import run_service
-from worker_svc.config import parse_args, xla_flags_for
-
-# Read by CUDA and JAX at their start; an operator's own values win.
-GPU_ENVIRONMENT = {
-    # CUDA's ordinals follow the PCI bus as NVML's indices do, so "cuda:<index>" names one GPU in both
-    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-    # JAX otherwise takes 75% of every GPU's memory at start: the inventory would see the GPU full,
-    # and the memory a job reserves would not be there for it
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-}
+from worker_svc.config import GPU_ENVIRONMENT, parse_args, xla_flags_for
 
 
 def build(config):

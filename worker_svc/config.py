@@ -15,6 +15,17 @@ from accelmesh.security.identity import Role
 from worker_svc.held_tensors import MAX_HELD_TENSORS
 
 
+# Read by CUDA and JAX at their start (the worker sets them before importing jax); an operator's
+# own values win.
+GPU_ENVIRONMENT = {
+    # CUDA's ordinals follow the PCI bus as NVML's indices do, so "cuda:<index>" names one GPU in both
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    # JAX otherwise takes 75% of every GPU's memory at start: the inventory would see the GPU full,
+    # and the memory a job reserves would not be there for it
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     listen: str = "127.0.0.1:50070"  # ACCELMESH_WORKER_LISTEN: where the worker serves gRPC

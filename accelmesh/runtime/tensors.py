@@ -100,40 +100,36 @@ def from_proto(tensor: common_pb2.Tensor, field: str = "tensor") -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
 
 
-def split(
-    name: str, array, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, into: Callable[[], Message] | None = None,
-    base_offset: int = 0,
-) -> tuple[common_pb2.TensorHeader, Iterator]:
-    """A header announcing the tensor, and its chunks (at least one, so empty tensors arrive too).
-
-    ``into``: a stream message type with a ``chunk`` field; each chunk is then written into a new
-    message of that type and the message is yielded. Building the chunk apart and wrapping it
-    (``Response(chunk=chunk)``) copies its bytes once more, a megabyte a chunk. ``base_offset``
-    is added to every chunk's offset (a slab of rows placed in a larger tensor)."""
+def _prepared(name: str, array, chunk_bytes: int) -> tuple[common_pb2.TensorHeader, memoryview]:
+    """The header announcing the tensor, and its little-endian bytes to cut into chunks."""
     if chunk_bytes <= 0:
         raise errors.InvalidArgument(f"chunk_bytes must be positive, got {chunk_bytes}")
     array = _little_endian(array)
     header = common_pb2.TensorHeader(
         name=name, dtype=dtype_code(array.dtype, f"tensor '{name}'"), shape=array.shape, total_bytes=array.nbytes
     )
-    view = memoryview(array.reshape(-1).view(np.uint8))
+    return header, memoryview(array.reshape(-1).view(np.uint8))
 
-    def chunks() -> Iterator:
-        offset = 0
-        while True:
-            piece = view[offset : offset + chunk_bytes]
-            if into is None:
-                message = chunk = common_pb2.TensorChunk()
-            else:
-                message = into()
-                chunk = message.chunk
-            chunk.name, chunk.offset, chunk.data = name, base_offset + offset, piece.tobytes()
-            yield message
-            offset += len(piece)
-            if offset >= len(view):
-                return
 
-    return header, chunks()
+def _pieces(view: memoryview, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
+    """(offset, bytes) of each chunk: at least one, so an empty tensor arrives too."""
+    offset = 0
+    while True:
+        piece = view[offset : offset + chunk_bytes]
+        yield offset, piece
+        offset += len(piece)
+        if offset >= len(view):
+            return
+
+
+def split(
+    name: str, array, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> tuple[common_pb2.TensorHeader, Iterator[common_pb2.TensorChunk]]:
+    """A header announcing the tensor, and its chunks (at least one, so empty tensors arrive too)."""
+    header, view = _prepared(name, array, chunk_bytes)
+    chunks = (common_pb2.TensorChunk(name=name, offset=offset, data=piece.tobytes())
+              for offset, piece in _pieces(view, chunk_bytes))
+    return header, chunks
 
 
 def _varint(value: int) -> bytes:
@@ -156,30 +152,25 @@ _OFFSET_TAG = _varint(_CHUNK["offset"].number << 3)
 
 def split_frames(name: str, array, chunk_bytes: int, into: type[Message], *,
                  base_offset: int = 0) -> tuple[common_pb2.TensorHeader, Iterator[bytes]]:
-    """`split(name, array, chunk_bytes, into=into, base_offset=base_offset)`, each message already
-    serialized: the bytes a stream sends as they are (a method whose serializer takes them,
-    `serialized_or`). protobuf's Python messages copy a bytes field when it is set and again when
-    the message is serialized; here a chunk's bytes are copied once, from a view of the tensor
-    into its frame. The wire format is protobuf's own (the chunk as a length-delimited field of
-    `into` whose number its descriptor gives; tests/shared/test_tensors.py parses every frame back
-    with protobuf and compares it with `split`'s message)."""
-    header, _ = split(name, array, chunk_bytes)  # checks and the header, as split has them
-    array = _little_endian(array)
-    view = memoryview(array.reshape(-1).view(np.uint8))
+    """`split`'s header, and each chunk as a message of type `into` (a stream message with a
+    ``chunk`` field) already serialized: the bytes a stream sends as they are (a method whose
+    serializer takes them, `serialized_or`). ``base_offset`` is added to every chunk's offset (a
+    slab of rows placed in a larger tensor). protobuf's Python messages copy a bytes field when
+    it is set, again when a chunk is wrapped in its stream message, and again when that is
+    serialized; here a chunk's bytes are copied once, from a view of the tensor into its frame.
+    The wire format is protobuf's own (the chunk as a length-delimited field of `into` whose
+    number its descriptor gives); tests/shared/test_tensors.py parses every frame back with
+    protobuf and compares it with the message built from `split`'s chunk."""
+    header, view = _prepared(name, array, chunk_bytes)
     field_tag = _length_delimited(into.DESCRIPTOR.fields_by_name["chunk"].number)
     encoded_name = name.encode()
     name_field = _NAME_TAG + _varint(len(encoded_name)) + encoded_name
 
     def frames() -> Iterator[bytes]:
-        offset = 0
-        while True:
-            piece = view[offset: offset + chunk_bytes]
+        for offset, piece in _pieces(view, chunk_bytes):
             at = base_offset + offset
             fields = name_field + (_OFFSET_TAG + _varint(at) if at else b"") + _DATA_TAG + _varint(len(piece))
             yield b"".join((field_tag, _varint(len(fields) + len(piece)), fields, piece))
-            offset += len(piece)
-            if offset >= len(view):
-                return
 
     return header, frames()
 
@@ -189,7 +180,6 @@ def serialized_or(serializer: Callable[[Message], bytes]) -> Callable[[Message |
     def serialize(message):
         return message if isinstance(message, bytes) else serializer(message)
 
-    serialize.serialized_or = True
     return serialize
 
 

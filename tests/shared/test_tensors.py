@@ -109,24 +109,24 @@ def test_chunked_round_trip(make, chunk_bytes):
     assert_same_tensor(reassemble(header, chunks), original)
 
 
+def _wrapped(into, chunks, base_offset: int) -> list:
+    """`split`'s chunks wrapped in stream messages by protobuf, placed `base_offset` further on."""
+    return [into(chunk=common_pb2.TensorChunk(name=c.name, offset=c.offset + base_offset, data=c.data)) for c in chunks]
+
+
 @pytest.mark.parametrize("chunk_bytes", [65_537, MIB])
-def test_chunks_written_into_stream_messages_carry_the_same_bytes_at_their_offsets(chunk_bytes):
-    # `into`: each chunk built inside its stream message (no wrapping copy); `base_offset` places a
-    # slab of rows in the larger tensor it belongs to. On the wire, the same chunks.
+def test_frames_carry_the_same_chunks_as_split_at_their_offsets(chunk_bytes):
+    # Serialized by hand (split_frames): protobuf parses each frame to the message it would have
+    # built around split's chunk; `base_offset` places a slab of rows in the larger tensor.
     from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 
     original = _rng().integers(0, 256, size=2 * MIB + 5, dtype=np.uint8)
-    _, plain = split(NAME, original, chunk_bytes=chunk_bytes)
-    _, wrapped = split(NAME, original, chunk_bytes=chunk_bytes, into=worker_pb.ExecuteRequest, base_offset=64)
-    plain, wrapped = list(plain), list(wrapped)
-    assert all(isinstance(m, worker_pb.ExecuteRequest) and m.WhichOneof("part") == "chunk" for m in wrapped)
-    decoded = [worker_pb.ExecuteRequest.FromString(m.SerializeToString()).chunk for m in wrapped]
-    assert [c.offset for c in decoded] == [c.offset + 64 for c in plain]
-    assert [(c.name, c.data) for c in decoded] == [(c.name, c.data) for c in plain]
-    # Already serialized by hand (split_frames): protobuf parses each frame to the same message.
+    plain_header, plain = split(NAME, original, chunk_bytes=chunk_bytes)
     header, frames = split_frames(NAME, original, chunk_bytes, worker_pb.ExecuteRequest, base_offset=64)
-    assert header == split(NAME, original, chunk_bytes=chunk_bytes)[0]
-    assert [worker_pb.ExecuteRequest.FromString(f) for f in frames] == wrapped
+    decoded = [worker_pb.ExecuteRequest.FromString(f) for f in frames]
+    assert header == plain_header
+    assert all(m.WhichOneof("part") == "chunk" for m in decoded)
+    assert decoded == _wrapped(worker_pb.ExecuteRequest, plain, 64)
 
 
 @pytest.mark.parametrize("base_offset", [0, 1, 2**40])
@@ -135,11 +135,12 @@ def test_frames_are_the_wire_bytes_of_the_chunk_messages(make, base_offset):
     from accelmesh.dispatch.v1 import dispatch_service_pb2 as dispatch_pb
 
     original, name = make(), "tensor-\u00e9"  # a name beyond ASCII: its length is in bytes
-    _, messages = split(name, original, 5, into=dispatch_pb.RunJobResponse, base_offset=base_offset)
+    _, chunks = split(name, original, 5)
     _, frames = split_frames(name, original, 5, dispatch_pb.RunJobResponse, base_offset=base_offset)
     frames = list(frames)
     assert all(isinstance(f, bytes) for f in frames)
-    assert [dispatch_pb.RunJobResponse.FromString(f) for f in frames] == list(messages)
+    assert [dispatch_pb.RunJobResponse.FromString(f) for f in frames] == _wrapped(
+        dispatch_pb.RunJobResponse, chunks, base_offset)
 
 
 def test_a_serializer_sends_frames_as_they_are_and_messages_through_protobuf():

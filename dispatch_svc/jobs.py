@@ -6,6 +6,12 @@ job_codec.py; the tables and their migrations are in schema/.
 `JobBook` is the one place job state changes: every change is written through, and watchers
 wait on a condition for new events instead of polling.
 
+A shard's events (SHARD_STARTED, SHARD_FINISHED: two a shard, thousands a job) are not written one
+transaction each: they wait in memory, at most FLUSH_S or FLUSH_EVENTS of them, and go in one
+transaction; any other event or change of the record writes them first, so the log's order holds.
+A watcher in this process reads the waiting ones from memory; a dispatcher that stops loses at
+most those (a replica taking the job over runs those shards again, their outputs rewritten).
+
 A record stays small whatever its job declared (job_codec.py stores a plan's shards as runs), and
 a record read back longer than MAX_RECORD_CHARS (one written before the limits existed) is read
 without its plan, shard records and losses, with a log line, so it can never make GetJob or
@@ -53,6 +59,11 @@ LISTING_READ_ROWS = 50  # rows a listing reads from the database at a time (see 
 _LISTING_DROPS = ("shards", "losses", ("plan", "shards"), ("plan", "shard_runs"), ("plan", "placement", "layers"))
 OVERSIZED_ERROR = "this job's stored record was too large to read in full; its plan and shard records are left out"
 UNREADABLE_ERROR = "this job's stored record could not be read; only its state and times are known"
+# A shard's events are written in batches (see above): this long at most after they happened, or
+# once this many wait, whichever comes first.
+BATCHED_EVENTS = frozenset({m.SHARD_STARTED, m.SHARD_FINISHED})
+FLUSH_S = 0.05
+FLUSH_EVENTS = 256
 
 
 # The book's statements, built once: SQLAlchemy then compiles each once and a call only binds values.
@@ -129,6 +140,12 @@ class JobBook:
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
         self._event_counts: dict[str, int] = {}  # events logged per job: the next event's index
+        # Batched events not yet written: job id -> [(index, text, brief)], in order; `_due` is
+        # when the oldest must be written. The flusher thread starts with the first one.
+        self._pending: dict[str, list[tuple[int, str, str | None]]] = {}
+        self._pending_count, self._due = 0, 0.0
+        self._flusher: threading.Thread | None = None
+        self._closed = False
         # Their reservations are the caller's to release. Leased, only those no replica leases:
         # the others are takeover.py's.
         self.interrupted = self._fail_interrupted_jobs()
@@ -140,7 +157,15 @@ class JobBook:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
+            self._changed.notify_all()
+            try:
+                self.flush()
+            except errors.AccelmeshError as exc:  # the database went first: nothing more to do
+                log.warning("%d job events could not be written at close: %s", self._pending_count, exc)
             self._engine.dispose()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -209,6 +234,7 @@ class JobBook:
 
     def finished_shards(self, job_id: str) -> set[int]:
         """The shards a SHARD_FINISHED event says are done (their outputs were written before it)."""
+        self.flush()
         with database.connected(self._engine) as connection:
             texts = connection.execute(_ALL_EVENTS, {"job_id": job_id}).scalars().all()
         done = set()
@@ -251,6 +277,9 @@ class JobBook:
 
     def emit(self, job: m.JobRecord, type_: str, **fields) -> m.Event:
         with self._lock:
+            if type_ in BATCHED_EVENTS and job.job_id in self._event_counts and not self._closed:
+                return self._defer(job, type_, fields)
+            self.flush()  # the waiting events first: the log keeps the order they happened in
             for attempt in range(3):
                 count = self._event_counts.get(job.job_id)
                 if count is None:  # first event of this job in this process: counted once, then kept
@@ -269,6 +298,87 @@ class JobBook:
             self._event_counts[job.job_id] = count + 1
             self._changed.notify_all()
             return event
+
+    def _defer(self, job: m.JobRecord, type_: str, fields: dict) -> m.Event:
+        """A batched event: indexed and serialized now (the shard record it carries changes later),
+        written with the next flush."""
+        count = self._event_counts[job.job_id]
+        event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
+        text = event_text(event)
+        brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
+        if not self._pending_count:
+            self._due = time.monotonic() + FLUSH_S
+        self._pending.setdefault(job.job_id, []).append((count, text, brief))
+        self._pending_count += 1
+        self._event_counts[job.job_id] = count + 1
+        if self._pending_count >= FLUSH_EVENTS:
+            self.flush()
+        elif self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_when_due, name="job-events", daemon=True)
+            self._flusher.start()
+        self._changed.notify_all()
+        return event
+
+    def flush(self) -> None:
+        """Write the batched events now, in one transaction. Leased, an event of a job this replica
+        no longer holds is refused (another replica runs it now; its own writes say so)."""
+        with self._lock:
+            if not self._pending_count:
+                return
+            self._write(self._pending)  # if the database is away, they wait for the next flush
+            self._pending, self._pending_count = {}, 0
+
+    def _write(self, pending: dict[str, list[tuple[int, str, str | None]]]) -> None:
+        if not self.lease_s:
+            rows = [{"job_id": job_id, "idx": idx, "event": text, "brief": brief}
+                    for job_id, events in pending.items() for idx, text, brief in events]
+            try:
+                database.transaction(self._engine, lambda c: c.execute(_INSERT_EVENT, rows),
+                                     reraise=(sa.exc.IntegrityError,))
+            except sa.exc.IntegrityError:  # not expected unleased: another process writes this book
+                log.warning("%d job events were not written: their indexes were taken", len(rows))
+            return
+
+        def insert(connection) -> list[str]:
+            refused = []
+            for job_id, events in pending.items():
+                for idx, text, brief in events:
+                    row = {"e_job": job_id, "e_idx": idx, "e_event": text, "e_brief": brief, "me": self.replica}
+                    try:
+                        with connection.begin_nested():
+                            taken = connection.execute(_INSERT_HELD_EVENT, row).first() is not None
+                    except sa.exc.IntegrityError:
+                        taken = False
+                    if not taken:
+                        refused.append(job_id)
+                        break
+            return refused
+
+        for job_id in database.transaction(self._engine, insert):
+            log.warning("events of job %s were not written: %s", job_id, _lease_lost(job_id))
+
+    def _flush_when_due(self) -> None:
+        with self._lock:
+            while not self._closed:
+                if not self._pending_count:
+                    self._changed.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                try:
+                    self.flush()
+                except errors.AccelmeshError as exc:  # the database is away: the events wait for the next try
+                    log.warning("job events could not be written (%s); tried again in %.2f s", exc, FLUSH_S)
+                    self._due = time.monotonic() + FLUSH_S
+
+    def _waiting(self, job_id: str, from_index: int) -> list[tuple[int, str]]:
+        """The job's batched events from `from_index` on, if the first of them is that one."""
+        events = self._pending.get(job_id)
+        if not events or events[0][0] > from_index or events[-1][0] < from_index:
+            return []
+        return [(idx, brief if brief is not None else text) for idx, text, brief in events[from_index - events[0][0]:]]
 
     def _log(self, job_id: str, event: m.Event) -> None:
         text = event_text(event)
@@ -408,9 +518,12 @@ class JobBook:
         index = from_index
         while True:
             with self._lock:
+                # Batched events not written yet come from memory; the database has those before them.
                 # An event too long to send (an old plan event of a huge job) comes without its plan.
-                with database.connected(self._engine) as connection:
-                    rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
+                rows = self._waiting(job_id, index)
+                if not rows:
+                    with database.connected(self._engine) as connection:
+                        rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
                 if not rows:
                     if self.get(job_id).final:
                         return

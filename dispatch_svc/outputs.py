@@ -31,8 +31,9 @@ class JobOutputs:
         self.total = sum(p.rows for p in pieces)
         self._at_row = {p.first_row: p for p in pieces}
         concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
-        open_ = book.results.reopen if finished else book.results.create
-        self._writers = {i: open_(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:])) for i, o in concat}
+        # Reopened: a job taken over has the rows its first replica wrote, even of shards whose
+        # SHARD_FINISHED never reached the book (they run again here); a new job has none yet.
+        self._writers = {i: book.results.reopen(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:])) for i, o in concat}
         self._folds = {i: Accumulator(o.combine, [p.rows for p in pieces]) for i, o in enumerate(program.outputs)
                        if o.combine != "concat"}
         live.concat_names = tuple(o.name for _, o in concat)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
 import pytest
 
 from accelmesh import errors
+from dispatch_svc import jobs
 from dispatch_svc import records as m
 from dispatch_svc.jobs import RESTART_ERROR, JobBook
 
@@ -58,6 +60,63 @@ def test_a_job_running_when_the_dispatcher_stopped_is_reported_failed_not_runnin
     record = again.get(job.job_id)
     assert record.state == m.FAILED and record.error == RESTART_ERROR
     assert list(again.events(job.job_id))[-1].type == "failed"
+
+
+def test_shard_events_are_written_in_batches_in_order_and_seen_from_memory_meanwhile(tmp_path, book_db, monkeypatch):
+    """SHARD_STARTED and SHARD_FINISHED wait in memory (at most FLUSH_S, FLUSH_EVENTS): a watcher
+    here sees them at once; any other event writes them first, so the log's order is the order
+    they happened in; the database has them after that write, a full batch, or close."""
+    monkeypatch.setattr(jobs, "FLUSH_S", 3600.0)  # only a full batch, another event or close writes them
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    try:
+        job = book.create(SPEC)
+        book.emit(job, m.PLANNED, message="2 shards")
+        record = m.ShardRecord(0, "dev-0", "t", "r", 0, 5)
+        book.emit(job, m.SHARD_STARTED, shard=record, message="shard 0")
+        record.execute_seconds = 0.25  # the record changes later: the event keeps it as it was
+        book.emit(job, m.SHARD_FINISHED, shard=record, message="shard 0 done")
+        seen = book.events(job.job_id)
+        assert [next(seen).type for _ in range(3)] == [m.PLANNED, m.SHARD_STARTED, m.SHARD_FINISHED]
+        assert stored_events(book, job.job_id) == [m.PLANNED]  # the shard events wait in memory
+        book.emit(job, m.SHARD_RETRIED, message="shard 1 retried")  # not batched: writes the others first
+        assert stored_events(book, job.job_id) == [m.PLANNED, m.SHARD_STARTED, m.SHARD_FINISHED, m.SHARD_RETRIED]
+        first_started = book.events(job.job_id, 1)
+        assert next(first_started).shard.execute_seconds == 0 and next(first_started).shard.execute_seconds == 0.25
+        for index in range(jobs.FLUSH_EVENTS):  # a full batch is written at once
+            book.emit(job, m.SHARD_STARTED, shard=record, message=f"shard {index}")
+        assert len(stored_events(book, job.job_id)) == 4 + jobs.FLUSH_EVENTS
+        book.emit(job, m.SHARD_FINISHED, shard=record, message="last")
+        assert len(stored_events(book, job.job_id)) == 4 + jobs.FLUSH_EVENTS
+    finally:
+        book.close()  # writes what waits
+    again = JobBook(tmp_path, retention_s=60, database_url=book_db)  # ends the unfinished job (restart)
+    try:
+        types = stored_events(again, job.job_id)
+        assert types[-2:] == [m.SHARD_FINISHED, "failed"] and len(types) == 6 + jobs.FLUSH_EVENTS
+    finally:
+        again.close()
+
+
+def stored_events(book: JobBook, job_id: str) -> list[str]:
+    """The types of the job's events in the book's database, as another process would read them."""
+    with book.engine.connect() as connection:
+        texts = connection.execute(jobs._ALL_EVENTS, {"job_id": job_id}).scalars().all()
+    return [json.loads(text)["type"] for text in texts]
+
+
+def test_batched_shard_events_reach_the_database_within_flush_s_on_their_own(tmp_path, book_db):
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    other = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    try:
+        job = book.create(SPEC)
+        book.emit(job, m.PLANNED)
+        book.emit(job, m.SHARD_STARTED, shard=m.ShardRecord(0, "dev-0", "t", "r", 0, 5))
+        # Read through the other book, which sees only the database (its watcher looks every WATCH_POLL_S).
+        seen = other.events(job.job_id)
+        assert [next(seen).type for _ in range(2)] == [m.PLANNED, m.SHARD_STARTED]
+    finally:
+        book.close()
+        other.close()
 
 
 def test_results_expire_after_the_retention_period(tmp_path, book_db):

@@ -14,6 +14,7 @@ import pytest
 from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, Feed, linreg_data, linreg_sgd, spec_for
 
 from accelmesh import errors
+from dispatch_svc import jobs
 from dispatch_svc import records as m
 from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
@@ -75,6 +76,8 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         job, live = first.start(spec_for(AFFINE, [X]))
         first.run(job, live, Feed([X]))  # 200 rows of 32 bytes, 16 a shard: 13 shards; 0-2 finish
         finished_events(first.book, job.job_id, 3)
+        # Written within FLUSH_S, long before a lease could lapse; this test's clock jumps the lease.
+        first.book.flush()
         shards = len(job.plan.shards)
         assert shards > 3 and first.book.runner_of(job.job_id)[0] == first.book.replica
         takeover = Takeover(second)
@@ -107,6 +110,37 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         again = second.book.get(job.job_id)
         assert again.state == m.SUCCEEDED and again.error == ""
         assert job.job_id not in first_mesh.released  # it did not release what the second one held
+    finally:
+        first_mesh.let_go.set()
+        first.book.close()
+        second.book.close()
+
+
+def test_shards_whose_events_were_not_yet_written_run_again_on_takeover(tmp_path, book_db, monkeypatch):
+    """A replica that stops holds its last shard events in memory (written in batches, FLUSH_S):
+    the one taking the job over runs those shards again, over the rows already written, and the
+    result is whole; the stopped replica's late events are refused."""
+    monkeypatch.setattr(jobs, "FLUSH_S", 3600.0)  # the first replica writes none of its shard events
+    clock = Clock()
+    first_mesh, second_mesh = HoldingMesh(hold_from=3), FakeMesh(AFFINE)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))
+        finished_events(first.book, job.job_id, 3)  # seen from the first replica's memory
+        assert second.book.finished_shards(job.job_id) == set()  # none reached the book
+        shards = len(job.plan.shards)
+        clock.now += LEASE_S + 1
+        assert Takeover(second).check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        y = next(e for e in second.book.results.entries(job.job_id) if e.name == "y").read()
+        np.testing.assert_array_equal(y, 2 * X + BIAS)
+        assert [e.name for e in second.book.results.entries(job.job_id)].count("y") == 1
+        assert {shard for _, shard, _ in second_mesh.attempts} == set(range(shards))
+        first.book.flush()  # refused: the job is the second replica's now
+        types = [e.type for e in second.book.events(job.job_id)]
+        assert types.count(m.SHARD_FINISHED) == shards and types[-1] == "succeeded"
     finally:
         first_mesh.let_go.set()
         first.book.close()

@@ -98,12 +98,15 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
     threading.Thread(target=contextvars.copy_context().run, args=(feed_inputs,), name=f"inputs-{job.job_id}",
                      daemon=True).start()
     book, sent_rows = runner.book, 0
+    concat: list[ResultEntry] | None = None  # the concatenated results, read from the manifest once
     for event in book.events(job.job_id):
         yield EventOut(event)
         if event.type in (m.SHARD_FINISHED, "succeeded"):
             released = live.released_rows
             if released > sent_rows:
-                yield from _released(book, job.job_id, live, sent_rows, released, slab_bytes)
+                if concat is None:  # their entries were made before any shard finished (outputs.py)
+                    concat = [e for e in book.results.entries(job.job_id) if e.name in live.concat_names]
+                yield from _released(concat, sent_rows, released, slab_bytes)
                 sent_rows = released
     live.done.wait()
     final = book.get(job.job_id)
@@ -119,10 +122,8 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
     yield JobOut(final)
 
 
-def _released(book: JobBook, job_id: str, live: LiveJob, sent: int, released: int,
-              slab_bytes: int) -> Iterator[TensorOut | RowsOut]:
-    for entry in book.results.entries(job_id):
-        if entry.name in live.concat_names:
-            if sent == 0:
-                yield TensorOut(entry)
-            yield from slabs(entry, sent, released, slab_bytes)
+def _released(concat: list[ResultEntry], sent: int, released: int, slab_bytes: int) -> Iterator[TensorOut | RowsOut]:
+    for entry in concat:
+        if sent == 0:
+            yield TensorOut(entry)
+        yield from slabs(entry, sent, released, slab_bytes)

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 # Shards in flight per device: while one runs, the next one's inputs are already on their way,
 # so the device does not wait for the transfer. The worker still runs them one at a time.
-SHARDS_IN_FLIGHT_PER_DEVICE = 2
+SHARDS_IN_FLIGHT_PER_DEVICE = 4
 RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
 
 

@@ -9,8 +9,10 @@ wait on a condition for new events instead of polling.
 A shard's events (SHARD_STARTED, SHARD_FINISHED: two a shard, thousands a job) are not written one
 transaction each: they wait in memory, at most FLUSH_S or FLUSH_EVENTS of them, and go in one
 transaction; any other event or change of the record writes them first, so the log's order holds.
-A watcher in this process reads the waiting ones from memory; a dispatcher that stops loses at
-most those (a replica taking the job over runs those shards again, their outputs rewritten).
+A watcher in this process reads the waiting ones from memory. A dispatcher that stops loses at
+most those: alone, its running jobs end FAILED at its restart anyway; sharing the book with other
+replicas (leased), it writes them before a watcher sees them, so no client is told of a finished
+shard that a replica taking the job over would not keep (one nobody saw is run again there).
 
 A record stays small whatever its job declared (job_codec.py stores a plan's shards as runs), and
 a record read back longer than MAX_RECORD_CHARS (one written before the limits existed) is read
@@ -145,6 +147,7 @@ class JobBook:
         self._pending: dict[str, list[tuple[int, str, str | None]]] = {}
         self._pending_count, self._due = 0, 0.0
         self._flusher: threading.Thread | None = None
+        self._flush_wanted = threading.Condition(self._lock)  # the flusher's own: watchers are not woken by it
         self._closed = False
         # Their reservations are the caller's to release. Leased, only those no replica leases:
         # the others are takeover.py's.
@@ -159,6 +162,7 @@ class JobBook:
         with self._lock:
             self._closed = True
             self._changed.notify_all()
+            self._flush_wanted.notify_all()
             try:
                 self.flush()
             except errors.AccelmeshError as exc:  # the database went first: nothing more to do
@@ -308,6 +312,7 @@ class JobBook:
         brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
         if not self._pending_count:
             self._due = time.monotonic() + FLUSH_S
+            self._flush_wanted.notify()
         self._pending.setdefault(job.job_id, []).append((count, text, brief))
         self._pending_count += 1
         self._event_counts[job.job_id] = count + 1
@@ -361,11 +366,11 @@ class JobBook:
         with self._lock:
             while not self._closed:
                 if not self._pending_count:
-                    self._changed.wait()
+                    self._flush_wanted.wait()
                     continue
                 left = self._due - time.monotonic()
                 if left > 0:
-                    self._changed.wait(left)
+                    self._flush_wanted.wait(left)
                     continue
                 try:
                     self.flush()
@@ -521,6 +526,10 @@ class JobBook:
                 # Batched events not written yet come from memory; the database has those before them.
                 # An event too long to send (an old plan event of a huge job) comes without its plan.
                 rows = self._waiting(job_id, index)
+                if rows and self.lease_s:
+                    # Shared with other replicas: what a client saw is written before it sees it,
+                    # so a replica taking the job over keeps every shard a client was told finished.
+                    self.flush()
                 if not rows:
                     with database.connected(self._engine) as connection:
                         rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
 import grpc
 import numpy as np
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
@@ -21,7 +23,7 @@ from accelmesh.programs import Program
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
-from accelmesh.runtime.errors import error_from_rpc, error_reason
+from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
 from accelmesh.runtime.tensors import TensorCollector, serialized_or, split_frames
@@ -30,6 +32,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.held_keys import HeldKeys, Transfer
+from dispatch_svc.shard_streams import NotHeld, ShardStream, StreamClosed
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 CALL_TIMEOUT_S = 120.0
@@ -40,7 +43,7 @@ REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
 SHARD_TIMEOUT_S = 600.0
 RELEASE_TIMEOUT_S = 5.0  # a worker's ReleaseJob at a job's end: held tensors, best effort
 _WORKER_SERVICE = worker_pb.DESCRIPTOR.services_by_name["WorkerService"]
-EXECUTE_METHOD = f"/{_WORKER_SERVICE.full_name}/Execute"  # the path gRPC calls
+EXECUTE_MANY_METHOD = f"/{_WORKER_SERVICE.full_name}/ExecuteMany"  # the path gRPC calls
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class GrpcMesh:
         self._workers = pool(Role.WORKER)
         self._rules: dict[str, build_pb.Rule] = {}
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
+        self._streams: dict[tuple[str, str], ShardStream] = {}  # (job, worker) -> its open ExecuteMany
+        self._streams_lock = threading.Lock()
 
     @property
     def inventory(self) -> inventory_service_pb2_grpc.InventoryServiceStub:
@@ -180,6 +185,9 @@ class GrpcMesh:
             raise error_from_rpc(exc, "inventory renew") from None
 
     def release(self, job_id: str) -> None:
+        with self._streams_lock:  # the job's shards are over: its streams are closed or closing
+            for key in [key for key in self._streams if key[0] == job_id]:
+                del self._streams[key]
         holders = self.held.workers_of(job_id)
         self.held.forget_job(job_id)  # the job's shards are over: no call refers to its tensors again
         try:
@@ -249,10 +257,10 @@ class GrpcMesh:
     def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
         return worker_service_pb2_grpc.WorkerServiceStub(self._workers.get(address))
 
-    def _execute_stub(self, address: str):
-        """The worker's Execute, taking chunks already serialized (tensors.split_frames) as well as messages."""
+    def _execute_many(self, address: str):
+        """The worker's ExecuteMany, taking chunks already serialized as well as messages."""
         return self._workers.get(address).stream_stream(
-            EXECUTE_METHOD, request_serializer=serialized_or(worker_pb.ExecuteRequest.SerializeToString),
+            EXECUTE_MANY_METHOD, request_serializer=serialized_or(worker_pb.ExecuteRequest.SerializeToString),
             response_deserializer=worker_pb.ExecuteResponse.FromString)
 
     def _forget_worker(self, address: str) -> None:
@@ -271,7 +279,7 @@ class GrpcMesh:
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
             artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
-            input_count=len(arrays), batch_size=rows)
+            input_count=len(arrays), batch_size=rows, traceparent=_traceparent())
         address = device.node_address
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
         if not keys:
@@ -283,7 +291,7 @@ class GrpcMesh:
                                   "to reach the worker")
             try:
                 return self._execute_call(address, header, arrays, keys, transfer, scope)
-            except _NotHeld as exc:
+            except NotHeld as exc:
                 if resend:  # nothing was referred to this time: the worker broke the contract
                     raise ShardFailed(exc.cause) from None
                 self.held.missed(address, job_id)
@@ -291,7 +299,8 @@ class GrpcMesh:
 
     def _execute_call(self, address: str, header: worker_pb.ShardHeader, arrays: Sequence[tuple[str, np.ndarray]],
                       keys: Mapping[str, str], transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
-        """One Execute call; keyed inputs travel as `transfer` says, the others in full."""
+        """One shard on the job's stream to the worker (shard_streams.py); keyed inputs travel as
+        `transfer` says, the others in full."""
         refs = {name: key for name, key in keys.items() if key in transfer.refs} if transfer else {}
         keep = [worker_pb.TensorRef(name=name, key=key) for name, key in keys.items()
                 if transfer and transfer.keep and key in transfer.full]
@@ -299,7 +308,6 @@ class GrpcMesh:
             base, header = header, worker_pb.ShardHeader()
             header.CopyFrom(base)
             header.keep_tensors.extend(keep)
-            header.report_stages = True  # the first stage says the kept tensors arrived
         if transfer is not None:
             self.held.count(transfer, sum(value.nbytes for name, value in arrays if name in keys and name not in refs))
 
@@ -313,47 +321,55 @@ class GrpcMesh:
                 yield worker_pb.ExecuteRequest(tensor=tensor)
                 yield from chunks
 
-        call = self._execute_stub(address)(requests(), timeout=SHARD_TIMEOUT_S)
-        unregister = scope.register(call.cancel)
-        outputs, timings = TensorCollector("output"), None
         try:
-            for part in call:
-                if transfer is not None and not transfer.settled:
-                    self.held.arrived(transfer)  # any answer comes after the inputs were read
-                kind = part.WhichOneof("part")
-                if kind == "tensor":
-                    outputs.header(part.tensor)
-                elif kind == "chunk":
-                    outputs.chunk(part.chunk)
-                elif kind == "timings":
-                    timings = part.timings
-            if timings is None:
-                raise ShardFailed("worker ended the stream without timings")
-            results = list(outputs.results().values())  # a tensor cut short fails this attempt, not the job
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details()
-            # The call is its own error: it raised itself, so its traceback holds this frame, which
-            # holds the call and `requests` with the shard's inputs, a cycle only a full collection
-            # breaks (seen: a failed job's in-flight inputs kept). Nothing reads the traceback.
-            exc.__traceback__ = None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                self._forget_worker(address)
-            if code == grpc.StatusCode.FAILED_PRECONDITION and refs and error_reason(exc) == errors.TENSOR_NOT_HELD:
-                raise _NotHeld(f"{code.name}: {details}") from None
-            raise ShardFailed(f"{code.name}: {details}", code.name) from None
-        except errors.InvalidArgument as exc:
-            raise ShardFailed(f"worker sent a malformed result: {exc}") from None
+            stream, waiting = self._send(address, header.job_id, requests(), transfer, bool(refs), scope)
+            if not waiting.done.wait(SHARD_TIMEOUT_S):
+                stream.cancel()  # fails every shard on it, this one too
+                waiting.done.wait()
+                if not scope.cancelled.is_set():
+                    raise ShardFailed(f"DEADLINE_EXCEEDED: worker {address} did not answer the shard within "
+                                      f"{SHARD_TIMEOUT_S:.0f} s", "DEADLINE_EXCEEDED")
+            failure = waiting.error
+            # Raised afresh, not as made by the reader: raised here, its traceback holds this frame,
+            # which holds `waiting`, which holds it: a cycle that would keep the inputs until a full
+            # garbage collection.
+            if isinstance(failure, NotHeld):
+                raise NotHeld(failure.cause) from None
+            if failure is not None:
+                raise ShardFailed(failure.cause, failure.code) from None
+            try:
+                results = list(waiting.outputs.results().values())  # a tensor cut short fails this attempt, not the job
+            except errors.InvalidArgument as exc:
+                raise ShardFailed(f"worker sent a malformed result: {exc}") from None
         finally:
-            unregister()
             if transfer is not None:
                 self.held.abandoned(transfer)
+        timings = waiting.timings
         return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)
 
+    def _send(self, address: str, job_id: str, messages, transfer: Transfer | None, referred: bool,
+              scope: CancelScope):
+        """Write a shard to the job's open stream to `address`, opening one if it has none (or the
+        one it had closed)."""
+        with self._streams_lock:
+            stream = self._streams.get((job_id, address))
+            if stream is not None:
+                try:
+                    return stream, stream.send(messages, transfer, referred)
+                except StreamClosed:
+                    pass
+            stream = ShardStream(self._execute_many(address), scope, self.held, lambda: self._forget_worker(address),
+                                 (messages, transfer, referred))
+            self._streams[(job_id, address)] = stream
+            return stream, stream.first
 
-class _NotHeld(Exception):
-    """The worker did not hold a tensor the call referred to; `cause` is its answer."""
 
-    def __init__(self, cause: str):
-        super().__init__(cause)
-        self.cause = cause
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def _traceparent() -> str:
+    """The current span's place in its trace (W3C), for the worker's span of the shard; "" untraced."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")

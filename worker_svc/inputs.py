@@ -60,9 +60,10 @@ def check_keep(head: pb.ShardHeader, max_tensors: int) -> dict[str, str]:
 
 def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, held: HeldTensors,
                 max_bytes: int, holder: str, *, max_inputs: int,
-                received: Callable[[int], None] = _ignore) -> list[np.ndarray]:
+                received: Callable[[int], None] = _ignore, more: bool = False) -> list[np.ndarray]:
     """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks.
-    `received` hears the size of each chunk as it arrives (CallInputs.received).
+    `more` (ExecuteMany): the stream goes on with the next shard, so reading stops as soon as the
+    last input is whole. `received` hears the size of each chunk as it arrives (CallInputs.received).
 
     Tensors are held for the job under `holder` (the calling dispatcher's identity) as well as the
     job id, so no other caller can use them, even one that names the job."""
@@ -76,7 +77,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
     scope = f"{holder}|{head.job_id}"
     inputs: list[TensorAssembler | np.ndarray] = []
     total = 0
-    for message in requests:
+    for message in requests if count or not more else ():
         part = message.WhichOneof("part")
         if part in ("tensor", "held"):
             if inputs and isinstance(inputs[-1], TensorAssembler) and not inputs[-1].complete:
@@ -97,6 +98,8 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, hel
         else:
             raise errors.InvalidArgument(f"unexpected {part or 'empty message'} in the inputs: send a TensorHeader, "
                                          "then its chunks, or a held reference, for each input")
+        if more and len(inputs) == count and (not isinstance(inputs[-1], TensorAssembler) or inputs[-1].complete):
+            break
     if len(inputs) != count:
         raise errors.InvalidArgument(f"the stream ended after {len(inputs)} of header.input_count={count} inputs")
     arrays = [i.result() if isinstance(i, TensorAssembler) else i for i in inputs]

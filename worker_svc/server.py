@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "accelmesh.worker.v1.WorkerService"
 ACCESS: Access = {"DescribeNode": roles(Role.INVENTORY), "Execute": roles(Role.DISPATCH),
-                  "ReleaseJob": roles(Role.DISPATCH)}
+                  "ExecuteMany": roles(Role.DISPATCH), "ReleaseJob": roles(Role.DISPATCH)}
 REGISTER_TIMEOUT_S = 10.0
-# Each Execute call holds a stream thread while its shard waits for, loads and runs on a device,
+# Each Execute call (and each ExecuteMany call, for its shards in turn) holds a stream thread while
+# its shard waits for, loads and runs on a device,
 # and the inputs it received: a worker runs CALLS_PER_DEVICE of them a device, plus spares (a
 # retry arriving while the failed call winds down); further calls wait for a thread, their
 # inputs not yet read. DescribeNode polls and health run on threads of their own beside them.
@@ -48,7 +49,8 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
     executor = ShardExecutor(devices, agent.jax_devices, artifacts)
     held = HeldTensors(config.held_bytes, config.held_idle_s, max_tensors=config.held_tensors)
     servicer = WorkerServicer(agent, executor, held, Authenticator(config.security), max_input_bytes=config.max_input_bytes,
-                              max_inputs=config.max_inputs, max_message_bytes=config.max_message_bytes)
+                              max_inputs=config.max_inputs, max_message_bytes=config.max_message_bytes,
+                              tracer=tracer_provider.get_tracer("accelmesh.worker") if tracer_provider else None)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
         security=config.security,

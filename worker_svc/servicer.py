@@ -14,10 +14,12 @@ from queue import SimpleQueue
 
 import grpc
 from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.devices import device_to_proto
+from accelmesh.runtime.errors import bounded, status_for
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split_frames
 from accelmesh.security.access import Authenticator
@@ -34,6 +36,7 @@ try:
 except metadata.PackageNotFoundError:
     VERSION = "unknown"
 
+_PROPAGATOR = TraceContextTextMapPropagator()  # ShardHeader.traceparent
 STAGES = {ex.QUEUED: pb.SHARD_STAGE_QUEUED, ex.LOADING: pb.SHARD_STAGE_LOADING,
           ex.RUNNING: pb.SHARD_STAGE_RUNNING, ex.DONE: pb.SHARD_STAGE_DONE}
 
@@ -70,8 +73,10 @@ def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, auth: Authenticator, *,
-                 max_input_bytes: int, max_inputs: int, max_message_bytes: int):
+                 max_input_bytes: int, max_inputs: int, max_message_bytes: int,
+                 tracer: trace.Tracer | None = None):
         self.agent = agent
+        self._tracer = tracer or trace.NoOpTracer()
         self._auth = auth
         self.executor = executor
         self.held = held  # tensors kept for jobs between calls
@@ -120,14 +125,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         started = time.perf_counter()
         try:
             head = read_header(request_iterator)
-            shard = shard_from_proto(head)
-            span = trace.get_current_span()
-            span.set_attribute(attr.JOB_ID, shard.job_id)
-            span.set_attribute(attr.DEVICE_ID, shard.device_id)
-            self.executor.admit(shard)  # refuse before megabytes of inputs arrive
-            inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
-                                 self._auth.principal(context).key, max_inputs=self._max_inputs,
-                                 received=call.received)
+            shard, inputs = self._receive(head, request_iterator, context, call)
         except grpc.RpcError as exc:  # the request stream broke: the caller cancelled or timed out
             # gRPC keeps this error in the call's state, and its traceback holds gRPC's frames (which
             # hold that state) and read_inputs' (which hold what arrived): a cycle that only a full
@@ -171,6 +169,69 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             thread.join()
             del outcome  # an exception's traceback holds this frame: no cycle through the Future
         yield from self._results(result)
+
+    def ExecuteMany(self, request_iterator, context):
+        """Execute's shards one after another on one stream; a shard that fails to run is answered
+        with its ShardFailure and the stream goes on (the proto says the rest)."""
+        while True:
+            call = self.inputs.open()
+            try:
+                started = time.perf_counter()
+                try:
+                    first = next(request_iterator, None)
+                    if first is None:
+                        return  # the caller has no more shards
+                    if first.WhichOneof("part") != "header":
+                        raise errors.InvalidArgument(
+                            f"each shard of ExecuteMany begins with a ShardHeader; got a "
+                            f"{first.WhichOneof('part') or 'empty message'} where the next shard's header belongs")
+                    # The shard's own span, in the trace of the dispatcher's span for it (one call
+                    # carries shards of many positions in the trace); current while it is received and
+                    # run, never across a yield.
+                    span = self._tracer.start_span("worker.shard", context=_PROPAGATOR.extract(
+                        {"traceparent": first.header.traceparent}) if first.header.traceparent else None)
+                    with trace.use_span(span, end_on_exit=True):
+                        shard, inputs = self._receive(first.header, request_iterator, context, call, more=True)
+                        span.set_attribute(attr.SHARD_INDEX, shard.shard_index)
+                        try:
+                            result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
+                                                       on_stage=_ignore, cancelled=lambda: not context.is_active())
+                        except ex.ShardCancelled:
+                            return
+                        except Exception as exc:  # noqa: BLE001 - this shard's answer; the stream goes on
+                            traceback.clear_frames(exc.__traceback__)
+                            code, message = status_for(exc)  # a bug: INTERNAL with an incident id, logged
+                            span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(message)))
+                            result = pb.ShardFailure(code=code.value[0], message=bounded(message),
+                                                     reason=getattr(exc, "reason", ""))
+                        del inputs  # not kept while the caller reads the outputs
+                except grpc.RpcError as exc:  # the request stream broke: as in _execute
+                    exc.__traceback__ = None
+                    if context.is_active():
+                        raise
+                    return
+                if isinstance(result, pb.ShardFailure):
+                    yield pb.ExecuteResponse(failure=result)
+                    continue
+                yield from self._results(result)
+            except BaseException as exc:
+                traceback.clear_frames(exc.__traceback__)  # as Execute: no frame keeps what arrived
+                raise
+            finally:
+                call.close()
+
+    def _receive(self, head: pb.ShardHeader, request_iterator, context, call: CallInputs,
+                 more: bool = False) -> tuple[ex.Shard, list]:
+        """The shard the header names, admitted here, and its inputs."""
+        shard = shard_from_proto(head)
+        span = trace.get_current_span()
+        span.set_attribute(attr.JOB_ID, shard.job_id)
+        span.set_attribute(attr.DEVICE_ID, shard.device_id)
+        self.executor.admit(shard)  # refuse before megabytes of inputs arrive
+        inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
+                             self._auth.principal(context).key, max_inputs=self._max_inputs,
+                             received=call.received, more=more)
+        return shard, inputs
 
     def _results(self, result: ex.ShardResult):
         for index, array in enumerate(result.outputs):

@@ -23,6 +23,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice
+from fakes.worker_streams import shards
 from worker_svc.server import ACCESS as WORKER_ACCESS
 
 pytestmark = pytest.mark.slow
@@ -46,6 +47,13 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
     def Execute(self, request_iterator, context):
         for _ in request_iterator:
             pass
+        yield from self._answer(context)
+
+    def ExecuteMany(self, request_iterator, context):
+        for _ in shards(request_iterator):
+            yield from self._answer(context)
+
+    def _answer(self, context):
         header, chunks = split("output_0", np.arange(2048, dtype=np.float32), 4096)
         yield worker_pb.ExecuteResponse(tensor=header)
         for chunk in chunks:

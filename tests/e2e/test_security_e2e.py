@@ -33,6 +33,7 @@ from accelmesh.security.tls import TlsFiles
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from conftest import CREDENTIALS, rpc_error
+from fakes.worker_streams import shards
 
 pytestmark = pytest.mark.slow
 
@@ -280,10 +281,11 @@ class ForgingWorker(worker_service_pb2_grpc.WorkerServiceServicer):
         devices = [d for d in self.description.devices if not wanted or d.id in wanted]
         return worker_pb.DescribeNodeResponse(node_ip=self.description.node_ip, hostname="forger", devices=devices)
 
-    def Execute(self, request_iterator, context):
-        header = next(request_iterator).header
-        for _ in request_iterator:
-            pass
+    def ExecuteMany(self, request_iterator, context):
+        for header, _ in shards(request_iterator):
+            yield from self._forged(header)
+
+    def _forged(self, header: worker_pb.ShardHeader):
         self.shards += 1
         forged = np.full((max(1, header.batch_size // 2), 10), 42.0, np.float32)
         tensor, chunks = split("logits", forged, 1 << 20)
@@ -316,7 +318,7 @@ def test_a_worker_returning_outputs_of_the_wrong_shape_fails_its_shard_never_the
                                         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, forger)],
                                security=CREDENTIALS.service(Role.WORKER),
                                access={"DescribeNode": frozenset({Role.INVENTORY}),
-                                       "Execute": frozenset({Role.DISPATCH})}).start()
+                                       "ExecuteMany": frozenset({Role.DISPATCH})}).start()
         try:
             with open_channel(mesh.inventory.address, security=CREDENTIALS.service(Role.WORKER)) as channel:
                 inventory_service_pb2_grpc.InventoryServiceStub(channel).RegisterNode(

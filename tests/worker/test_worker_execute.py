@@ -14,7 +14,7 @@ import pytest
 
 from accelmesh import errors
 from accelmesh.runtime.errors import error_reason
-from accelmesh.runtime.tensors import split
+from accelmesh.runtime.tensors import TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from conftest import rpc_error
 from _execute_helpers import (
@@ -208,3 +208,60 @@ def test_refusals_have_their_status_and_the_worker_keeps_serving(worker, mlp, ca
     assert error.code() == code, error.details()
     assert fragment in error.details()
     assert run_mlp(worker, mlp, CPU, EXECUTABLE_BATCH).stages == STAGES
+
+
+# -- many shards on one stream (ExecuteMany) --------------------------------------------------------
+
+def answers(stub, messages) -> list[Outcome | pb.ShardFailure]:
+    """ExecuteMany's answers, one per shard in the order sent: its outcome, or its failure."""
+    done, outputs = [], []
+    for part in stub.ExecuteMany(messages, timeout=CALL_TIMEOUT_S):
+        kind = part.WhichOneof("part")
+        if kind == "tensor":
+            outputs.append(TensorAssembler(part.tensor, "output"))
+        elif kind == "chunk":
+            outputs[-1].add(part.chunk)
+        elif kind == "timings":
+            done.append(Outcome([], [o.result() for o in outputs], part.timings))
+            outputs = []
+        else:
+            assert kind == "failure" and not outputs, f"unexpected {kind}"
+            done.append(part.failure)
+    return done
+
+
+def test_execute_many_runs_shards_in_order_and_a_failed_one_does_not_end_the_stream(worker, mlp):
+    keep = kept(mlp)
+    xs = [digits(EXECUTABLE_BATCH, seed) for seed in range(3)]
+    wrong_batch = digits(EXECUTABLE_BATCH + 1)  # the executable is built for EXECUTABLE_BATCH rows
+    shards = [
+        requests(header(mlp, CPU, EXECUTABLE_BATCH, job_id="many-1", keep_tensors=keep), [*mlp.params, xs[0]]),
+        referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="many-1", shard_index=1), keep, xs[1]),  # kept just before
+        requests(header(mlp, CPU, EXECUTABLE_BATCH, shard_index=2), [*mlp.params, wrong_batch]),
+        referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="many-1", shard_index=3), keep, xs[2]),
+        requests(header(mlp, CPU, EXECUTABLE_BATCH, shard_index=4, input_count=0, batch_size=0), []),
+    ]
+    got = answers(worker, (message for shard in shards for message in shard))
+    assert len(got) == 5
+    for outcome, x in zip((got[0], got[1], got[3]), xs):
+        assert outcome.stages == []  # ExecuteMany reports no stages
+        alone = execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH), [*mlp.params, x]))  # one Execute
+        np.testing.assert_array_equal(outcome.outputs[0], alone.outputs[0])
+    for failure in (got[2], got[4]):
+        assert isinstance(failure, pb.ShardFailure)
+        assert failure.code in (grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.FAILED_PRECONDITION.value[0])
+        assert "input" in failure.message
+
+
+def test_execute_many_ends_the_call_on_a_reference_to_a_tensor_not_held_with_its_reason(worker, mlp):
+    # The shard's inputs cannot be read, so the call ends with the status Execute would give.
+    error = rpc_error(answers, worker, referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="many-unheld"), kept(mlp),
+                                                 digits(EXECUTABLE_BATCH)))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(error) == errors.TENSOR_NOT_HELD
+
+
+def test_execute_many_ends_the_call_when_a_shard_does_not_begin_with_a_header(worker, mlp):
+    first = list(requests(header(mlp, CPU, EXECUTABLE_BATCH), [*mlp.params, digits(EXECUTABLE_BATCH)]))
+    stray = list(requests(None, [digits(EXECUTABLE_BATCH)]))
+    error = rpc_error(answers, worker, iter(first + stray))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "ShardHeader" in error.details()

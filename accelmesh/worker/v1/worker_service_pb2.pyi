@@ -23,7 +23,7 @@ SHARD_STAGE_RUNNING: ShardStage
 SHARD_STAGE_DONE: ShardStage
 
 class ShardHeader(_message.Message):
-    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors")
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors", "traceparent")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class ShardHeader(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     REPORT_STAGES_FIELD_NUMBER: _ClassVar[int]
     KEEP_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     shard_index: int
     attempt: int
@@ -50,7 +51,8 @@ class ShardHeader(_message.Message):
     batch_size: int
     report_stages: bool
     keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("name", "key")
@@ -89,16 +91,28 @@ class ShardTimings(_message.Message):
     def __init__(self, receive_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., artifact_cached: _Optional[bool] = ..., load_kind: _Optional[str] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("stage", "tensor", "chunk", "timings")
+    __slots__ = ("stage", "tensor", "chunk", "timings", "failure")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     stage: ShardStage
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     timings: ShardTimings
-    def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ...) -> None: ...
+    failure: ShardFailure
+    def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
+
+class ShardFailure(_message.Message):
+    __slots__ = ("code", "message", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReleaseJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -46,6 +46,11 @@ class WorkerServiceStub:
                 request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.ExecuteMany = channel.stream_stream(
+                '/accelmesh.worker.v1.WorkerService/ExecuteMany',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+                _registered_method=True)
         self.ReleaseJob = channel.unary_unary(
                 '/accelmesh.worker.v1.WorkerService/ReleaseJob',
                 request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.SerializeToString,
@@ -80,6 +85,20 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteMany(self, request_iterator, context):
+        """Runs shards one after another on one stream, so that a caller with many shards for one device
+        pays for one call, not one per shard, and can send the next shard while one runs. In: for each
+        shard, what Execute takes (a ShardHeader, then its inputs); the next header follows the last
+        input of the shard before it. Out, in the same order: for each shard, its outputs then its
+        timings, or, when that shard failed to run, a ShardFailure in their place; the stream goes on
+        with the next shard. Stages are not reported (ShardHeader.report_stages is ignored). A header
+        or inputs the worker cannot read end the whole call with that status, as Execute's would.
+        Cancelling the call stops the shard running and drops those not yet run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseJob(self, request, context):
         """Drops every tensor this worker holds for the job on behalf of the caller (kept through
         ShardHeader.keep_tensors): the dispatcher calls it when the job ends, so a job's tensors
@@ -100,6 +119,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             ),
             'Execute': grpc.stream_stream_rpc_method_handler(
                     servicer.Execute,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ExecuteMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecuteMany,
                     request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.FromString,
                     response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.SerializeToString,
             ),
@@ -163,6 +187,33 @@ class WorkerService:
             request_iterator,
             target,
             '/accelmesh.worker.v1.WorkerService/Execute',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/accelmesh.worker.v1.WorkerService/ExecuteMany',
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
             options,

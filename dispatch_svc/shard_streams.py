@@ -1,0 +1,162 @@
+"""One ExecuteMany stream per (job, worker) carrying the job's shards to that worker, instead of an
+Execute call per shard (MISSION A6; bench/README.md, "Where the data plane's time goes").
+
+A call costs the dispatcher more than a small shard's bytes do: gRPC's synchronous client starts
+a thread per streaming call to write its requests, and each call is set up and torn down on both
+sides. A `ShardStream` is one open call: the device threads of the job's pool write their
+shards' messages into it in turn (a shard's messages are written together, and lazily, so a
+shard's bytes are framed only as gRPC sends them), and one reader thread matches the worker's
+answers to the shards in the order they were written, which is the order the worker runs them in.
+
+A stream closes itself once no shard of it is waiting (the worker's thread is not held by an
+idle job); the next shard opens another. A stream that breaks (the worker went away, the call
+was cancelled or ran past SHARD_TIMEOUT_S on one shard) fails every shard waiting on it with the
+call's status; the device pool retries them as it retries a failed Execute.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from accelmesh import errors
+from accelmesh.runtime.errors import error_reason
+from accelmesh.runtime.tensors import TensorCollector
+from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
+from dispatch_svc.device_queues import CancelScope, ShardFailed
+from dispatch_svc.held_keys import HeldKeys, Transfer
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_CODE = {status.value[0]: status for status in grpc.StatusCode}
+_END = object()  # the request queue's last item: no more shards on this stream
+
+
+class NotHeld(Exception):
+    """The worker did not hold a tensor the shard referred to; `cause` is its answer."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+class StreamClosed(Exception):
+    """The stream closed before the shard could be written to it: open another."""
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A shard written to the stream, waiting for its answer."""
+
+    messages: Iterator | None  # what is left to send of it; None once the stream failed (its inputs go)
+    transfer: Transfer | None  # its keyed inputs' plan (None: none)
+    referred: bool  # it sent references to held tensors
+    outputs: TensorCollector = field(default_factory=lambda: TensorCollector("output"))
+    done: threading.Event = field(default_factory=threading.Event)
+    timings: worker_pb.ShardTimings | None = None
+    error: Exception | None = None  # ShardFailed or NotHeld
+
+
+class ShardStream:
+    def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
+                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool]):
+        """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`."""
+        self._held, self._on_unavailable = held, on_unavailable
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: deque[_Waiting] = deque()
+        self.closed = False
+        self.first = self.send(*first)  # before the call opens: whatever becomes of the call answers it
+        self._call = open_call(self._messages())
+        self._unregister = scope.register(self._call.cancel)
+        threading.Thread(target=self._read, name="shard-stream", daemon=True).start()
+
+    def send(self, messages: Iterable, transfer: Transfer | None, referred: bool) -> _Waiting:
+        """Write one shard (its header, then its inputs); raises StreamClosed if the stream ended."""
+        waiting = _Waiting(iter(messages), transfer, referred)
+        with self._lock:
+            if self.closed:
+                raise StreamClosed()
+            self._waiting.append(waiting)
+            self._requests.put(waiting)
+        return waiting
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def _messages(self) -> Iterator:
+        # Not `yield from`: a failed stream's call keeps this generator, suspended; the shard it
+        # was sending lets go of its inputs when `_fail_all` drops its messages.
+        while (shard := self._requests.get()) is not _END:
+            while shard.messages is not None:
+                message = next(shard.messages, _END)
+                if message is _END:
+                    break
+                yield message
+            del shard
+
+    def _read(self) -> None:
+        try:
+            for part in self._call:
+                with self._lock:
+                    if not self._waiting:
+                        raise errors.InvalidArgument("the worker answered a shard that was not sent")
+                    waiting = self._waiting[0]
+                if waiting.transfer is not None and not waiting.transfer.settled:
+                    self._held.arrived(waiting.transfer)  # any answer comes after the inputs were read
+                kind = part.WhichOneof("part")
+                if kind == "tensor":
+                    waiting.outputs.header(part.tensor)
+                elif kind == "chunk":
+                    waiting.outputs.chunk(part.chunk)
+                elif kind == "timings":
+                    waiting.timings = part.timings
+                    self._answered()
+                elif kind == "failure":
+                    code = STATUS_BY_CODE.get(part.failure.code, grpc.StatusCode.UNKNOWN)
+                    cause = f"{code.name}: {part.failure.message}"
+                    waiting.error = (NotHeld(cause) if waiting.referred and part.failure.reason == errors.TENSOR_NOT_HELD
+                                     else ShardFailed(cause, code.name))
+                    self._answered()
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()
+            reason = error_reason(exc)
+            exc.__traceback__ = None  # the call's own error: its frames would hold the shards' inputs
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._on_unavailable()
+            self._fail_all(lambda waiting: NotHeld(f"{code.name}: {details}")
+                           if waiting.referred and code == grpc.StatusCode.FAILED_PRECONDITION
+                           and reason == errors.TENSOR_NOT_HELD else ShardFailed(f"{code.name}: {details}", code.name))
+        except errors.InvalidArgument as exc:  # a malformed answer: this stream is done
+            self._call.cancel()
+            self._fail_all(lambda waiting: ShardFailed(f"worker sent a malformed result: {exc}"))
+        finally:
+            self._unregister()
+            self._fail_all(lambda waiting: ShardFailed("worker ended the stream before answering the shard"))
+
+    def _answered(self) -> None:
+        """The shard at the head has its answer; an idle stream closes (the next shard opens another)."""
+        with self._lock:
+            waiting = self._waiting.popleft()
+            waiting.messages = None  # sent in full: nothing is left of it but its (exhausted) iterator
+            if not self._waiting and not self.closed:
+                self.closed = True
+                self._requests.put(_END)
+        waiting.done.set()
+
+    def _fail_all(self, error: Callable[[_Waiting], Exception]) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._requests.put(_END)
+            failed, self._waiting = list(self._waiting), deque()
+        for waiting in failed:
+            waiting.messages = None
+            waiting.error = error(waiting)
+            waiting.done.set()

@@ -15,8 +15,8 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     against the same compiled function called in this process: jax.jit of the program with the
     device's rule applied, its XLA options, at the same batch size, input put on the device,
     block_until_ready, outputs back to numpy (parameters stay resident). Two finer baselines
-    split the remainder: one Execute RPC made by the dispatcher's own GrpcMesh.execute from this
-    process (no job around it; every input in full, and again with the parameters held by the
+    split the remainder: one shard sent by the dispatcher's own GrpcMesh.execute from this
+    process (no job around it, so one ExecuteMany call per shard; every input in full, and again with the parameters held by the
     worker as the dispatcher sends an inference job's shards), and one bare grpcio bidirectional
     stream call of the full request's size to a plain echo process (the floor any streaming RPC
     pays here).
@@ -468,8 +468,9 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     target_types = sorted({r.target_type for r in records})
     rules = sorted({r.rule for r in records})
 
-    # The dispatcher's Execute call on its own: GrpcMesh.execute from here, same device and artifact,
-    # with the dispatcher's certificate (the worker's Execute is the dispatcher's to call).
+    # The dispatcher's call to the worker on its own: GrpcMesh.execute from here, same device and
+    # artifact, with the dispatcher's certificate (the worker's ExecuteMany is the dispatcher's to
+    # call); one shard at a time, so each is an ExecuteMany call of its own (a stream closes once idle).
     grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, mesh.service(Role.DISPATCH),
                          max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
@@ -781,7 +782,7 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
         "chunk_bytes": CHUNK_BYTES, "max_message_bytes": MAX_MESSAGE_BYTES,
         "dispatcher_settings": {"max_shard_bytes": defaults.max_shard_bytes, "inflight_bytes": defaults.inflight_bytes,
                                 "chunk_bytes": defaults.chunk_bytes, "source": "defaults (no ACCELMESH_* set)"},
-        "mesh_shape": "MeshClient.run -> dispatch RunJob -> worker Execute per shard (both devices) -> back",
+        "mesh_shape": "MeshClient.run -> dispatch RunJob -> worker ExecuteMany per device, shards in turn (both devices) -> back",
         "bare_shape": "client -> relay process -> sink process (echo) -> relay -> client; grpcio generic "
                       "stream-stream handlers, raw bytes messages",
         "mb_per_s_definition": "input bytes / 1e6 / wall seconds of the whole call (the same bytes also come back)",

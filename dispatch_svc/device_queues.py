@@ -28,6 +28,7 @@ MAX_ATTEMPTS = 3
 # so the device does not wait for the transfer. The worker still runs them one at a time.
 SHARDS_IN_FLIGHT_PER_DEVICE = 4
 RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
+BUDGET_CHECK_S = 0.5  # how often wait_all looks for a cancel of the job
 
 
 # Worker statuses that say the request itself is wrong (the artifact does not load, an input
@@ -129,6 +130,8 @@ class DevicePool:
         self._on_retry = on_retry
         self._max_attempts = max_attempts
         self._lock = threading.Lock()
+        self._ended = threading.Condition()  # wait_all's: notified once all it waits for ended, or one failed
+        self._watched: set[int] = set()  # ids of the shards wait_all still waits for
         self._failed: set[str] = set()
         self._load: dict[str, int] = {d: 0 for d in self._devices}
         self._queues: dict[str, queue.Queue] = {d: queue.Queue() for d in self._devices}
@@ -151,6 +154,25 @@ class DevicePool:
         if pending.error is not None:
             raise pending.error
         return pending.result
+
+    def wait_all(self, pendings: Sequence[_Pending]) -> None:
+        """Wait until every one of `pendings` has ended; raises the first final failure as soon as
+        one comes (the others go on until the job's end cancels them). One wake-up for all, not
+        one a shard: waking a waiting thread costs a thread switch, which a small shard notices."""
+        with self._ended:
+            self._watched = {id(p) for p in pendings if not p.done.is_set()}
+            try:
+                while (failed := self._first_failure(pendings)) is None and self._watched:
+                    self._ended.wait(BUDGET_CHECK_S)
+                    self._scope.check()
+            finally:
+                self._watched = set()
+        if failed is not None:
+            raise failed.error
+
+    @staticmethod
+    def _first_failure(pendings: Sequence[_Pending]) -> _Pending | None:
+        return next((p for p in pendings if p.error is not None), None)
 
     def close(self) -> None:
         for q in self._queues.values():
@@ -209,13 +231,21 @@ class DevicePool:
             traceback.clear_frames(exc.__traceback__)
             self._fail(pending, exc.with_traceback(None))
             return
-        pending.done.set()
+        self._end(pending)
 
     def _fail(self, pending: _Pending, error: BaseException) -> None:
         pending.error = error
         if pending.on_error is not None:
             pending.on_error(error)
-        pending.done.set()
+        self._end(pending, failed=True)
+
+    def _end(self, pending: _Pending, failed: bool = False) -> None:
+        with self._ended:
+            pending.done.set()
+            if id(pending) in self._watched:
+                self._watched.discard(id(pending))
+                if failed or not self._watched:
+                    self._ended.notify_all()
 
     def _reroute(self, pending: _Pending, device_id: str, cause: str | None) -> None:
         target = self._next_device(pending, self._devices[device_id].target_type)

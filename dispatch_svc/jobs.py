@@ -22,6 +22,7 @@ ListJobs fail for everyone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -144,7 +145,7 @@ class JobBook:
         self._event_counts: dict[str, int] = {}  # events logged per job: the next event's index
         # Batched events not yet written: job id -> [(index, text, brief)], in order; `_due` is
         # when the oldest must be written. The flusher thread starts with the first one.
-        self._pending: dict[str, list[tuple[int, str, str | None]]] = {}
+        self._pending: dict[str, list[tuple[int, str, str | None, m.Event]]] = {}
         self._pending_count, self._due = 0, 0.0
         self._flusher: threading.Thread | None = None
         self._flush_wanted = threading.Condition(self._lock)  # the flusher's own: watchers are not woken by it
@@ -307,13 +308,16 @@ class JobBook:
         """A batched event: indexed and serialized now (the shard record it carries changes later),
         written with the next flush."""
         count = self._event_counts[job.job_id]
+        shard = fields.pop("shard", None)
+        if shard is not None:  # a copy: the record goes on changing, the event tells it as it was now
+            fields["shard"] = dataclasses.replace(shard, failures=list(shard.failures))
         event = m.Event(index=count, type=type_, time=self._clock(), progress=job.progress, **fields)
         text = event_text(event)
         brief = _without(text, ("plan",)) if len(text) > MAX_RECORD_CHARS else None
         if not self._pending_count:
             self._due = time.monotonic() + FLUSH_S
             self._flush_wanted.notify()
-        self._pending.setdefault(job.job_id, []).append((count, text, brief))
+        self._pending.setdefault(job.job_id, []).append((count, text, brief, event))
         self._pending_count += 1
         self._event_counts[job.job_id] = count + 1
         if self._pending_count >= FLUSH_EVENTS:
@@ -333,10 +337,10 @@ class JobBook:
             self._write(self._pending)  # if the database is away, they wait for the next flush
             self._pending, self._pending_count = {}, 0
 
-    def _write(self, pending: dict[str, list[tuple[int, str, str | None]]]) -> None:
+    def _write(self, pending: dict[str, list[tuple[int, str, str | None, m.Event]]]) -> None:
         if not self.lease_s:
             rows = [{"job_id": job_id, "idx": idx, "event": text, "brief": brief}
-                    for job_id, events in pending.items() for idx, text, brief in events]
+                    for job_id, events in pending.items() for idx, text, brief, _ in events]
             try:
                 database.transaction(self._engine, lambda c: c.execute(_INSERT_EVENT, rows),
                                      reraise=(sa.exc.IntegrityError,))
@@ -347,7 +351,7 @@ class JobBook:
         def insert(connection) -> list[str]:
             refused = []
             for job_id, events in pending.items():
-                for idx, text, brief in events:
+                for idx, text, brief, _ in events:
                     row = {"e_job": job_id, "e_idx": idx, "e_event": text, "e_brief": brief, "me": self.replica}
                     try:
                         with connection.begin_nested():
@@ -378,12 +382,14 @@ class JobBook:
                     log.warning("job events could not be written (%s); tried again in %.2f s", exc, FLUSH_S)
                     self._due = time.monotonic() + FLUSH_S
 
-    def _waiting(self, job_id: str, from_index: int) -> list[tuple[int, str]]:
-        """The job's batched events from `from_index` on, if the first of them is that one."""
+    def _waiting(self, job_id: str, from_index: int) -> list[m.Event]:
+        """The job's batched events from `from_index` on, if the first of them is that one: as
+        they were made (as `events` would read them back, without parsing them again)."""
         events = self._pending.get(job_id)
         if not events or events[0][0] > from_index or events[-1][0] < from_index:
             return []
-        return [(idx, brief if brief is not None else text) for idx, text, brief in events[from_index - events[0][0]:]]
+        return [event if brief is None else event_from(json.loads(brief))
+                for _, _, brief, event in events[from_index - events[0][0]:]]
 
     def _log(self, job_id: str, event: m.Event) -> None:
         text = event_text(event)
@@ -525,21 +531,25 @@ class JobBook:
             with self._lock:
                 # Batched events not written yet come from memory; the database has those before them.
                 # An event too long to send (an old plan event of a huge job) comes without its plan.
-                rows = self._waiting(job_id, index)
-                if rows and self.lease_s:
+                waiting = self._waiting(job_id, index)
+                if waiting and self.lease_s:
                     # Shared with other replicas: what a client saw is written before it sees it,
                     # so a replica taking the job over keeps every shard a client was told finished.
                     self.flush()
-                if not rows:
+                rows = []
+                if not waiting:
                     with database.connected(self._engine) as connection:
                         rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
-                if not rows:
+                if not rows and not waiting:
                     if self.get(job_id).final:
                         return
                     # Woken at once by this process's writes; another replica's (a job it runs,
                     # watched through this one) are read at the next look, WATCH_POLL_S on.
                     self._changed.wait(WATCH_POLL_S)
                     continue
+            for event in waiting:
+                index = event.index + 1
+                yield event
             for idx, text in rows:
                 index = idx + 1
                 try:

@@ -82,7 +82,7 @@ class GrpcMesh:
         self._workers = pool(Role.WORKER)
         self._rules: dict[str, build_pb.Rule] = {}
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
-        self._streams: dict[tuple[str, str], ShardStream] = {}  # (job, worker) -> its open ExecuteMany
+        self._streams: dict[tuple[str, str], ShardStream] = {}  # (job, device) -> its open ExecuteMany
         self._streams_lock = threading.Lock()
 
     @property
@@ -260,8 +260,8 @@ class GrpcMesh:
     def _execute_many(self, address: str):
         """The worker's ExecuteMany, taking chunks already serialized as well as messages."""
         return self._workers.get(address).stream_stream(
-            EXECUTE_MANY_METHOD, request_serializer=serialized_or(worker_pb.ExecuteRequest.SerializeToString),
-            response_deserializer=worker_pb.ExecuteResponse.FromString)
+            EXECUTE_MANY_METHOD, request_serializer=serialized_or(worker_pb.ExecuteManyRequest.SerializeToString),
+            response_deserializer=worker_pb.ExecuteManyResponse.FromString)
 
     def _forget_worker(self, address: str) -> None:
         """The next call dials afresh (ChannelPool.forget). A worker back on the address holds no
@@ -312,17 +312,18 @@ class GrpcMesh:
             self.held.count(transfer, sum(value.nbytes for name, value in arrays if name in keys and name not in refs))
 
         def requests():
-            yield worker_pb.ExecuteRequest(header=header)
+            yield worker_pb.ExecuteManyRequest(header=header)
             for name, value in arrays:
                 if name in refs:
-                    yield worker_pb.ExecuteRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
+                    yield worker_pb.ExecuteManyRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
                     continue
-                tensor, chunks = split_frames(name, value, self._chunk_bytes, worker_pb.ExecuteRequest)
-                yield worker_pb.ExecuteRequest(tensor=tensor)
+                tensor, chunks = split_frames(name, value, self._chunk_bytes, worker_pb.ExecuteManyRequest)
+                yield worker_pb.ExecuteManyRequest(tensor=tensor)
                 yield from chunks
 
         try:
-            stream, waiting = self._send(address, header.job_id, requests(), transfer, bool(refs), scope)
+            stream, waiting = self._send(address, header.job_id, header.device_id, requests(), transfer, bool(refs),
+                                         scope)
             if not waiting.done.wait(SHARD_TIMEOUT_S):
                 stream.cancel()  # fails every shard on it, this one too
                 waiting.done.wait()
@@ -348,12 +349,13 @@ class GrpcMesh:
         return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)
 
-    def _send(self, address: str, job_id: str, messages, transfer: Transfer | None, referred: bool,
+    def _send(self, address: str, job_id: str, device_id: str, messages, transfer: Transfer | None, referred: bool,
               scope: CancelScope):
-        """Write a shard to the job's open stream to `address`, opening one if it has none (or the
-        one it had closed)."""
+        """Write a shard to the job's open stream for the device (at its worker, `address`), opening
+        one if it has none (or the one it had closed). One a device, not a worker: the worker runs a
+        stream's shards one after another, and the devices of a node run at the same time."""
         with self._streams_lock:
-            stream = self._streams.get((job_id, address))
+            stream = self._streams.get((job_id, device_id))
             if stream is not None:
                 try:
                     return stream, stream.send(messages, transfer, referred)
@@ -361,7 +363,7 @@ class GrpcMesh:
                     pass
             stream = ShardStream(self._execute_many(address), scope, self.held, lambda: self._forget_worker(address),
                                  (messages, transfer, referred))
-            self._streams[(job_id, address)] = stream
+            self._streams[(job_id, device_id)] = stream
             return stream, stream.first
 
 

@@ -29,6 +29,7 @@ QUEUED, LOADING, RUNNING, DONE = "queued", "loading", "running", "done"  # stage
 LOAD_EXECUTABLE, COMPILE_PORTABLE = "executable", "compiled"  # how an artifact was made runnable
 MAX_LOADED_EXECUTABLES = 64  # runnables kept in memory, least recently used dropped first
 LOCK_POLL_S = 0.05  # how often a queued shard checks whether its caller is still there
+MAX_MATCHED_TYPES = 1024  # (device, target type) pairs remembered as matching; forgotten all at once past it
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class ShardExecutor:
         self._clock = clock
         self._max_loaded = max_loaded
         self._loaded: OrderedDict[tuple, _Runnable] = OrderedDict()
+        self._matched: set[tuple[str, str]] = set()  # (device id, target type) pairs that passed the check
         self._lock = threading.Lock()
         self._jax_caches = JaxCaches()  # what portable compiles leave in jax, cleared (accelmesh/artifacts.py)
         self.executions = 0  # shards that ran on a device
@@ -152,10 +154,16 @@ class ShardExecutor:
         if device is None:
             raise errors.NotFound(f"device {shard.device_id} is not on this node; it holds "
                                   f"{', '.join(sorted(self._devices)) or 'no devices'}")
+        if (shard.device_id, shard.target_type) in self._matched:
+            return device  # every shard of a job asks the same: parsed and checked once
         check_target_type(shard.target_type, device)
         if device.execution_device not in self._jax_devices:
             raise errors.FailedPrecondition(f"device {device.id} runs on {device.execution_device or device.platform}, "
                                             "which this worker process has no JAX device for")
+        with self._lock:
+            if len(self._matched) >= MAX_MATCHED_TYPES:
+                self._matched.clear()
+            self._matched.add((shard.device_id, shard.target_type))
         return device
 
     def run(self, shard: Shard, inputs: Sequence[np.ndarray], *, receive_seconds: float = 0.0,

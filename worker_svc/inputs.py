@@ -58,7 +58,7 @@ def check_keep(head: pb.ShardHeader, max_tensors: int) -> dict[str, str]:
     return keep
 
 
-def read_inputs(requests: Iterator[pb.ExecuteRequest], head: pb.ShardHeader, held: HeldTensors,
+def read_inputs(requests: Iterator[pb.ExecuteRequest | pb.ExecuteManyRequest], head: pb.ShardHeader, held: HeldTensors,
                 max_bytes: int, holder: str, *, max_inputs: int,
                 received: Callable[[int], None] = _ignore, more: bool = False) -> list[np.ndarray]:
     """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks.

@@ -211,9 +211,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         raise
                     return
                 if isinstance(result, pb.ShardFailure):
-                    yield pb.ExecuteResponse(failure=result)
+                    yield pb.ExecuteManyResponse(failure=result)
                     continue
-                yield from self._results(result)
+                yield from self._results(result, pb.ExecuteManyResponse)
             except BaseException as exc:
                 traceback.clear_frames(exc.__traceback__)  # as Execute: no frame keeps what arrived
                 raise
@@ -233,9 +233,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                              received=call.received, more=more)
         return shard, inputs
 
-    def _results(self, result: ex.ShardResult):
+    def _results(self, result: ex.ShardResult, into: type = pb.ExecuteResponse):
         for index, array in enumerate(result.outputs):
-            header, chunks = split_frames(f"output_{index}", array, self._chunk_bytes, pb.ExecuteResponse)
-            yield pb.ExecuteResponse(tensor=header)
+            header, chunks = split_frames(f"output_{index}", array, self._chunk_bytes, into)
+            yield into(tensor=header)
             yield from chunks
-        yield pb.ExecuteResponse(timings=timings_to_proto(result.timings))
+        yield into(timings=timings_to_proto(result.timings))

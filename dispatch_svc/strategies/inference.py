@@ -57,8 +57,7 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: froze
 
     def work():
         try:
-            for handle in pending:
-                pool.wait(handle)
+            pool.wait_all(pending)
         except BaseException:
             _let_go(shards)
             raise

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -47,22 +49,22 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
     def Execute(self, request_iterator, context):
         for _ in request_iterator:
             pass
-        yield from self._answer(context)
+        yield from self._answer(context, worker_pb.ExecuteResponse)
 
     def ExecuteMany(self, request_iterator, context):
         for _ in shards(request_iterator):
-            yield from self._answer(context)
+            yield from self._answer(context, worker_pb.ExecuteManyResponse)
 
-    def _answer(self, context):
+    def _answer(self, context, into):
         header, chunks = split("output_0", np.arange(2048, dtype=np.float32), 4096)
-        yield worker_pb.ExecuteResponse(tensor=header)
+        yield into(tensor=header)
         for chunk in chunks:
-            yield worker_pb.ExecuteResponse(chunk=chunk)
+            yield into(chunk=chunk)
             if isinstance(self.cut, grpc.StatusCode):
                 context.abort(self.cut, "worker went away")
             if self.cut == CLEAN_END:
                 break
-        yield worker_pb.ExecuteResponse(timings=worker_pb.ShardTimings(execute_seconds=0.001))
+        yield into(timings=worker_pb.ShardTimings(execute_seconds=0.001))
 
 
 def serve_fake(worker: FakeWorker, port: int = 0):
@@ -72,8 +74,8 @@ def serve_fake(worker: FakeWorker, port: int = 0):
                          address=f"127.0.0.1:{port}").start()
 
 
-def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None):
-    device = JobDevice(type("Spec", (), {"id": "127.0.0.1/cuda:0"})(), f"127.0.0.1:{port}", "t")
+def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0"):
+    device = JobDevice(type("Spec", (), {"id": device_id})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
     build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
     x = np.zeros(2048, np.float32) if x is None else x
@@ -151,5 +153,34 @@ def test_a_worker_back_on_its_address_takes_the_next_shard_at_once(grpc_mesh):
     server = serve_fake(FakeWorker(), port)
     try:
         np.testing.assert_array_equal(send_shard(grpc_mesh, port).outputs[0], np.arange(2048, dtype=np.float32))
+    finally:
+        server.stop(0)
+
+
+class MeetingWorker(FakeWorker):
+    """Answers a shard only once a shard of another call has arrived too (or says it never did)."""
+
+    def __init__(self):
+        super().__init__()
+        self.met = threading.Barrier(2)
+
+    def ExecuteMany(self, request_iterator, context):
+        for _ in shards(request_iterator):
+            try:
+                self.met.wait(timeout=10)
+            except threading.BrokenBarrierError:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no other shard arrived")
+            yield from self._answer(context, worker_pb.ExecuteManyResponse)
+
+
+def test_shards_for_two_devices_of_one_worker_run_at_the_same_time(grpc_mesh):
+    """One stream a device, not a worker: a worker runs a stream's shards one after another, so a
+    node's devices would otherwise take turns."""
+    server = serve_fake(MeetingWorker())
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(send_shard, grpc_mesh, server.port, device_id=f"127.0.0.1/cuda:{i}") for i in range(2)]
+            for run in runs:
+                np.testing.assert_array_equal(run.result().outputs[0], np.arange(2048, dtype=np.float32))
     finally:
         server.stop(0)

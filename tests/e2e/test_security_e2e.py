@@ -289,9 +289,9 @@ class ForgingWorker(worker_service_pb2_grpc.WorkerServiceServicer):
         self.shards += 1
         forged = np.full((max(1, header.batch_size // 2), 10), 42.0, np.float32)
         tensor, chunks = split("logits", forged, 1 << 20)
-        yield worker_pb.ExecuteResponse(tensor=tensor)
-        yield from (worker_pb.ExecuteResponse(chunk=c) for c in chunks)
-        yield worker_pb.ExecuteResponse(timings=worker_pb.ShardTimings(execute_seconds=0.001))
+        yield worker_pb.ExecuteManyResponse(tensor=tensor)
+        yield from (worker_pb.ExecuteManyResponse(chunk=c) for c in chunks)
+        yield worker_pb.ExecuteManyResponse(timings=worker_pb.ShardTimings(execute_seconds=0.001))
 
 
 def _forged_node(mesh) -> worker_pb.DescribeNodeResponse:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 
 
-def shards(requests: Iterator[pb.ExecuteRequest]) -> Iterator[tuple[pb.ShardHeader, list[pb.ExecuteRequest]]]:
+def shards(requests: Iterator[pb.ExecuteManyRequest]) -> Iterator[tuple[pb.ShardHeader, list[pb.ExecuteManyRequest]]]:
     """(header, the shard's input messages) for each shard of the stream."""
     for first in requests:
         header, inputs = first.header, []

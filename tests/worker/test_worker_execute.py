@@ -213,9 +213,11 @@ def test_refusals_have_their_status_and_the_worker_keeps_serving(worker, mlp, ca
 # -- many shards on one stream (ExecuteMany) --------------------------------------------------------
 
 def answers(stub, messages) -> list[Outcome | pb.ShardFailure]:
-    """ExecuteMany's answers, one per shard in the order sent: its outcome, or its failure."""
+    """ExecuteMany's answers, one per shard in the order sent: its outcome, or its failure.
+    `messages` are Execute's (the helpers make those): the same fields, the same numbers."""
     done, outputs = [], []
-    for part in stub.ExecuteMany(messages, timeout=CALL_TIMEOUT_S):
+    many = (pb.ExecuteManyRequest.FromString(m.SerializeToString()) for m in messages)
+    for part in stub.ExecuteMany(many, timeout=CALL_TIMEOUT_S):
         kind = part.WhichOneof("part")
         if kind == "tensor":
             outputs.append(TensorAssembler(part.tensor, "output"))

@@ -91,18 +91,40 @@ class ShardTimings(_message.Message):
     def __init__(self, receive_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., artifact_cached: _Optional[bool] = ..., load_kind: _Optional[str] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("stage", "tensor", "chunk", "timings", "failure")
+    __slots__ = ("stage", "tensor", "chunk", "timings")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
-    FAILURE_FIELD_NUMBER: _ClassVar[int]
     stage: ShardStage
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     timings: ShardTimings
+    def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ...) -> None: ...
+
+class ExecuteManyRequest(_message.Message):
+    __slots__ = ("header", "tensor", "chunk", "held")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    header: ShardHeader
+    tensor: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    held: TensorRef
+    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., held: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+
+class ExecuteManyResponse(_message.Message):
+    __slots__ = ("tensor", "chunk", "timings", "failure")
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    tensor: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    timings: ShardTimings
     failure: ShardFailure
-    def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
+    def __init__(self, tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
 
 class ShardFailure(_message.Message):
     __slots__ = ("code", "message", "reason")

@@ -48,8 +48,8 @@ class WorkerServiceStub:
                 _registered_method=True)
         self.ExecuteMany = channel.stream_stream(
                 '/accelmesh.worker.v1.WorkerService/ExecuteMany',
-                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
-                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyResponse.FromString,
                 _registered_method=True)
         self.ReleaseJob = channel.unary_unary(
                 '/accelmesh.worker.v1.WorkerService/ReleaseJob',
@@ -124,8 +124,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             ),
             'ExecuteMany': grpc.stream_stream_rpc_method_handler(
                     servicer.ExecuteMany,
-                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.FromString,
-                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.SerializeToString,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyResponse.SerializeToString,
             ),
             'ReleaseJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseJob,
@@ -214,8 +214,8 @@ class WorkerService:
             request_iterator,
             target,
             '/accelmesh.worker.v1.WorkerService/ExecuteMany',
-            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteRequest.SerializeToString,
-            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteResponse.FromString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ExecuteManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

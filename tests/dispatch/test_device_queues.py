@@ -1,0 +1,88 @@
+"""The device pool's wait for a job's shards (DevicePool.wait_all): it returns once every shard
+ended, raises a shard's final failure as soon as it comes, and a cancel of the job."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from accelmesh import errors
+from dispatch_svc.device_queues import Cancelled, CancelScope, DevicePool, ShardFailed
+
+GUARD_S = 30.0  # a blocked shard gives up after this: only a broken wait_all would make it
+
+
+@dataclass(frozen=True)
+class Spec:
+    id: str
+
+
+@dataclass(frozen=True)
+class Device:
+    spec: Spec
+    target_type: str = "t"
+
+
+@dataclass
+class Shard:
+    index: int
+
+
+DEVICES = [Device(Spec("d0")), Device(Spec("d1"))]
+
+
+def test_wait_all_returns_once_every_shard_ran():
+    done = []
+    pool = DevicePool(DEVICES, lambda attempt: attempt.shard.index * 2, CancelScope())
+    try:
+        pending = [pool.submit(Shard(i), DEVICES[i % 2].spec.id, on_done=done.append) for i in range(50)]
+        pool.wait_all(pending)
+        assert sorted(done) == [2 * i for i in range(50)]
+        assert all(p.done.is_set() and p.error is None for p in pending)
+    finally:
+        pool.close()
+
+
+def test_wait_all_raises_a_final_failure_while_other_shards_still_run():
+    release, gave_up = threading.Event(), []
+
+    def run(attempt):
+        if attempt.shard.index == 0:
+            raise ShardFailed("INVALID_ARGUMENT: no such input", "INVALID_ARGUMENT")
+        if not release.wait(GUARD_S):
+            gave_up.append(attempt.shard.index)
+        return None
+
+    pool = DevicePool(DEVICES, run, CancelScope())
+    try:
+        pending = [pool.submit(Shard(0), "d0"), pool.submit(Shard(1), "d1")]
+        with pytest.raises(errors.FailedPrecondition, match="failed the same way on every device"):
+            pool.wait_all(pending)  # shard 1 is still running: only its release ends it
+        assert not pending[1].done.is_set()
+        release.set()
+    finally:
+        release.set()
+        pool.close()
+    assert gave_up == []
+
+
+def test_wait_all_stops_at_a_cancel_of_the_job():
+    scope, release = CancelScope(), threading.Event()
+    started = threading.Event()
+
+    def run(attempt):
+        started.set()
+        release.wait(GUARD_S)
+
+    pool = DevicePool(DEVICES, run, scope)
+    try:
+        pending = [pool.submit(Shard(0), "d0")]
+        started.wait(GUARD_S)
+        scope.cancel("stopped by the test")
+        with pytest.raises(Cancelled, match="stopped by the test"):
+            pool.wait_all(pending)
+    finally:
+        release.set()
+        pool.close()

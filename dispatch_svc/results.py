@@ -51,8 +51,12 @@ class ResultWriter:
         self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
 
     def write_rows(self, first_row: int, rows: np.ndarray) -> None:
-        data = np.ascontiguousarray(rows, dtype=self.entry.dtype).tobytes()
-        os.pwrite(self._fd, data, first_row * self.entry.row_bytes)
+        # From the array's own memory (no bytes copy of it): pwrite may write less than asked.
+        data = memoryview(np.ascontiguousarray(rows, dtype=self.entry.dtype).reshape(-1).view(np.uint8))
+        at = first_row * self.entry.row_bytes
+        while data:
+            written = os.pwrite(self._fd, data, at)
+            data, at = data[written:], at + written
 
     def close(self) -> None:
         os.close(self._fd)

@@ -188,10 +188,12 @@ class TensorAssembler:
 
     Memory follows the bytes that arrived, never the bytes a header declares: a peer can announce
     a gigabyte in a 150-byte header and then send nothing (or go away). The chunks' bytes are kept
-    as they came (no copy) until the tensor is complete, then copied once into a buffer of exactly
-    its size, so the received bytes are held while receiving and twice them for the moment of
-    that copy, and a finished tensor (which a worker may hold for a job's later shards) carries
-    no growth margin. The result is a writable numpy view of that buffer.
+    as they came (no copy) until half the tensor has arrived; then a buffer of exactly its size is
+    allocated (its pages become resident as they are written), the chunks so far are copied into
+    it and let go, and every later chunk is copied straight in. So what is allocated is at most
+    twice what arrived, what is resident about what arrived (a chunk more at the switch), every
+    byte is copied once, and a finished tensor (which a worker may hold for a job's later shards)
+    carries no growth margin. The result is a writable numpy view of that buffer.
     """
 
     def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
@@ -208,7 +210,7 @@ class TensorAssembler:
             )
         self.total_bytes = expected  # declared, checked against dtype and shape; nothing allocated for it
         self._chunks: list[bytes] = []
-        self._whole: bytearray | None = None  # the chunks copied into one buffer, at the first result()
+        self._whole: np.ndarray | None = None  # bytes of exactly total_bytes, once half of them arrived
         self.received_bytes = 0  # what this assembler holds
 
     @property
@@ -228,23 +230,32 @@ class TensorAssembler:
             raise errors.InvalidArgument(
                 f"{self.field} '{self.name}': chunks carry more than the declared {self.total_bytes} bytes"
             )
-        if data:
+        if not data:
+            return
+        if self._whole is not None:
+            self._whole[received:received + len(data)] = np.frombuffer(data, np.uint8)
+        else:
             self._chunks.append(data)
-            self.received_bytes += len(data)
+        self.received_bytes += len(data)
+        if self._whole is None and 2 * self.received_bytes >= self.total_bytes:
+            self._gather()
 
     def result(self) -> np.ndarray:
         if not self.complete:
             raise errors.InvalidArgument(
                 f"{self.field} '{self.name}': stream ended after {self.received_bytes} of {self.total_bytes} bytes"
             )
-        if self._whole is None:
-            self._whole = bytearray(self.total_bytes)
-            view, at = memoryview(self._whole), 0
-            for data in self._chunks:
-                view[at:at + len(data)] = data
-                at += len(data)
-            self._chunks = []  # the one copy holds them now
-        return np.frombuffer(self._whole, dtype=self.dtype).reshape(self.shape)
+        if self._whole is None:  # nothing arrived: an empty tensor
+            self._gather()
+        return self._whole.view(self.dtype).reshape(self.shape)
+
+    def _gather(self) -> None:
+        """The buffer of the whole tensor, with the chunks so far copied into it and let go."""
+        self._whole, at = np.empty(self.total_bytes, np.uint8), 0
+        for data in self._chunks:
+            self._whole[at:at + len(data)] = np.frombuffer(data, np.uint8)
+            at += len(data)
+        self._chunks = []
 
 
 class TensorCollector:

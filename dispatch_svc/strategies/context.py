@@ -319,23 +319,28 @@ class JobContext:
 
     def shards_from_feed(self, shards: Sequence[ShardWork], total: int, budget: InflightBudget) -> Iterator[ShardWork]:
         """Route the feed's row blocks into `shards` in order; yield each shard once its rows are
-        complete and the budget has room for them."""
-        current, parts, seen = 0, [], 0
+        complete. A shard's bytes are taken from the budget before its first rows are copied into
+        its own buffers (allocated then, filled as blocks come), so the inputs waiting in memory,
+        whole or half filled, stay within the budget, and no block is kept once copied."""
+        current, filling, seen = 0, None, 0
         for first_row, arrays in self.feed.blocks():
             self.live.check()
             offset = 0
             rows = arrays[0].shape[0]
             while offset < rows:
                 shard = shards[current]
-                want = shard.first_row + shard.rows - (first_row + offset)
-                take = min(want, rows - offset)
-                parts.append([a[offset: offset + take] for a in arrays])
+                if filling is None:
+                    nbytes = shard.rows * sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+                                              for a in arrays)
+                    budget.take(nbytes)
+                    filling = [np.empty((shard.rows, *a.shape[1:]), a.dtype) for a in arrays]
+                at = first_row + offset - shard.first_row
+                take = min(shard.rows - at, rows - offset)
+                for buffer, array in zip(filling, arrays):
+                    buffer[at: at + take] = array[offset: offset + take]
                 offset += take
-                if take == want:
-                    shard.inputs = [np.ascontiguousarray(np.concatenate(cols)) for cols in zip(*parts)]
-                    shard.nbytes = sum(a.nbytes for a in shard.inputs)
-                    parts = []
-                    budget.take(shard.nbytes)
+                if at + take == shard.rows:
+                    shard.inputs, shard.nbytes, filling = filling, nbytes, None
                     yield shard
                     current += 1
             seen = first_row + rows

@@ -32,7 +32,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.held_keys import HeldKeys, Transfer
-from dispatch_svc.shard_streams import NotHeld, ShardStream, StreamClosed
+from dispatch_svc.shard_streams import NotHeld, ShardStream, StreamClosed, Unanswered
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 CALL_TIMEOUT_S = 120.0
@@ -41,6 +41,9 @@ CALL_TIMEOUT_S = 120.0
 # dialled again (runtime/channels.py caps that backoff at a second).
 REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
 SHARD_TIMEOUT_S = 600.0
+# A shard left unread on a stream that another shard's inputs ended is sent again on a fresh one
+# this many times at most (each such end is that other shard's fault, answered to it).
+UNANSWERED_RESENDS = 3
 RELEASE_TIMEOUT_S = 5.0  # a worker's ReleaseJob at a job's end: held tensors, best effort
 _WORKER_SERVICE = worker_pb.DESCRIPTOR.services_by_name["WorkerService"]
 EXECUTE_MANY_METHOD = f"/{_WORKER_SERVICE.full_name}/ExecuteMany"  # the path gRPC calls
@@ -282,6 +285,21 @@ class GrpcMesh:
             input_count=len(arrays), batch_size=rows, traceparent=_traceparent())
         address = device.node_address
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
+        for left in range(UNANSWERED_RESENDS, -1, -1):
+            try:
+                return self._execute_keyed(address, job_id, header, arrays, keys, scope)
+            except Unanswered as exc:
+                # Another shard's inputs ended the stream before this one was read: not this
+                # shard's fault, nor the device's, so it goes again on a fresh stream.
+                if not left:
+                    raise ShardFailed(exc.cause, exc.code) from None
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _execute_keyed(self, address: str, job_id: str, header: worker_pb.ShardHeader,
+                       arrays: Sequence[tuple[str, np.ndarray]], keys: Mapping[str, str],
+                       scope: CancelScope) -> ShardOutput:
+        """One try of `execute`: keyed inputs as the held keys say, all in full once more if the
+        worker did not hold one."""
         if not keys:
             return self._execute_call(address, header, arrays, {}, None, scope)
         for resend in (False, True):
@@ -336,6 +354,8 @@ class GrpcMesh:
             # garbage collection.
             if isinstance(failure, NotHeld):
                 raise NotHeld(failure.cause) from None
+            if isinstance(failure, Unanswered):
+                raise Unanswered(failure.cause, failure.code) from None
             if failure is not None:
                 raise ShardFailed(failure.cause, failure.code) from None
             try:

@@ -11,7 +11,9 @@ answers to the shards in the order they were written, which is the order the wor
 A stream closes itself once no shard of it is waiting (the worker's thread is not held by an
 idle job); the next shard opens another. A stream that breaks (the worker went away, the call
 was cancelled or ran past SHARD_TIMEOUT_S on one shard) fails every shard waiting on it with the
-call's status; the device pool retries them as it retries a failed Execute.
+call's status; the device pool retries them as it retries a failed Execute. A status about the
+shard the worker was reading (its inputs: SHARD_STATUSES) is that shard's answer alone: the
+shards behind it were never read, and go again on a fresh stream (`Unanswered`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,18 @@ class NotHeld(Exception):
     def __init__(self, cause: str):
         super().__init__(cause)
         self.cause = cause
+
+
+class Unanswered(ShardFailed):
+    """The stream ended on an earlier shard's inputs (its status was that shard's answer) before
+    this one was read: send it again."""
+
+
+# Statuses a worker ends an ExecuteMany call with for the shard it was reading (its header or
+# inputs), not for the stream or the node: the shards behind it were never read.
+SHARD_STATUSES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            grpc.StatusCode.OUT_OF_RANGE})
 
 
 class StreamClosed(Exception):
@@ -130,9 +144,17 @@ class ShardStream:
             exc.__traceback__ = None  # the call's own error: its frames would hold the shards' inputs
             if code == grpc.StatusCode.UNAVAILABLE:
                 self._on_unavailable()
-            self._fail_all(lambda waiting: NotHeld(f"{code.name}: {details}")
-                           if waiting.referred and code == grpc.StatusCode.FAILED_PRECONDITION
-                           and reason == errors.TENSOR_NOT_HELD else ShardFailed(f"{code.name}: {details}", code.name))
+            cause = f"{code.name}: {details}"
+            with self._lock:
+                head = self._waiting[0] if self._waiting else None
+
+            def failure(waiting: _Waiting) -> Exception:
+                if waiting is not head and code in SHARD_STATUSES:
+                    return Unanswered(f"{cause} (a shard sent before it on the same stream)", code.name)
+                if waiting.referred and code == grpc.StatusCode.FAILED_PRECONDITION and reason == errors.TENSOR_NOT_HELD:
+                    return NotHeld(cause)
+                return ShardFailed(cause, code.name)
+            self._fail_all(failure)
         except errors.InvalidArgument as exc:  # a malformed answer: this stream is done
             self._call.cancel()
             self._fail_all(lambda waiting: ShardFailed(f"worker sent a malformed result: {exc}"))

@@ -74,12 +74,13 @@ def serve_fake(worker: FakeWorker, port: int = 0):
                          address=f"127.0.0.1:{port}").start()
 
 
-def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0"):
+def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0",
+               shard_index: int = 0):
     device = JobDevice(type("Spec", (), {"id": device_id})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
     build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
     x = np.zeros(2048, np.float32) if x is None else x
-    return mesh.execute("job", 0, 1, device, build, artifact, [("x", x)], 2048, CancelScope(), held_keys)
+    return mesh.execute("job", shard_index, 1, device, build, artifact, [("x", x)], 2048, CancelScope(), held_keys)
 
 
 @pytest.fixture
@@ -182,5 +183,41 @@ def test_shards_for_two_devices_of_one_worker_run_at_the_same_time(grpc_mesh):
             runs = [pool.submit(send_shard, grpc_mesh, server.port, device_id=f"127.0.0.1/cuda:{i}") for i in range(2)]
             for run in runs:
                 np.testing.assert_array_equal(run.result().outputs[0], np.arange(2048, dtype=np.float32))
+    finally:
+        server.stop(0)
+
+
+class RefusingWorker(FakeWorker):
+    """Ends a stream on the inputs of shard 0 (a shard's status), after shard 1 came behind it on the
+    same stream; answers shard 1 when it comes first on a stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.received = threading.Event()  # shard 0 has arrived
+        self.streams = 0
+
+    def ExecuteMany(self, request_iterator, context):
+        self.streams += 1
+        for header, _ in shards(request_iterator):
+            if header.shard_index == 0:
+                self.received.set()
+                next(shards(request_iterator))  # shard 1, sent behind it
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "input 0 of shard 0 does not fit")
+            yield from self._answer(context, worker_pb.ExecuteManyResponse)
+
+
+def test_a_shard_behind_one_whose_inputs_end_the_stream_is_sent_again_not_failed(grpc_mesh):
+    worker = RefusingWorker()
+    server = serve_fake(worker)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(send_shard, grpc_mesh, server.port, shard_index=0)
+            assert worker.received.wait(10)
+            second = pool.submit(send_shard, grpc_mesh, server.port, shard_index=1)
+            with pytest.raises(ShardFailed) as info:
+                first.result()
+            assert info.value.code == "FAILED_PRECONDITION" and "does not fit" in info.value.cause
+            np.testing.assert_array_equal(second.result().outputs[0], np.arange(2048, dtype=np.float32))
+        assert worker.streams == 2  # shard 1 went again, on a stream of its own
     finally:
         server.stop(0)

@@ -143,8 +143,9 @@ class JobBook:
         self._changed = threading.Condition(self._lock)
         self._live: dict[str, m.JobRecord] = {}
         self._event_counts: dict[str, int] = {}  # events logged per job: the next event's index
-        # Batched events not yet written: job id -> [(index, text, brief)], in order; `_due` is
-        # when the oldest must be written. The flusher thread starts with the first one.
+        # Batched events not yet written: job id -> [(index, text, brief, event)], in order (the
+        # text as the database gets it, the event as a watcher here gets it); `_due` is when the
+        # oldest must be written. The flusher thread starts with the first one.
         self._pending: dict[str, list[tuple[int, str, str | None, m.Event]]] = {}
         self._pending_count, self._due = 0, 0.0
         self._flusher: threading.Thread | None = None

@@ -176,11 +176,11 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         while True:
             call = self.inputs.open()
             try:
-                started = time.perf_counter()
                 try:
                     first = next(request_iterator, None)
                     if first is None:
                         return  # the caller has no more shards
+                    started = time.perf_counter()  # from its header on: not the wait for it
                     if first.WhichOneof("part") != "header":
                         raise errors.InvalidArgument(
                             f"each shard of ExecuteMany begins with a ShardHeader; got a "

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from accelmesh.programs import Program
+from accelmesh.runtime.tensors import Placed, PlaceTensor
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import CancelScope, DevicePool
 
@@ -81,7 +82,7 @@ class RuleChoice:
 
 @dataclass(frozen=True)
 class ShardOutput:
-    outputs: list[np.ndarray]
+    outputs: list[np.ndarray | Placed]  # Placed: written where the shard's `place_outputs` said
     queue_seconds: float
     load_seconds: float
     execute_seconds: float
@@ -113,9 +114,11 @@ class Mesh(Protocol):
     def release(self, job_id: str) -> None: ...
     # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
     # a key never changes during the job); a worker gets such an input in full once, then by key.
+    # `place_outputs`: where outputs go as they arrive (None, or None from it: returned in memory).
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
-                scope: CancelScope, held_keys: Mapping[str, str] | None = None) -> ShardOutput: ...
+                scope: CancelScope, held_keys: Mapping[str, str] | None = None,
+                place_outputs: PlaceTensor | None = None) -> ShardOutput: ...
 
 
 class InputFeed(Protocol):
@@ -132,6 +135,7 @@ class ShardWork:
     inputs: list[np.ndarray] = field(default_factory=list)
     nbytes: int = 0
     params: list[tuple[str, np.ndarray]] | None = None  # training: this step's parameters
+    place_outputs: PlaceTensor | None = None  # inference: its outputs' rows on disk (JobOutputs.placer)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from accelmesh.security.identity import Role
 from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, FORMAT_TO_PROTO, program_from_proto
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto, device_to_proto
-from accelmesh.runtime.tensors import TensorCollector, serialized_or, split_frames
+from accelmesh.runtime.tensors import PlaceTensor, TensorCollector, serialized_or, split_frames
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc import records as m
@@ -274,10 +274,12 @@ class GrpcMesh:
 
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
-                scope: CancelScope, held_keys: Mapping[str, str] | None = None) -> ShardOutput:
+                scope: CancelScope, held_keys: Mapping[str, str] | None = None,
+                place_outputs: PlaceTensor | None = None) -> ShardOutput:
         """Run one shard on its device's worker. `held_keys` maps names in `arrays` to keys unique per
         content within the job: such an input goes to each worker in full once, then as a reference
-        to the copy the worker keeps (dispatch_svc.held_keys); a worker that lost one gets all in full."""
+        to the copy the worker keeps (dispatch_svc.held_keys); a worker that lost one gets all in full.
+        `place_outputs` says where outputs go as their chunks arrive (the others are returned)."""
         header = worker_pb.ShardHeader(
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
@@ -287,7 +289,7 @@ class GrpcMesh:
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
         for left in range(UNANSWERED_RESENDS, -1, -1):
             try:
-                return self._execute_keyed(address, job_id, header, arrays, keys, scope)
+                return self._execute_keyed(address, job_id, header, arrays, keys, scope, place_outputs)
             except Unanswered as exc:
                 # Another shard's inputs ended the stream before this one was read: not this
                 # shard's fault, nor the device's, so it goes again on a fresh stream.
@@ -297,18 +299,18 @@ class GrpcMesh:
 
     def _execute_keyed(self, address: str, job_id: str, header: worker_pb.ShardHeader,
                        arrays: Sequence[tuple[str, np.ndarray]], keys: Mapping[str, str],
-                       scope: CancelScope) -> ShardOutput:
+                       scope: CancelScope, place: PlaceTensor | None) -> ShardOutput:
         """One try of `execute`: keyed inputs as the held keys say, all in full once more if the
         worker did not hold one."""
         if not keys:
-            return self._execute_call(address, header, arrays, {}, None, scope)
+            return self._execute_call(address, header, arrays, {}, None, scope, place)
         for resend in (False, True):
             transfer = self.held.plan(address, job_id, keys.values(), scope.cancelled.is_set, resend=resend)
             if transfer is None:
                 raise ShardFailed("CANCELLED: the job was cancelled while the shard waited for its parameters "
                                   "to reach the worker")
             try:
-                return self._execute_call(address, header, arrays, keys, transfer, scope)
+                return self._execute_call(address, header, arrays, keys, transfer, scope, place)
             except NotHeld as exc:
                 if resend:  # nothing was referred to this time: the worker broke the contract
                     raise ShardFailed(exc.cause) from None
@@ -316,7 +318,8 @@ class GrpcMesh:
         raise AssertionError("unreachable: the resend returns or raises")
 
     def _execute_call(self, address: str, header: worker_pb.ShardHeader, arrays: Sequence[tuple[str, np.ndarray]],
-                      keys: Mapping[str, str], transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
+                      keys: Mapping[str, str], transfer: Transfer | None, scope: CancelScope,
+                      place: PlaceTensor | None) -> ShardOutput:
         """One shard on the job's stream to the worker (shard_streams.py); keyed inputs travel as
         `transfer` says, the others in full."""
         refs = {name: key for name, key in keys.items() if key in transfer.refs} if transfer else {}
@@ -340,8 +343,8 @@ class GrpcMesh:
                 yield from chunks
 
         try:
-            stream, waiting = self._send(address, header.job_id, header.device_id, requests(), transfer, bool(refs),
-                                         scope)
+            stream, waiting = self._send(address, header.job_id, header.device_id,
+                                         (requests(), transfer, bool(refs), place), scope)
             if not waiting.done.wait(SHARD_TIMEOUT_S):
                 stream.cancel()  # fails every shard on it, this one too
                 waiting.done.wait()
@@ -369,8 +372,7 @@ class GrpcMesh:
         return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)
 
-    def _send(self, address: str, job_id: str, device_id: str, messages, transfer: Transfer | None, referred: bool,
-              scope: CancelScope):
+    def _send(self, address: str, job_id: str, device_id: str, shard: tuple, scope: CancelScope):
         """Write a shard to the job's open stream for the device (at its worker, `address`), opening
         one if it has none (or the one it had closed). One a device, not a worker: the worker runs a
         stream's shards one after another, and the devices of a node run at the same time."""
@@ -378,11 +380,11 @@ class GrpcMesh:
             stream = self._streams.get((job_id, device_id))
             if stream is not None:
                 try:
-                    return stream, stream.send(messages, transfer, referred)
+                    return stream, stream.send(*shard)
                 except StreamClosed:
                     pass
             stream = ShardStream(self._execute_many(address), scope, self.held, lambda: self._forget_worker(address),
-                                 (messages, transfer, referred))
+                                 shard)
             self._streams[(job_id, device_id)] = stream
             return stream, stream.first
 

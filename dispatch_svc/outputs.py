@@ -1,6 +1,6 @@
 """A job's outputs as its pieces finish (data-parallel shards, or micro-batches leaving the last
-pipeline stage): concatenated outputs written in place on disk, the others folded by their
-combine rule, and `LiveJob.released_rows` advanced over the rows that are final from row 0, so
+pipeline stage): concatenated outputs written in place on disk (a data-parallel shard's as its
+chunks arrive from the worker: `placer`), the others folded by their combine rule, and `LiveJob.released_rows` advanced over the rows that are final from row 0, so
 RunJob can stream them while later pieces still run.
 
 A job that another dispatch replica may take over (its book leases jobs) also keeps each finished
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from accelmesh.programs import Program
+from accelmesh.runtime.tensors import Placed, PlaceTensor, WriteAt
 from dispatch_svc import records as m
 from dispatch_svc.combine import Accumulator
 from dispatch_svc.jobs import JobBook
@@ -60,11 +61,27 @@ class JobOutputs:
             live.released_rows += self._at_row[live.released_rows].rows
         self._job.progress = live.released_rows / self.total if self.total else 0.0
 
-    def take(self, piece: ShardWork, outputs: Sequence[np.ndarray]) -> int:
-        """Write or fold one finished piece's outputs; returns how many pieces are in."""
+    def placer(self, piece: ShardWork) -> PlaceTensor:
+        """Where the piece's concatenated outputs go as their chunks arrive (a worker announces a
+        shard's outputs in the program's order): their rows in the result files, for an output
+        announced with the dtype and shape it must have; any other (a wrong one, which the shard's
+        check then fails) is kept in memory. An attempt that fails leaves
+        rows nobody reads (they are not released until the piece is taken), and the next attempt
+        writes them again, after it: a shard's attempts never overlap."""
+        def place(index: int, dtype: np.dtype, shape: tuple[int, ...]) -> WriteAt | None:
+            writer = self._writers.get(index)
+            if writer is None or dtype != writer.entry.dtype or shape != (piece.rows, *writer.entry.shape[1:]):
+                return None
+            return writer.rows_from(piece.first_row)
+        return place
+
+    def take(self, piece: ShardWork, outputs: Sequence[np.ndarray | Placed]) -> int:
+        """Write or fold one finished piece's outputs (those `placer` placed are written already);
+        returns how many pieces are in."""
         with self._lock:
             for i, writer in self._writers.items():
-                writer.write_rows(piece.first_row, outputs[i])
+                if not isinstance(outputs[i], Placed):
+                    writer.write_rows(piece.first_row, outputs[i])
             for i, fold in self._folds.items():
                 if self._parts is not None:
                     self._parts.save(PARTS, f"{piece.index}.{i}", np.asarray(outputs[i]))

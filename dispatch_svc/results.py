@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +52,18 @@ class ResultWriter:
         self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
 
     def write_rows(self, first_row: int, rows: np.ndarray) -> None:
-        # From the array's own memory (no bytes copy of it): pwrite may write less than asked.
-        data = memoryview(np.ascontiguousarray(rows, dtype=self.entry.dtype).reshape(-1).view(np.uint8))
-        at = first_row * self.entry.row_bytes
-        while data:
+        # From the array's own memory (no bytes copy of it).
+        self._write(first_row * self.entry.row_bytes,
+                    memoryview(np.ascontiguousarray(rows, dtype=self.entry.dtype).reshape(-1).view(np.uint8)))
+
+    def rows_from(self, first_row: int) -> Callable[[int, bytes], None]:
+        """write(offset, data): bytes of rows from `first_row` on, `offset` bytes into them (a
+        shard's output written as its chunks arrive: accelmesh.runtime.tensors.PlaceTensor)."""
+        base = first_row * self.entry.row_bytes
+        return lambda offset, data: self._write(base + offset, memoryview(data))
+
+    def _write(self, at: int, data: memoryview) -> None:
+        while data:  # pwrite may write less than asked
             written = os.pwrite(self._fd, data, at)
             data, at = data[written:], at + written
 

@@ -29,7 +29,7 @@ import grpc
 
 from accelmesh import errors
 from accelmesh.runtime.errors import error_reason
-from accelmesh.runtime.tensors import TensorCollector
+from accelmesh.runtime.tensors import PlaceTensor, TensorCollector
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from dispatch_svc.device_queues import CancelScope, ShardFailed
 from dispatch_svc.held_keys import HeldKeys, Transfer
@@ -71,7 +71,7 @@ class _Waiting:
     messages: Iterator | None  # what is left to send of it; None once the stream failed (its inputs go)
     transfer: Transfer | None  # its keyed inputs' plan (None: none)
     referred: bool  # it sent references to held tensors
-    outputs: TensorCollector = field(default_factory=lambda: TensorCollector("output"))
+    outputs: TensorCollector
     done: threading.Event = field(default_factory=threading.Event)
     timings: worker_pb.ShardTimings | None = None
     error: Exception | None = None  # ShardFailed or NotHeld
@@ -79,7 +79,7 @@ class _Waiting:
 
 class ShardStream:
     def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
-                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool]):
+                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None]):
         """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`."""
         self._held, self._on_unavailable = held, on_unavailable
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -91,9 +91,11 @@ class ShardStream:
         self._unregister = scope.register(self._call.cancel)
         threading.Thread(target=self._read, name="shard-stream", daemon=True).start()
 
-    def send(self, messages: Iterable, transfer: Transfer | None, referred: bool) -> _Waiting:
-        """Write one shard (its header, then its inputs); raises StreamClosed if the stream ended."""
-        waiting = _Waiting(iter(messages), transfer, referred)
+    def send(self, messages: Iterable, transfer: Transfer | None, referred: bool,
+             place: PlaceTensor | None = None) -> _Waiting:
+        """Write one shard (its header, then its inputs); raises StreamClosed if the stream ended.
+        Its outputs go where `place` says as they arrive (TensorCollector), the others to memory."""
+        waiting = _Waiting(iter(messages), transfer, referred, TensorCollector("output", place))
         with self._lock:
             if self.closed:
                 raise StreamClosed()

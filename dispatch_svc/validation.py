@@ -13,6 +13,7 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.programs import Program
+from accelmesh.runtime.tensors import Placed
 from dispatch_svc import records as m
 from dispatch_svc.config import JobLimits
 from dispatch_svc.device_queues import ShardFailed
@@ -207,7 +208,7 @@ def check_shard_outputs(program: Program, outputs: Sequence[Any], shard_index: i
         raise ShardFailed(f"{where} returned {len(outputs)} output{'' if len(outputs) == 1 else 's'}; "
                           f"{program.ref} returns {len(wanted)} ({names})")
     for value, spec in zip(outputs, wanted):
-        got = np.asarray(value)
+        got = value if isinstance(value, Placed) else np.asarray(value)
         if str(got.dtype) != spec.dtype:
             raise ShardFailed(f"{where} returned output '{spec.name}' of dtype {got.dtype}; "
                               f"{program.ref} declares {spec.dtype}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
@@ -183,6 +184,21 @@ def serialized_or(serializer: Callable[[Message], bytes]) -> Callable[[Message |
     return serialize
 
 
+WriteAt = Callable[[int, bytes], None]  # write(offset in the tensor's bytes, data)
+# place(index, dtype, shape): where the stream's index-th tensor (from 0, in the order announced), of
+# that dtype and shape, goes as its chunks arrive (None: kept in memory)
+PlaceTensor = Callable[[int, np.dtype, tuple[int, ...]], WriteAt | None]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A tensor whose bytes were written where `PlaceTensor` said as they arrived: what it was."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
 class TensorAssembler:
     """Rebuilds one tensor from its header and chunks, refusing gaps, overlaps and overflow.
 
@@ -194,6 +210,9 @@ class TensorAssembler:
     twice what arrived, what is resident about what arrived (a chunk more at the switch), every
     byte is copied once, and a finished tensor (which a worker may hold for a job's later shards)
     carries no growth margin. The result is a writable numpy view of that buffer.
+
+    `write_through` sends every chunk to a writer instead (a file the tensor is placed in, such as
+    a job's result rows): nothing of the tensor is held, and the result is its `Placed` record.
     """
 
     def __init__(self, header: common_pb2.TensorHeader, field: str = "tensor"):
@@ -211,11 +230,18 @@ class TensorAssembler:
         self.total_bytes = expected  # declared, checked against dtype and shape; nothing allocated for it
         self._chunks: list[bytes] = []
         self._whole: np.ndarray | None = None  # bytes of exactly total_bytes, once half of them arrived
-        self.received_bytes = 0  # what this assembler holds
+        self._write: WriteAt | None = None  # set by write_through: chunks go there, not here
+        self.received_bytes = 0  # what this assembler holds (or wrote through)
 
     @property
     def complete(self) -> bool:
         return self.received_bytes == self.total_bytes
+
+    def write_through(self, write: WriteAt) -> None:
+        """Send every chunk from now on to `write(offset, data)` (the offset in the tensor's bytes)."""
+        if self.received_bytes:
+            raise ValueError(f"{self.field} '{self.name}': write_through after chunks arrived")
+        self._write = write
 
     def add(self, chunk: common_pb2.TensorChunk) -> None:
         if chunk.name != self.name:
@@ -232,6 +258,10 @@ class TensorAssembler:
             )
         if not data:
             return
+        if self._write is not None:
+            self._write(received, data)
+            self.received_bytes += len(data)
+            return
         if self._whole is not None:
             self._whole[received:received + len(data)] = np.frombuffer(data, np.uint8)
         else:
@@ -240,11 +270,13 @@ class TensorAssembler:
         if self._whole is None and 2 * self.received_bytes >= self.total_bytes:
             self._gather()
 
-    def result(self) -> np.ndarray:
+    def result(self) -> np.ndarray | Placed:
         if not self.complete:
             raise errors.InvalidArgument(
                 f"{self.field} '{self.name}': stream ended after {self.received_bytes} of {self.total_bytes} bytes"
             )
+        if self._write is not None:
+            return Placed(self.name, self.dtype, self.shape)
         if self._whole is None:  # nothing arrived: an empty tensor
             self._gather()
         return self._whole.view(self.dtype).reshape(self.shape)
@@ -260,16 +292,22 @@ class TensorAssembler:
 
 class TensorCollector:
     """Rebuilds every tensor of a stream: a TensorHeader opens one, TensorChunks (which name their
-    tensor, so tensors may interleave) fill it; results keep the order the headers came in."""
+    tensor, so tensors may interleave) fill it; results keep the order the headers came in. A
+    tensor that `place` gives a writer for goes there as it arrives (TensorAssembler.write_through)."""
 
-    def __init__(self, field: str = "tensor"):
+    def __init__(self, field: str = "tensor", place: PlaceTensor | None = None):
         self.field = field
+        self._place = place
         self._open: dict[str, TensorAssembler] = {}
 
     def header(self, header: common_pb2.TensorHeader) -> None:
         if header.name in self._open:
             raise errors.InvalidArgument(f"{self.field} '{header.name}' was announced twice")
-        self._open[header.name] = TensorAssembler(header, self.field)
+        assembler = TensorAssembler(header, self.field)
+        write = self._place(len(self._open), assembler.dtype, assembler.shape) if self._place is not None else None
+        if write is not None:
+            assembler.write_through(write)
+        self._open[header.name] = assembler
 
     def chunk(self, chunk: common_pb2.TensorChunk) -> None:
         assembler = self._open.get(chunk.name)
@@ -277,7 +315,7 @@ class TensorCollector:
             raise errors.InvalidArgument(f"{self.field}: a chunk of '{chunk.name}' came before its header")
         assembler.add(chunk)
 
-    def results(self) -> dict[str, np.ndarray]:
+    def results(self) -> dict[str, np.ndarray | Placed]:
         return {name: assembler.result() for name, assembler in self._open.items()}
 
     def collect(self, messages: Iterable) -> dict[str, np.ndarray]:

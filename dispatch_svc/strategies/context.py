@@ -242,7 +242,8 @@ class JobContext:
         try:
             with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
                 out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                        shard.rows, self.live.scope, held_keys=held_keys)
+                                        shard.rows, self.live.scope, held_keys=held_keys,
+                                        place_outputs=shard.place_outputs)
                 # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
                 check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
         except BaseException:

@@ -28,6 +28,8 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: froze
     for index in finished:
         job.shards[index].done = True
     outputs = JobOutputs(ctx.book, job, ctx.live, program, shards, finished)
+    for shard in shards:
+        shard.place_outputs = outputs.placer(shard)  # no copy of a shard's outputs is held whole
     budget = InflightBudget(ctx.limits.inflight_bytes, ctx.live)
 
     def take(shard: ShardWork, out: ShardOutput) -> None:

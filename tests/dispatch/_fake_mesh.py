@@ -12,6 +12,7 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
+from accelmesh.runtime.tensors import TensorCollector, split
 from dispatch_svc import records as m
 from dispatch_svc.device_queues import ShardFailed
 from dispatch_svc.interface import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
@@ -33,12 +34,26 @@ LINREG = Program(
 BIAS = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 
 
+def delivered(outputs: list, place_outputs) -> list:
+    """`outputs` as a worker's answer leaves GrpcMesh: sent in chunks (small ones, so a tensor takes
+    several) into a TensorCollector with the shard's `place_outputs`."""
+    collector = TensorCollector("output", place_outputs)
+    for index, value in enumerate(outputs):
+        header, chunks = split(f"output_{index}", value, 24)
+        collector.header(header)
+        for chunk in chunks:
+            collector.chunk(chunk)
+    return list(collector.results().values())
+
+
 class FakeMesh:
     """The Mesh port over in-process devices of two catalog types, one build per type.
 
     `fail[device_id] = n` fails that device's next n attempts; `crash` makes every attempt raise
     a bug; with `hold` set, each attempt waits (cancellable) until the test sets `let_go`;
-    `forge[device_id]` rewrites what that device returns, as a rogue or broken worker would."""
+    `forge[device_id]` rewrites what that device returns, as a rogue or broken worker would.
+    Outputs are answered as GrpcMesh answers them: through the shard's `place_outputs`, so those it
+    places are written where it says as their chunks arrive (`delivered`)."""
 
     def __init__(self, program: Program, types=("v100-32gb", "v100-32gb", "a100-80gb")):
         self.program = program
@@ -90,7 +105,8 @@ class FakeMesh:
     def release(self, job_id):
         self.released.append(job_id)
 
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
+                place_outputs=None):
         nbytes = sum(a.nbytes for name, a in arrays if name in {i.name for i in self.program.inputs})
         with self._lock:
             self.attempts.append((device.id, shard_index, attempt))
@@ -112,7 +128,8 @@ class FakeMesh:
                 raise ShardFailed(f"FAILED_PRECONDITION: {self.refuse}", "FAILED_PRECONDITION")
             outputs = self.run(dict(arrays))
             forge = self.forge.get(device.id)
-            return ShardOutput(forge(outputs) if forge else outputs, 0.0, 0.0, 0.001, "executable")
+            return ShardOutput(delivered(forge(outputs) if forge else outputs, place_outputs), 0.0, 0.0, 0.001,
+                               "executable")
         finally:
             with self._lock:
                 self._running_bytes -= nbytes
@@ -219,8 +236,10 @@ class FakePipelineMesh(FakeMesh):
     def run(self, a):
         return [a["x"] + sum(v for name, v in a.items() if name.endswith("/k"))]
 
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
-        out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys)
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
+                place_outputs=None):
+        out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
+                              place_outputs)
         with self._lock:
             self.order.append(divmod(shard_index, self.stage_count))
         return out

@@ -62,8 +62,10 @@ class DriftingMesh(FakeMesh):
             self.executables.setdefault(build.target_type, set()).update(batch_sizes)
         return builds
 
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
-        out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys)
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
+                place_outputs=None):
+        out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
+                              place_outputs)
         assert artifact.format == "executable" and artifact.batch_size == rows  # a compiled size, never a fallback
         return dataclasses.replace(out, execute_seconds=rows / self.speed[build.target_type])
 

@@ -33,6 +33,10 @@ INFERENCE_FORGERIES = {
                              r"the shard has (?P=rows) rows, so expected \((?P=rows), 4\)"),
     "wrong unbatched shape": (lambda out: [out[0], np.concatenate([out[1], out[1][:1]])],
                               re.escape("output 's' of shape (5,); affine@1 declares (4,)")),
+    # y's rows are written in place as they arrive (JobOutputs.placer), wrong, before s is refused:
+    # the shard's next attempt writes them again.
+    "placed rows, then a wrong output": (lambda out: [np.full_like(out[0], -7.0), out[1][:3]],
+                                         re.escape("output 's' of shape (3,); affine@1 declares (4,)")),
     "missing output": (lambda out: out[:1], re.escape("1 output; affine@1 returns 2 ('y', 's')")),
     "extra output": (lambda out: [*out, out[1]], re.escape("3 outputs; affine@1 returns 2 ('y', 's')")),
 }

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
+from accelmesh.runtime.tensors import Placed
 from dispatch_svc import delivery
 from dispatch_svc import records as m
 from dispatch_svc.training import TrainingOptions
@@ -30,6 +31,29 @@ def test_inference_concatenates_in_row_order_and_sums_across_devices(tmp_path):
     assert {s.device_id for s in job.shards} == {d.id for d in mesh.devices}
     assert sorted(d for d, _ in mesh.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
     assert mesh.released == [job.job_id]
+
+
+class RecordingMesh(FakeMesh):
+    def __init__(self, program):
+        super().__init__(program)
+        self.answers = []  # per attempt: the type of each output as the strategy got it
+
+    def execute(self, *args, **kwargs):
+        out = super().execute(*args, **kwargs)
+        self.answers.append([type(o) for o in out.outputs])
+        return out
+
+
+def test_inference_writes_concatenated_outputs_in_place_as_they_arrive_and_folds_the_rest(tmp_path):
+    mesh = RecordingMesh(AFFINE)
+    mesh.fail[mesh.devices[1].id] = 1  # a failed attempt, then its shard again elsewhere
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
+    assert job.state == m.SUCCEEDED
+    np.testing.assert_array_equal(result(runner, job, "y"), 2 * X + BIAS)
+    np.testing.assert_allclose(result(runner, job, "s"), X.sum(axis=0), rtol=1e-5)
+    # y went to its rows on disk (only what it was comes back), s is folded in memory.
+    assert mesh.answers == [[Placed, np.ndarray]] * len(job.shards)
 
 
 def test_a_failed_shard_is_retried_on_another_device_of_its_type_and_recorded(tmp_path):

@@ -45,14 +45,16 @@ class HoldingMesh(FakeMesh):
         super().__init__(program)
         self.hold_from = hold_from
 
-    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None):
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
+                place_outputs=None):
         if shard_index >= self.hold_from:
             self.started.set()
             while not self.let_go.wait(0.01):
                 if scope.cancelled.is_set():
                     from dispatch_svc.device_queues import ShardFailed
                     raise ShardFailed("CANCELLED: the job was cancelled")
-        return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys)
+        return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
+                              place_outputs)
 
 
 def replica(mesh, tmp_path, book_db, clock) -> JobRunner:

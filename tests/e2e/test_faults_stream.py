@@ -18,7 +18,7 @@ from conftest import CREDENTIALS
 from accelmesh import errors
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.runtime.server import Service, create_server
-from accelmesh.runtime.tensors import split
+from accelmesh.runtime.tensors import Placed, split
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
@@ -75,12 +75,13 @@ def serve_fake(worker: FakeWorker, port: int = 0):
 
 
 def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0",
-               shard_index: int = 0):
+               shard_index: int = 0, place=None):
     device = JobDevice(type("Spec", (), {"id": device_id})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
     build = Build("t", "rule", "float32", build_pb.Rule(), (device.id,), artifact, {})
     x = np.zeros(2048, np.float32) if x is None else x
-    return mesh.execute("job", shard_index, 1, device, build, artifact, [("x", x)], 2048, CancelScope(), held_keys)
+    return mesh.execute("job", shard_index, 1, device, build, artifact, [("x", x)], 2048, CancelScope(), held_keys,
+                        place_outputs=place)
 
 
 @pytest.fixture
@@ -104,6 +105,43 @@ def test_a_result_cut_short_fails_the_attempt_and_is_never_used(grpc_mesh, cut, 
         assert info.value.cause.startswith(cause), info.value.cause
     finally:
         server.stop(0)
+
+
+class Rows:
+    """A PlaceTensor over one buffer, as JobOutputs.placer is over a result file's rows."""
+
+    def __init__(self, nbytes: int):
+        self.data, self.writes = bytearray(nbytes), 0
+
+    def __call__(self, index, dtype, shape):
+        def write(offset, data):
+            self.data[offset:offset + len(data)] = data
+            self.writes += 1
+        return write if (index, dtype, shape) == (0, np.dtype("<f4"), (2048,)) else None
+
+
+def test_outputs_a_shard_places_are_written_as_their_chunks_arrive(grpc_mesh):
+    server = serve_fake(FakeWorker())
+    rows = Rows(2048 * 4)
+    try:
+        out = send_shard(grpc_mesh, server.port, place=rows)
+    finally:
+        server.stop(0)
+    assert out.outputs == [Placed("output_0", np.dtype("<f4"), (2048,))]
+    assert bytes(rows.data) == np.arange(2048, dtype=np.float32).tobytes() and rows.writes == 2
+
+
+@pytest.mark.parametrize("cut, cause", CUTS, ids=["unavailable", "cancelled", "internal", "clean-end"])
+def test_a_placed_result_cut_short_fails_the_attempt_after_its_first_chunk(grpc_mesh, cut, cause):
+    server = serve_fake(FakeWorker(cut))
+    rows = Rows(2048 * 4)
+    try:
+        with pytest.raises(ShardFailed) as info:  # its rows are not taken: the shard's next attempt writes them
+            send_shard(grpc_mesh, server.port, place=rows)
+        assert info.value.cause.startswith(cause), info.value.cause
+    finally:
+        server.stop(0)
+    assert rows.writes == 1
 
 
 def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):

@@ -14,7 +14,7 @@ import pytest
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import (
-    TensorAssembler, TensorCollector, dtype_code, from_proto, serialized_or, split, split_frames, to_proto,
+    Placed, TensorAssembler, TensorCollector, dtype_code, from_proto, serialized_or, split, split_frames, to_proto,
 )
 
 MIB = 1024 * 1024
@@ -321,6 +321,47 @@ def _traced(action) -> tuple[int, int]:
         return current - before, peak - before
     finally:
         tracemalloc.stop()
+
+
+def test_a_placed_tensor_goes_to_its_writer_as_it_arrives_and_the_others_are_kept():
+    a, b = np.arange(1000, dtype=np.float32).reshape(250, 4), np.arange(10, dtype=np.int32)
+    written, asked, sizes = bytearray(a.nbytes), [], []
+
+    def place(index, dtype, shape):
+        asked.append((index, dtype, shape))
+        if index:
+            return None
+
+        def write(offset, data):
+            sizes.append(len(data))
+            written[offset:offset + len(data)] = data
+        return write
+
+    collector = TensorCollector("output", place)
+    (ha, ca), (hb, cb) = split("a", a, 512), split("b", b, 8)
+    collector.header(ha)
+    collector.header(hb)
+    for chunk in [*ca, *cb]:
+        collector.chunk(chunk)
+    results = collector.results()
+    assert asked == [(0, np.dtype("<f4"), (250, 4)), (1, np.dtype("<i4"), (10,))]
+    assert results["a"] == Placed("a", np.dtype("<f4"), (250, 4))  # nothing of it was kept
+    assert bytes(written) == a.tobytes() and sizes == [512] * 7 + [a.nbytes - 7 * 512]
+    np.testing.assert_array_equal(results["b"], b)
+
+
+def test_a_placed_tensor_cut_short_is_refused_and_placing_comes_before_any_chunk():
+    a = np.arange(64, dtype=np.float32)
+    header, chunks = split("a", a, 64)
+    collector = TensorCollector("output", lambda index, dtype, shape: lambda offset, data: None)
+    collector.header(header)
+    collector.chunk(next(chunks))
+    with pytest.raises(errors.InvalidArgument, match=r"stream ended after 64 of 256 bytes"):
+        collector.results()
+    assembler = TensorAssembler(split("a", a, 64)[0])
+    assembler.add(next(split("a", a, 64)[1]))
+    with pytest.raises(ValueError, match="after chunks arrived"):
+        assembler.write_through(lambda offset, data: None)
 
 
 def test_a_header_declaring_a_gibibyte_allocates_nothing():

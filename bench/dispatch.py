@@ -750,12 +750,19 @@ def mesh_arm_summary(runs: list[dict], data: np.ndarray) -> dict:
     }
 
 
-def dispatcher_memory(probe: dict, runs: list[dict], data: np.ndarray) -> dict:
+def dispatcher_memory(probe: dict, runs: list[dict], data: np.ndarray, inflight_bytes: int) -> dict:
     first = runs[0]  # the first full-size job: later ones start from a heap the allocator kept
     peak = max(r["dispatch_memory"]["peak_rss_bytes_vmhwm"] for r in runs)
+    rise = max(r["dispatch_memory"]["rise_bytes"] for r in runs)
     return {
         "peak_rss_bytes_vmhwm": peak,
         "ratio_peak_rss_over_input": ratio(peak, data.nbytes),
+        # The bound: peak under idle RSS plus twice the in-flight budget, for every full-size job.
+        "idle_rss_bytes": first["dispatch_memory"]["rss_before_bytes"],
+        "max_rise_bytes": rise,
+        "inflight_budget_bytes": inflight_bytes,
+        "ratio_max_rise_over_inflight_budget": ratio(rise, inflight_bytes),
+        "rise_under_twice_inflight_budget": rise < 2 * inflight_bytes,
         "vmhwm_reset_before_each_job": probe["vmhwm_reset"] and all(r["vmhwm_reset"] for r in runs),
         "by_input_size": [probe["dispatch_memory"], first["dispatch_memory"]],
         "rise_exceeds_input": first["dispatch_memory"]["rise_bytes"] >= data.nbytes,
@@ -800,14 +807,14 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
         "ratio_mesh_over_bare_p50": ratio(mesh_p50, bare_p50),
         "goal_ratio": STREAM_GOAL_RATIO,
         "meets_goal": mesh_p50 >= STREAM_GOAL_RATIO * bare_p50,
-        "dispatcher_memory": dispatcher_memory(probes[mesh.label], mesh_runs, data),
+        "dispatcher_memory": dispatcher_memory(probes[mesh.label], mesh_runs, data, defaults.inflight_bytes),
         "worker_memory": {"by_input_size": [probes[mesh.label]["worker_memory"], mesh_runs[0]["worker_memory"]]},
         "small_inflight_budget": bench_bounded(mesh, data),
         "mesh_plaintext": {
             "shape": "the same job through a second mesh of the same processes started insecure (plaintext, no "
                      "authentication), its runs alternating with the mesh and bare arms above",
             **mesh_arm_summary(plain_runs, data),
-            "dispatcher_memory": dispatcher_memory(probes[plain.label], plain_runs, data),
+            "dispatcher_memory": dispatcher_memory(probes[plain.label], plain_runs, data, defaults.inflight_bytes),
         },
     }, runs.get("ray", [])
 
@@ -1074,6 +1081,9 @@ def summary(result: dict) -> dict:
         "dispatcher_peak_rss_bytes": stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"],
         "stream_input_bytes": stream["input_bytes"],
         "dispatcher_rise_exceeds_input": stream["dispatcher_memory"]["rise_exceeds_input"],
+        "dispatcher_idle_rss_bytes": stream["dispatcher_memory"]["idle_rss_bytes"],
+        "dispatcher_max_rise_over_inflight_budget": stream["dispatcher_memory"]["ratio_max_rise_over_inflight_budget"],
+        "dispatcher_rise_under_twice_inflight_budget": stream["dispatcher_memory"]["rise_under_twice_inflight_budget"],
         "job_over_inflight_budget_completes": bounded["completed"],
         "small_budget_peak_growth_bytes": bounded.get("peak_growth_bytes_from_smaller_to_larger_job"),
         "small_budget_input_growth_bytes": bounded.get("input_growth_bytes"),

@@ -193,9 +193,10 @@ def test_request_parts_block_inputs_under_the_chunk_size():
 
 
 # 256 MiB in and 256 MiB out through a dispatcher allowed 8 MiB of shard inputs in flight. Its
-# peak memory may grow by that budget, the shards being assembled, four shards in flight per
-# device with their outputs, and gRPC's transport buffers on every stream (measured: 65-85 MiB
-# for 96, 160 and 192 MiB alike, so it does not grow with the job). The bound is half the input.
+# peak memory may grow by that budget, the block being read into shards, the chunks on their way
+# (outputs go to their result rows as they arrive), and gRPC's transport buffers on every stream
+# (measured before outputs were placed: 65-85 MiB for 96, 160 and 192 MiB alike, so it does not
+# grow with the job). The bound is half the input.
 STREAM_INPUT_BYTES = 256 * 1024 * 1024
 DISPATCH_GROWTH_BOUND_BYTES = 128 * 1024 * 1024
 

@@ -4,7 +4,9 @@ at a time, so no result is ever held whole in the dispatcher's memory."""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
 import uuid
@@ -28,14 +30,18 @@ class ResultEntry:
     shape: tuple[int, ...]
     path: Path
 
+    @functools.cached_property  # asked for every shard written and every slab read: np.prod is not free
+    def row_elements(self) -> int:
+        return math.prod(self.shape[1:])
+
     @property
     def row_bytes(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize if self.shape else self.dtype.itemsize
+        return self.row_elements * self.dtype.itemsize
 
     def read_rows(self, first: int, last: int) -> np.ndarray:
         if not self.shape:
             return np.fromfile(self.path, dtype=self.dtype, count=1).reshape(())
-        count = (last - first) * int(np.prod(self.shape[1:], dtype=np.int64))
+        count = (last - first) * self.row_elements
         data = np.fromfile(self.path, dtype=self.dtype, count=count, offset=first * self.row_bytes)
         return data.reshape((last - first, *self.shape[1:]))
 

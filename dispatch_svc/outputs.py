@@ -1,7 +1,8 @@
 """A job's outputs as its pieces finish (data-parallel shards, or micro-batches leaving the last
 pipeline stage): concatenated outputs written in place on disk (a data-parallel shard's as its
-chunks arrive from the worker: `placer`), the others folded by their combine rule, and `LiveJob.released_rows` advanced over the rows that are final from row 0, so
-RunJob can stream them while later pieces still run.
+chunks arrive from the worker: `placer`), the others folded by their combine rule, and
+`LiveJob.released_rows` advanced over the rows that are final from row 0, so RunJob can stream
+them while later pieces still run.
 
 A job that another dispatch replica may take over (its book leases jobs) also keeps each finished
 piece's folded outputs on disk beside its results (``parts``), so the replica that takes it over
@@ -65,9 +66,9 @@ class JobOutputs:
         """Where the piece's concatenated outputs go as their chunks arrive (a worker announces a
         shard's outputs in the program's order): their rows in the result files, for an output
         announced with the dtype and shape it must have; any other (a wrong one, which the shard's
-        check then fails) is kept in memory. An attempt that fails leaves
-        rows nobody reads (they are not released until the piece is taken), and the next attempt
-        writes them again, after it: a shard's attempts never overlap."""
+        check then fails) is kept in memory. An attempt that fails leaves rows nobody reads (they
+        are not released until the piece is taken), and the next attempt writes them again, after
+        it: a shard's attempts never overlap."""
         def place(index: int, dtype: np.dtype, shape: tuple[int, ...]) -> WriteAt | None:
             writer = self._writers.get(index)
             if writer is None or dtype != writer.entry.dtype or shape != (piece.rows, *writer.entry.shape[1:]):

@@ -10,12 +10,13 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy for results
 import numpy as np
+
+from accelmesh.runtime.tensors import WriteAt
 
 
 PARTS = "parts"  # a leased job's folded parts (outputs.py), in its results folder, until it ends
@@ -62,7 +63,7 @@ class ResultWriter:
         self._write(first_row * self.entry.row_bytes,
                     memoryview(np.ascontiguousarray(rows, dtype=self.entry.dtype).reshape(-1).view(np.uint8)))
 
-    def rows_from(self, first_row: int) -> Callable[[int, bytes], None]:
+    def rows_from(self, first_row: int) -> WriteAt:
         """write(offset, data): bytes of rows from `first_row` on, `offset` bytes into them (a
         shard's output written as its chunks arrive: accelmesh.runtime.tensors.PlaceTensor)."""
         base = first_row * self.entry.row_bytes

@@ -47,15 +47,28 @@ def _plan_dict(plan: m.Plan | None) -> dict | None:
     return d
 
 
+_SHARD_FIELDS = tuple(f.name for f in dataclasses.fields(m.ShardRecord))
+
+
+def _shard_dict(shard: m.ShardRecord) -> dict:
+    """dataclasses.asdict of a shard record, written out: a job's record carries one per shard and
+    is saved as the job changes, and asdict's generic deep copy was most of that cost."""
+    d = {name: getattr(shard, name) for name in _SHARD_FIELDS}
+    d["failures"] = list(shard.failures)
+    return d
+
+
 def record_text(job: m.JobRecord) -> str:
-    d = dataclasses.asdict(dataclasses.replace(job, plan=None))
+    d = dataclasses.asdict(dataclasses.replace(job, plan=None, shards=[]))
     d["plan"] = _plan_dict(job.plan)
+    d["shards"] = [_shard_dict(s) for s in job.shards]
     return json.dumps(d)
 
 
 def event_text(event: m.Event) -> str:
-    d = dataclasses.asdict(dataclasses.replace(event, plan=None))
+    d = dataclasses.asdict(dataclasses.replace(event, plan=None, shard=None))
     d["plan"] = _plan_dict(event.plan)
+    d["shard"] = None if event.shard is None else _shard_dict(event.shard)
     return json.dumps(d)
 
 

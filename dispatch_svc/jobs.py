@@ -538,7 +538,7 @@ class JobBook:
                     # so a replica taking the job over keeps every shard a client was told finished.
                     self.flush()
                 rows = []
-                if not waiting:
+                if not waiting and not self._caught_up(job_id, index):
                     with database.connected(self._engine) as connection:
                         rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
                 if not rows and not waiting:
@@ -559,6 +559,12 @@ class JobBook:
                     log.warning("job %s: event %d does not parse (%s); skipped", job_id, idx, exc)
                     continue
                 yield event
+
+    def _caught_up(self, job_id: str, index: int) -> bool:
+        """Whether a watcher at `index` has had every event of a job this process logs, so the
+        database has none for it either (asking it would cost a query per wake, per shard). Only
+        unleased: a leased job can pass to another replica, whose events only the database has."""
+        return not self.lease_s and self._event_counts.get(job_id, -1) == index
 
     @property
     def live_count(self) -> int:

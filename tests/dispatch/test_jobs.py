@@ -333,3 +333,39 @@ def test_a_watcher_on_one_book_sees_the_events_another_book_on_the_database_writ
     watcher.join(timeout=30)
     assert not watcher.is_alive(), "the watcher never saw the job end"
     assert seen == [m.PLANNED, m.SHARD_FINISHED, "succeeded"]
+
+
+def test_a_watcher_caught_up_with_a_job_this_book_logs_waits_without_asking_the_database(tmp_path, book_db):
+    """RunJob's watcher wakes for every shard event; once it has had them all, the book knows the
+    database holds nothing newer for a job it logs itself (unleased), so it waits without a query."""
+    import queue
+
+    import sqlalchemy as sa
+
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    try:
+        job = book.create(SPEC)
+        book.emit(job, m.PLANNED, message="3 shards")
+        handed: queue.Queue[m.Event] = queue.Queue()
+        watcher = threading.Thread(target=lambda: [handed.put(e) for e in book.events(job.job_id)], daemon=True)
+        watcher.start()
+        assert handed.get(timeout=30).type == m.PLANNED
+        queries: list[str] = []
+        sa.event.listen(book.engine, "before_cursor_execute",
+                        lambda conn, cursor, statement, *rest: queries.append(statement))
+        waiting = threading.Event()  # never set: its wait() is a bounded poll interval
+        for index in range(3):
+            book.emit(job, m.SHARD_FINISHED, shard=m.ShardRecord(index, "dev-0", "t", "r", index, 1))
+            assert handed.get(timeout=30).shard.index == index
+            for _ in range(3000):  # until the watcher has looped back and waits for the next one
+                if book._changed._waiters:
+                    break
+                waiting.wait(0.01)
+        reads = [q for q in queries if "events" in q and q.lstrip().upper().startswith("SELECT")]
+        assert reads == [], f"a caught-up watcher read the events table {len(reads)} times"
+        book.finish(job, m.SUCCEEDED)
+        assert handed.get(timeout=30).type == "succeeded"
+        watcher.join(timeout=30)
+        assert not watcher.is_alive()
+    finally:
+        book.close()

@@ -111,6 +111,7 @@ PIPE_SERVICE = "bench.dispatch.Pipe"
 PIPE_METHOD = f"/{PIPE_SERVICE}/Stream"
 READY = re.compile(r"bench-dispatch: (?P<role>\w+) listening on (?P<address>\S+)")
 RPC_TIMEOUT_S = 300.0
+RELAY_FLOOR_CALLS = 5  # pipelined relay calls of K shards per program and mesh, after one warm-up
 RSS_SAMPLE_S = 0.01
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -431,7 +432,7 @@ def overhead_inputs(program, rows_per_shard: int, plan: Plan) -> tuple[np.ndarra
     return x, [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
 
 
-def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe) -> dict:
+def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe, relay_pipe) -> dict:
     import jax
 
     from accelmesh.client import MeshClient
@@ -503,6 +504,11 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
         messages.append(b"t" * 64)
         messages.extend(array.tobytes()[i: i + CHUNK_BYTES] for i in range(0, max(1, array.nbytes), CHUNK_BYTES))
     floor = time_calls(lambda: list(floor_pipe(iter(messages), timeout=RPC_TIMEOUT_S)), plan.floor_calls)
+    # An inference shard as the dispatcher sends it: the parameters as references to the worker's
+    # held copies (a small message each), the data input in full.
+    held_messages = [messages[0], *(b"r" * 64 for _ in described.parameters), b"t" * 64,
+                     *(one.tobytes()[i: i + CHUNK_BYTES] for i in range(0, max(1, one.nbytes), CHUNK_BYTES))]
+    relay_floor = pipelined_relay_floor(relay_pipe, held_messages, plan)
     outputs_per_shard = len(program.outputs)
 
     rule = load_rules().match(device.spec)
@@ -554,6 +560,7 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
         "direct_execute_rpc_parameters_held": summary_ms(direct_held),
         "ratio_direct_held_over_direct_p50": ratio(percentile(direct_held, 50), percentile(direct, 50)),
         "bare_stream_call": summary_ms(floor),
+        "pipelined_relay_floor": relay_floor,
         "execute_call_messages": {
             "requests": len(messages),
             "responses": len(STAGE_MESSAGES) + 2 * outputs_per_shard + 1,
@@ -575,6 +582,31 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
         "ratio_direct_execute_over_bare_stream_p50": ratio(percentile(direct, 50), percentile(floor, 50)),
         "goal_ms": OVERHEAD_GOAL_MS,
         "meets_goal": overhead_ms < OVERHEAD_GOAL_MS,
+    }
+
+
+def pipelined_relay_floor(relay_pipe, messages: list[bytes], plan: Plan) -> dict:
+    """The floor of a two-hop path that pipelines K shards on one call, as the mesh does (client ->
+    relay -> sink echo -> relay -> client, bare grpcio in plaintext): ms per shard = call wall / K,
+    with each shard sent as the messages the dispatcher sends a worker for it (`messages`), and
+    again as one message of the same bytes. Python gRPC's cost here is per message more than per
+    byte, so the two say how much of the mesh's per-shard figure is its messages' count."""
+    one = b"".join(messages)
+
+    def shards(per_shard: list[bytes]) -> Iterator[bytes]:
+        for _ in range(plan.shards):
+            yield from per_shard
+
+    def ms_per_shard(per_shard: list[bytes]) -> dict:
+        seconds = time_calls(lambda: list(relay_pipe(shards(per_shard), timeout=RPC_TIMEOUT_S)),
+                             RELAY_FLOOR_CALLS, warmup=1)
+        return summary_ms([s / plan.shards for s in seconds])
+
+    return {
+        "shards_per_call": plan.shards,
+        "execute_messages_per_shard": len(messages),
+        "as_execute_messages_ms_per_shard": ms_per_shard(messages),
+        "as_one_message_ms_per_shard": ms_per_shard([one]),
     }
 
 
@@ -822,12 +854,13 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
 # -- (e) security: the same figures through a plaintext mesh ------------------------------------------
 
 
-def bench_overhead_arms(meshes: list[Mesh], plan: Plan, floor_pipe, ray: RayBaseline | None) -> dict[str, dict]:
+def bench_overhead_arms(meshes: list[Mesh], plan: Plan, floor_pipe, relay_pipe,
+                        ray: RayBaseline | None) -> dict[str, dict]:
     """bench_overhead of every program on each mesh, and the Ray arm's per-shard runs when `ray` is
     given, by arm (the mesh's label, "ray"); the order is reversed for the next program (TLS,
     plaintext, Ray, then Ray, plaintext, TLS) so drift on a shared machine hits every arm alike."""
     def mesh_arm(mesh: Mesh) -> tuple[str, Callable[[str, int], dict]]:
-        return mesh.label, lambda name, rows: bench_overhead(mesh, name, rows, plan, floor_pipe)
+        return mesh.label, lambda name, rows: bench_overhead(mesh, name, rows, plan, floor_pipe, relay_pipe)
 
     arms = [mesh_arm(mesh) for mesh in meshes]
     if ray is not None:
@@ -932,6 +965,9 @@ def ray_section(ray: RayBaseline, overhead: dict[str, dict], stream: dict, ray_r
             "ratio_mesh_over_ray_one_at_a_time": {label: ratio(ms, figures["one_at_a_time_ms_per_shard"])
                                                   for label, ms in mesh_ms.items()},
             "bare_stream_call_p50_ms": overhead["tls"][name]["bare_stream_call"]["p50_ms"],
+            "pipelined_relay_floor_p50_ms": {
+                how: overhead["tls"][name]["pipelined_relay_floor"][f"as_{how}_ms_per_shard"]["p50_ms"]
+                for how in ("execute_messages", "one_message")},
         }
 
     mb_per_s = [mbps(stream["input_bytes"], r["seconds"]) for r in ray_runs]
@@ -987,6 +1023,7 @@ def ray_summary(section: dict) -> dict:
         "ratio_mesh_over_ray_async": p["ratio_mesh_over_ray_async"]["tls"],
         "ratio_mesh_plaintext_over_ray_async": p["ratio_mesh_over_ray_async"]["plaintext"],
         "bare_grpc_call_floor": p["bare_stream_call_p50_ms"],
+        "bare_pipelined_relay_floor": p["pipelined_relay_floor_p50_ms"],
     } for name, p in section["per_shard"]["programs"].items()}
     return {
         "ray_version": section["version"],
@@ -1130,7 +1167,7 @@ def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
                     "same programs on the same inputs, interleaved with the mesh arms" if ray else ray_absent),
         }
         floor_pipe = pipe_stub(sink.address)
-        overhead = bench_overhead_arms([mesh, plain], plan, floor_pipe, ray)
+        overhead = bench_overhead_arms([mesh, plain], plan, floor_pipe, pipe_stub(relay.address), ray)
         result["per_shard_overhead"] = overhead[mesh.label]
         result["grpc_message_cost"] = message_cost(result["per_shard_overhead"])
         result["streaming"], ray_runs = bench_streaming(mesh, plain, relay, sink, plan, ray)

@@ -93,7 +93,9 @@ def test_the_json_says_how_to_install_ray_when_it_is_absent_and_nothing_when_it_
 
 
 def overhead(job_wall_ms: float, floor_ms: float) -> dict:
-    return {"job_wall_per_shard_ms": job_wall_ms, "bare_stream_call": {"p50_ms": floor_ms}}
+    return {"job_wall_per_shard_ms": job_wall_ms, "bare_stream_call": {"p50_ms": floor_ms},
+            "pipelined_relay_floor": {"as_execute_messages_ms_per_shard": {"p50_ms": 2 * floor_ms},
+                                      "as_one_message_ms_per_shard": {"p50_ms": floor_ms / 2}}}
 
 
 def test_ratios_are_mesh_over_ray_with_the_bare_floors_beside_them():
@@ -110,6 +112,7 @@ def test_ratios_are_mesh_over_ray_with_the_bare_floors_beside_them():
     identity = summary["per_shard_ms"]["identity"]
     assert (identity["ratio_mesh_over_ray_async"], identity["ratio_mesh_plaintext_over_ray_async"]) == (0.8, 0.6)
     assert identity["bare_grpc_call_floor"] == 0.3
+    assert identity["bare_pipelined_relay_floor"] == {"execute_messages": 0.6, "one_message": 0.15}
     assert summary["mesh_per_shard_at_most_ray_async"] == {"identity": True}
     assert summary["stream_mb_per_s"] == {"mesh": 400.0, "mesh_plaintext": 280.0, "ray": 350.0,
                                           "ratio_mesh_over_ray": 1.143, "ratio_mesh_plaintext_over_ray": 0.8,

@@ -20,6 +20,7 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.programs import Program
+from accelmesh.runtime.batches import batched
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
@@ -87,6 +88,9 @@ class GrpcMesh:
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
         self._streams: dict[tuple[str, str], ShardStream] = {}  # (job, device) -> its open ExecuteMany
         self._streams_lock = threading.Lock()
+        # Workers that answered with batches, so read them (ShardHeader.accept_batches): their
+        # shards' parts go batched too. Dropped with the worker's channel (_forget_worker).
+        self._batching: set[str] = set()
 
     @property
     def inventory(self) -> inventory_service_pb2_grpc.InventoryServiceStub:
@@ -271,6 +275,7 @@ class GrpcMesh:
         tensors: its keys go too."""
         self._workers.forget(address)
         self.held.forget_worker(address)
+        self._batching.discard(address)
 
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
@@ -284,7 +289,7 @@ class GrpcMesh:
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
             artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
-            input_count=len(arrays), batch_size=rows, traceparent=_traceparent())
+            input_count=len(arrays), batch_size=rows, traceparent=_traceparent(), accept_batches=True)
         address = device.node_address
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
         for left in range(UNANSWERED_RESENDS, -1, -1):
@@ -332,7 +337,7 @@ class GrpcMesh:
         if transfer is not None:
             self.held.count(transfer, sum(value.nbytes for name, value in arrays if name in keys and name not in refs))
 
-        def requests():
+        def parts():
             yield worker_pb.ExecuteManyRequest(header=header)
             for name, value in arrays:
                 if name in refs:
@@ -342,9 +347,11 @@ class GrpcMesh:
                 yield worker_pb.ExecuteManyRequest(tensor=tensor)
                 yield from chunks
 
+        requests = (batched(parts(), worker_pb.ExecuteManyRequest, self._chunk_bytes) if address in self._batching
+                    else parts())
         try:
             stream, waiting = self._send(address, header.job_id, header.device_id,
-                                         (requests(), transfer, bool(refs), place), scope)
+                                         (requests, transfer, bool(refs), place), scope)
             if not waiting.done.wait(SHARD_TIMEOUT_S):
                 stream.cancel()  # fails every shard on it, this one too
                 waiting.done.wait()
@@ -384,7 +391,7 @@ class GrpcMesh:
                 except StreamClosed:
                     pass
             stream = ShardStream(self._execute_many(address), scope, self.held, lambda: self._forget_worker(address),
-                                 shard)
+                                 shard, on_batches=lambda: self._batching.add(address))
             self._streams[(job_id, device_id)] = stream
             return stream, stream.first
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from accelmesh import errors
+from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.tensors import PlaceTensor, TensorCollector
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
@@ -79,9 +80,11 @@ class _Waiting:
 
 class ShardStream:
     def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
-                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None]):
-        """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`."""
-        self._held, self._on_unavailable = held, on_unavailable
+                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None],
+                 on_batches: Callable[[], None] = lambda: None):
+        """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`.
+        `on_batches` is called once the worker's first batched answer arrives (it reads batches too)."""
+        self._held, self._on_unavailable, self._on_batches = held, on_unavailable, on_batches
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting: deque[_Waiting] = deque()
@@ -117,9 +120,18 @@ class ShardStream:
                 yield message
             del shard
 
+    def _answers(self) -> Iterator:
+        """The call's messages; the first batch among them says the worker takes batches."""
+        told = False
+        for message in self._call:
+            if not told and message.WhichOneof("part") == "batch":
+                told = True
+                self._on_batches()
+            yield message
+
     def _read(self) -> None:
         try:
-            for part in self._call:
+            for part in unbatched(self._answers()):
                 with self._lock:
                     if not self._waiting:
                         raise errors.InvalidArgument("the worker answered a shard that was not sent")

@@ -18,6 +18,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from accelmesh import errors
 from accelmesh.runtime import attributes as attr
+from accelmesh.runtime.batches import batched, unbatched
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.errors import bounded, status_for
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
@@ -172,7 +173,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def ExecuteMany(self, request_iterator, context):
         """Execute's shards one after another on one stream; a shard that fails to run is answered
-        with its ShardFailure and the stream goes on (the proto says the rest)."""
+        with its ShardFailure and the stream goes on (the proto says the rest). A request may batch
+        parts (accelmesh.runtime.batches); a shard whose header accepts batches is answered so."""
+        request_iterator = unbatched(request_iterator)
         while True:
             call = self.inputs.open()
             try:
@@ -213,7 +216,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 if isinstance(result, pb.ShardFailure):
                     yield pb.ExecuteManyResponse(failure=result)
                     continue
-                yield from self._results(result, pb.ExecuteManyResponse)
+                answer = self._results(result, pb.ExecuteManyResponse)
+                yield from (batched(answer, pb.ExecuteManyResponse, self._chunk_bytes)
+                            if first.header.accept_batches else answer)
             except BaseException as exc:
                 traceback.clear_frames(exc.__traceback__)  # as Execute: no frame keeps what arrived
                 raise

@@ -247,6 +247,47 @@ def test_parameters_the_worker_evicted_are_resent_in_full_within_the_same_attemp
     assert sent_since(mesh, before)["refs"] == 6, "held again after the resend"
 
 
+def recording(mesh: GrpcMesh, sent: list[str]) -> None:
+    """Every message `mesh` sends its workers on ExecuteMany noted in `sent` by its part."""
+    open_call = mesh._execute_many
+
+    def opening(address: str):
+        call = open_call(address)
+
+        def opened(requests, *args, **kwargs):
+            def noted():
+                for message in requests:
+                    parsed = worker_pb.ExecuteManyRequest.FromString(message) if isinstance(message, bytes) else message
+                    sent.append(parsed.WhichOneof("part"))
+                    yield message
+            return call(noted(), *args, **kwargs)
+        return opened
+
+    mesh._execute_many = opening
+
+
+@pytest.mark.slow
+def test_once_a_worker_answered_in_batches_its_shards_go_batched_with_the_same_outputs(compile_address, worker):
+    """The first shard goes part by part (the worker might be from before batches); its batched
+    answer says the worker reads batches, so each later shard is one message."""
+    mesh = GrpcMesh(UNUSED_INVENTORY, compile_address, CREDENTIALS.service(Role.DISPATCH), max_message_bytes=16 << 20,
+                    chunk_bytes=1 << 20)
+    try:
+        sent: list[str] = []
+        recording(mesh, sent)
+        shards = Shards.on(mesh, worker.address)
+        first = shards.run("batches", 0)
+        assert sent[0] == "header" and "batch" not in sent
+        assert worker.address in mesh._batching
+        del sent[:]
+        later = [shards.run("batches", seed) for seed in (1, 2)]
+        assert sent == ["batch", "batch"]  # header, six references and x: one message a shard
+        for seed, output in enumerate([first, *later]):
+            np.testing.assert_array_equal(output, shards.run("unbatched", seed, keyed=False))
+    finally:
+        mesh.close()
+
+
 @pytest.mark.slow
 def test_a_worker_restarted_on_its_address_gets_the_parameters_again_in_full(mesh, compile_address, tmp_path):
     process = start_node(compile_address, tmp_path)

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
+from accelmesh.runtime.batches import batched, unbatched
 from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.tensors import TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from conftest import rpc_error
 from _execute_helpers import (
-    A100, CALL_TIMEOUT_S, CPU, CPU_3, EXECUTABLE_BATCH, MAX_INPUT_BYTES, NODE, PORTABLE_BATCH, STAGES,
+    A100, CALL_TIMEOUT_S, CPU, CPU_3, EXECUTABLE_BATCH, MAX_INPUT_BYTES, MIB, NODE, PORTABLE_BATCH, STAGES,
     TRANSFORMER_BATCH, V100, Outcome, digits, execute, header, kept, referring, requests, run_mlp,
 )
 from _execute_helpers import (  # noqa: F401  (fixtures: pytest finds them in this module)
@@ -212,12 +213,18 @@ def test_refusals_have_their_status_and_the_worker_keeps_serving(worker, mlp, ca
 
 # -- many shards on one stream (ExecuteMany) --------------------------------------------------------
 
-def answers(stub, messages) -> list[Outcome | pb.ShardFailure]:
+def as_many(messages):
+    """Execute's request messages as ExecuteMany's: the same fields, the same numbers."""
+    return (pb.ExecuteManyRequest.FromString(m.SerializeToString()) for m in messages)
+
+
+def answers(stub, messages, kinds: list[str] | None = None) -> list[Outcome | pb.ShardFailure]:
     """ExecuteMany's answers, one per shard in the order sent: its outcome, or its failure.
-    `messages` are Execute's (the helpers make those): the same fields, the same numbers."""
+    `messages` are Execute's (the helpers make those), or ExecuteMany's. `kinds` collects the part
+    of each message as it came (a batch's parts are then read one by one)."""
     done, outputs = [], []
-    many = (pb.ExecuteManyRequest.FromString(m.SerializeToString()) for m in messages)
-    for part in stub.ExecuteMany(many, timeout=CALL_TIMEOUT_S):
+    many = (m if isinstance(m, pb.ExecuteManyRequest) else next(as_many([m])) for m in messages)
+    for part in unbatched(_noted(stub.ExecuteMany(many, timeout=CALL_TIMEOUT_S), kinds)):
         kind = part.WhichOneof("part")
         if kind == "tensor":
             outputs.append(TensorAssembler(part.tensor, "output"))
@@ -253,6 +260,47 @@ def test_execute_many_runs_shards_in_order_and_a_failed_one_does_not_end_the_str
         assert isinstance(failure, pb.ShardFailure)
         assert failure.code in (grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.FAILED_PRECONDITION.value[0])
         assert "input" in failure.message
+
+
+def _noted(messages, kinds: list[str] | None):
+    for message in messages:
+        if kinds is not None:
+            kinds.append(message.WhichOneof("part"))
+        yield message
+
+
+def batch_of(messages) -> pb.ExecuteManyRequest:
+    """Execute's request messages as one ExecuteMany message carrying them all as a batch."""
+    (batch,) = batched(as_many(messages), pb.ExecuteManyRequest, limit=2 * MIB)
+    return pb.ExecuteManyRequest.FromString(batch)
+
+
+def test_execute_many_reads_batched_shards_and_batches_its_answers_where_the_header_accepts_them(worker, mlp):
+    """A shard's header, held references and inputs in one batch read as they would have one by
+    one; a header with accept_batches is answered with its outputs and timings in one message, one
+    without it part by part (a caller from before batches), on the same stream."""
+    keep = kept(mlp)
+    xs = [digits(EXECUTABLE_BATCH, seed) for seed in range(3)]
+    shards = [
+        batch_of(requests(header(mlp, CPU, EXECUTABLE_BATCH, job_id="batched", keep_tensors=keep,
+                                 accept_batches=True), [*mlp.params, xs[0]])),
+        batch_of(referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="batched", shard_index=1,
+                                  accept_batches=True), keep, xs[1])),
+        *as_many(referring(header(mlp, CPU, EXECUTABLE_BATCH, job_id="batched", shard_index=2), keep, xs[2])),
+    ]
+    kinds: list[str] = []
+    got = answers(worker, shards, kinds)
+    assert kinds == ["batch", "batch", "tensor", "chunk", "timings"]
+    for outcome, x in zip(got, xs):
+        alone = execute(worker, requests(header(mlp, CPU, EXECUTABLE_BATCH), [*mlp.params, x]))
+        np.testing.assert_array_equal(outcome.outputs[0], alone.outputs[0])
+
+
+def test_execute_many_refuses_a_batch_inside_a_batch(worker, mlp):
+    inner = batch_of(requests(header(mlp, CPU, EXECUTABLE_BATCH), [*mlp.params, digits(EXECUTABLE_BATCH)]))
+    outer = pb.ExecuteManyRequest(batch=pb.ExecuteManyRequestBatch(parts=[inner]))
+    error = rpc_error(answers, worker, iter([outer]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "do not nest" in error.details()
 
 
 def test_execute_many_ends_the_call_on_a_reference_to_a_tensor_not_held_with_its_reason(worker, mlp):

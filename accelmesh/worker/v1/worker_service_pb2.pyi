@@ -23,7 +23,7 @@ SHARD_STAGE_RUNNING: ShardStage
 SHARD_STAGE_DONE: ShardStage
 
 class ShardHeader(_message.Message):
-    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors", "traceparent")
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors", "traceparent", "accept_batches")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class ShardHeader(_message.Message):
     REPORT_STAGES_FIELD_NUMBER: _ClassVar[int]
     KEEP_TENSORS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     shard_index: int
     attempt: int
@@ -52,7 +53,8 @@ class ShardHeader(_message.Message):
     report_stages: bool
     keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
     traceparent: str
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    accept_batches: bool
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., traceparent: _Optional[str] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("name", "key")
@@ -103,28 +105,44 @@ class ExecuteResponse(_message.Message):
     def __init__(self, stage: _Optional[_Union[ShardStage, str]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ...) -> None: ...
 
 class ExecuteManyRequest(_message.Message):
-    __slots__ = ("header", "tensor", "chunk", "held")
+    __slots__ = ("header", "tensor", "chunk", "held", "batch")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     header: ShardHeader
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     held: TensorRef
-    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., held: _Optional[_Union[TensorRef, _Mapping]] = ...) -> None: ...
+    batch: ExecuteManyRequestBatch
+    def __init__(self, header: _Optional[_Union[ShardHeader, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., held: _Optional[_Union[TensorRef, _Mapping]] = ..., batch: _Optional[_Union[ExecuteManyRequestBatch, _Mapping]] = ...) -> None: ...
+
+class ExecuteManyRequestBatch(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[ExecuteManyRequest]
+    def __init__(self, parts: _Optional[_Iterable[_Union[ExecuteManyRequest, _Mapping]]] = ...) -> None: ...
 
 class ExecuteManyResponse(_message.Message):
-    __slots__ = ("tensor", "chunk", "timings", "failure")
+    __slots__ = ("tensor", "chunk", "timings", "failure", "batch")
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     timings: ShardTimings
     failure: ShardFailure
-    def __init__(self, tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
+    batch: ExecuteManyResponseBatch
+    def __init__(self, tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., timings: _Optional[_Union[ShardTimings, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ..., batch: _Optional[_Union[ExecuteManyResponseBatch, _Mapping]] = ...) -> None: ...
+
+class ExecuteManyResponseBatch(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[ExecuteManyResponse]
+    def __init__(self, parts: _Optional[_Iterable[_Union[ExecuteManyResponse, _Mapping]]] = ...) -> None: ...
 
 class ShardFailure(_message.Message):
     __slots__ = ("code", "message", "reason")

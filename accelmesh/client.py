@@ -20,6 +20,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
+from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.channels import open_channel
 from accelmesh.security.config import Security
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
@@ -118,10 +119,11 @@ class MeshClient:
             **spec_options) -> JobResult:
         """RunJob: one call, events and results streamed back; raises grpc.RpcError on failure."""
         spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
-        requests = (pb.RunJobRequest(**{field: message})
+        # accept_batches: what the dispatcher has ready at once comes as one message (its first says so).
+        requests = (pb.RunJobRequest(**{field: message}, accept_batches=field == "spec")
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
         events, results, job = [], TensorCollector("result"), None
-        for response in self.stub.RunJob(requests, timeout=timeout):
+        for response in unbatched(self.stub.RunJob(requests, timeout=timeout)):
             part = response.WhichOneof("part")
             if part == "event":
                 events.append(response.event)

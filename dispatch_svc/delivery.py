@@ -1,7 +1,8 @@
 """What a job hands back to its client, in the order it is sent: events as they happen, rows of
 concatenated outputs as soon as they are final, the folded outputs once the job succeeded, and
 the final record. Results are read from the job book a slab at a time, so no result is held
-whole; the servicer only turns each piece into its message.
+whole; the servicer only turns each piece into its message. IDLE among the pieces says the job
+has nothing more ready for now (the servicer sends what it gathered for a batch then).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class JobOut:
 
 
 Piece = EventOut | TensorOut | RowsOut | JobOut
+IDLE = object()  # a piece: nothing more is ready until the job's next event
 
 
 def slabs(entry: ResultEntry, first: int, last: int, slab_bytes: int) -> Iterator[RowsOut]:
@@ -72,7 +74,7 @@ def results(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[TensorOut |
 def replay(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
     """What a RunJob retried with its request id is sent (AIP-155): the job its first attempt
     created, from its first event to its end (waiting while it runs), then its results and the job."""
-    yield from (EventOut(event) for event in book.events(job_id))
+    yield from (IDLE if event is IDLE else EventOut(event) for event in book.events(job_id, idle=IDLE))
     final = book.get(job_id)
     if final.state == m.SUCCEEDED:
         yield from results(book, job_id, slab_bytes)
@@ -99,7 +101,10 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
                      daemon=True).start()
     book, sent_rows = runner.book, 0
     concat: list[ResultEntry] | None = None  # the concatenated results, read from the manifest once
-    for event in book.events(job.job_id):
+    for event in book.events(job.job_id, idle=IDLE):
+        if event is IDLE:
+            yield IDLE
+            continue
         yield EventOut(event)
         if event.type in (m.SHARD_FINISHED, "succeeded"):
             released = live.released_rows

@@ -524,10 +524,13 @@ class JobBook:
             limit -= len(rows)
             after = (rows[-1][1], rows[-1][0])
 
-    def events(self, job_id: str, from_index: int = 0) -> Iterator[m.Event]:
-        """Every event from `from_index` on; blocks for new ones until the job is final."""
+    def events(self, job_id: str, from_index: int = 0, *, idle: object = None) -> Iterator[m.Event]:
+        """Every event from `from_index` on; blocks for new ones until the job is final. `idle`, if
+        given, is yielded before each wait for more: a caller gathering what it sends (a RunJob
+        batch) sends it then, so nothing it gathered waits on the next event."""
         self.get(job_id)
         index = from_index
+        said_idle = False
         while True:
             with self._lock:
                 # Batched events not written yet come from memory; the database has those before them.
@@ -544,10 +547,16 @@ class JobBook:
                 if not rows and not waiting:
                     if self.get(job_id).final:
                         return
-                    # Woken at once by this process's writes; another replica's (a job it runs,
-                    # watched through this one) are read at the next look, WATCH_POLL_S on.
-                    self._changed.wait(WATCH_POLL_S)
-                    continue
+                    if said_idle or idle is None:
+                        # Woken at once by this process's writes; another replica's (a job it runs,
+                        # watched through this one) are read at the next look, WATCH_POLL_S on.
+                        self._changed.wait(WATCH_POLL_S)
+                        continue
+            if not rows and not waiting:  # about to wait: said outside the lock, then looked at again
+                said_idle = True
+                yield idle
+                continue
+            said_idle = False
             for event in waiting:
                 index = event.index + 1
                 yield event

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import logging
 
@@ -20,6 +21,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.batches import FLUSH, batched
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
@@ -43,11 +45,12 @@ LIST_MESSAGE_SHARE = 0.5
 CANCEL_WAIT_S = 30  # CancelJob answers once the job has stopped, or with it as it is after this
 
 
-def _first_spec(requests) -> job_pb.JobSpec:
+def _first(requests):
+    """The stream's first message, which must carry the job spec."""
     first = next(requests, None)
     if first is None or first.WhichOneof("part") != "spec":
         raise errors.InvalidArgument("the first message must carry the job spec")
-    return first.spec
+    return first
 
 
 class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
@@ -80,7 +83,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         """The job of a SubmitJob or RunJob stream, once its spec is within the limits and its
         parameters and first block fit: all checked before the job is recorded or planned. A
         request id this caller used before: that job, with no live state or feed (nothing to run)."""
-        spec = tr.spec_from_proto(_first_spec(requests))
+        spec = tr.spec_from_proto(_first(requests).spec)
         owner = self._auth.principal(context).key
         earlier = self.book.by_request(owner, spec.request_id)
         if earlier is not None:
@@ -108,7 +111,16 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
-        job, live, feed = self._start(request_iterator, context)
+        first = _first(request_iterator)
+        job, live, feed = self._start(itertools.chain([first], request_iterator), context)
+        responses = self._run_job(job, live, feed, context)
+        if first.accept_batches:  # what is ready at once goes as one message (accelmesh.runtime.batches)
+            yield from batched(responses, pb.RunJobResponse, self._chunk_bytes)
+        else:
+            yield from (response for response in responses if response is not FLUSH)
+
+    def _run_job(self, job: m.JobRecord, live, feed, context):
+        """RunJob's responses, with FLUSH where the job has nothing more ready for now."""
         if live is None:
             pieces = delivery.replay(self.book, job.job_id, self._chunk_bytes)
         else:
@@ -116,7 +128,9 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             context.add_callback(lambda: None if job.final else live.scope.cancel(feed.gone()))
             pieces = delivery.run(self.runner, job, live, feed, self._chunk_bytes)
         for piece in pieces:
-            if isinstance(piece, delivery.EventOut):
+            if piece is delivery.IDLE:
+                yield FLUSH
+            elif isinstance(piece, delivery.EventOut):
                 yield pb.RunJobResponse(event=tr.event_to_proto(piece.event))
             elif isinstance(piece, delivery.JobOut):
                 yield pb.RunJobResponse(job=tr.job_to_proto(piece.job))

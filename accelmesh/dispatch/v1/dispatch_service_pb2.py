@@ -27,7 +27,7 @@ from accelmesh.dispatch.v1 import job_pb2 as accelmesh_dot_dispatch_dot_v1_dot_j
 from accelmesh.dispatch.v1 import plan_pb2 as accelmesh_dot_dispatch_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a\x1f\x61\x63\x63\x65lmesh/dispatch/v1/job.proto\x1a accelmesh/dispatch/v1/plan.proto\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf0\x01\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"\xdd\x01\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x42\x06\n\x04part\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"5\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part2\x83\x06\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a\x1f\x61\x63\x63\x65lmesh/dispatch/v1/job.proto\x1a accelmesh/dispatch/v1/plan.proto\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x88\x02\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\x05 \x01(\x08\x42\x06\n\x04part\"\x9a\x02\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x12;\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32*.accelmesh.dispatch.v1.RunJobResponseBatchH\x00\x42\x06\n\x04part\"K\n\x13RunJobResponseBatch\x12\x34\n\x05parts\x18\x01 \x03(\x0b\x32%.accelmesh.dispatch.v1.RunJobResponse\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"5\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part2\x83\x06\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,33 +41,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITJOBRESPONSE']._serialized_start=497
   _globals['_SUBMITJOBRESPONSE']._serialized_end=532
   _globals['_RUNJOBREQUEST']._serialized_start=535
-  _globals['_RUNJOBREQUEST']._serialized_end=775
-  _globals['_RUNJOBRESPONSE']._serialized_start=778
-  _globals['_RUNJOBRESPONSE']._serialized_end=999
-  _globals['_PLANJOBREQUEST']._serialized_start=1001
-  _globals['_PLANJOBREQUEST']._serialized_end=1063
-  _globals['_PLANJOBRESPONSE']._serialized_start=1065
-  _globals['_PLANJOBRESPONSE']._serialized_end=1125
-  _globals['_WATCHJOBREQUEST']._serialized_start=1127
-  _globals['_WATCHJOBREQUEST']._serialized_end=1180
-  _globals['_WATCHJOBRESPONSE']._serialized_start=1182
-  _globals['_WATCHJOBRESPONSE']._serialized_end=1248
-  _globals['_GETJOBREQUEST']._serialized_start=1250
-  _globals['_GETJOBREQUEST']._serialized_end=1281
-  _globals['_GETJOBRESPONSE']._serialized_start=1283
-  _globals['_GETJOBRESPONSE']._serialized_end=1340
-  _globals['_LISTJOBSREQUEST']._serialized_start=1342
-  _globals['_LISTJOBSREQUEST']._serialized_end=1398
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1400
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1485
-  _globals['_CANCELJOBREQUEST']._serialized_start=1487
-  _globals['_CANCELJOBREQUEST']._serialized_end=1521
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1523
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1583
-  _globals['_FETCHRESULTREQUEST']._serialized_start=1585
-  _globals['_FETCHRESULTREQUEST']._serialized_end=1621
-  _globals['_FETCHRESULTRESPONSE']._serialized_start=1624
-  _globals['_FETCHRESULTRESPONSE']._serialized_end=1757
-  _globals['_DISPATCHSERVICE']._serialized_start=1760
-  _globals['_DISPATCHSERVICE']._serialized_end=2531
+  _globals['_RUNJOBREQUEST']._serialized_end=799
+  _globals['_RUNJOBRESPONSE']._serialized_start=802
+  _globals['_RUNJOBRESPONSE']._serialized_end=1084
+  _globals['_RUNJOBRESPONSEBATCH']._serialized_start=1086
+  _globals['_RUNJOBRESPONSEBATCH']._serialized_end=1161
+  _globals['_PLANJOBREQUEST']._serialized_start=1163
+  _globals['_PLANJOBREQUEST']._serialized_end=1225
+  _globals['_PLANJOBRESPONSE']._serialized_start=1227
+  _globals['_PLANJOBRESPONSE']._serialized_end=1287
+  _globals['_WATCHJOBREQUEST']._serialized_start=1289
+  _globals['_WATCHJOBREQUEST']._serialized_end=1342
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1344
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1410
+  _globals['_GETJOBREQUEST']._serialized_start=1412
+  _globals['_GETJOBREQUEST']._serialized_end=1443
+  _globals['_GETJOBRESPONSE']._serialized_start=1445
+  _globals['_GETJOBRESPONSE']._serialized_end=1502
+  _globals['_LISTJOBSREQUEST']._serialized_start=1504
+  _globals['_LISTJOBSREQUEST']._serialized_end=1560
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1562
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1647
+  _globals['_CANCELJOBREQUEST']._serialized_start=1649
+  _globals['_CANCELJOBREQUEST']._serialized_end=1683
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1685
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1745
+  _globals['_FETCHRESULTREQUEST']._serialized_start=1747
+  _globals['_FETCHRESULTREQUEST']._serialized_end=1783
+  _globals['_FETCHRESULTRESPONSE']._serialized_start=1786
+  _globals['_FETCHRESULTRESPONSE']._serialized_end=1919
+  _globals['_DISPATCHSERVICE']._serialized_start=1922
+  _globals['_DISPATCHSERVICE']._serialized_end=2693
 # @@protoc_insertion_point(module_scope)

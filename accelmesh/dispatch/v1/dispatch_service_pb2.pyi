@@ -36,28 +36,38 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class RunJobRequest(_message.Message):
-    __slots__ = ("spec", "parameter", "parameter_chunk", "block")
+    __slots__ = ("spec", "parameter", "parameter_chunk", "block", "accept_batches")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     spec: _job_pb2.JobSpec
     parameter: _common_pb2.TensorHeader
     parameter_chunk: _common_pb2.TensorChunk
     block: InputBlock
-    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., parameter: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., parameter_chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., block: _Optional[_Union[InputBlock, _Mapping]] = ...) -> None: ...
+    accept_batches: bool
+    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., parameter: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., parameter_chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., block: _Optional[_Union[InputBlock, _Mapping]] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
 
 class RunJobResponse(_message.Message):
-    __slots__ = ("event", "tensor", "chunk", "job")
+    __slots__ = ("event", "tensor", "chunk", "job", "batch")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     event: _job_pb2.JobEvent
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     job: _job_pb2.Job
-    def __init__(self, event: _Optional[_Union[_job_pb2.JobEvent, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ...) -> None: ...
+    batch: RunJobResponseBatch
+    def __init__(self, event: _Optional[_Union[_job_pb2.JobEvent, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., batch: _Optional[_Union[RunJobResponseBatch, _Mapping]] = ...) -> None: ...
+
+class RunJobResponseBatch(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[RunJobResponse]
+    def __init__(self, parts: _Optional[_Iterable[_Union[RunJobResponse, _Mapping]]] = ...) -> None: ...
 
 class PlanJobRequest(_message.Message):
     __slots__ = ("spec",)

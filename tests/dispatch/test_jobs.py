@@ -369,3 +369,22 @@ def test_a_watcher_caught_up_with_a_job_this_book_logs_waits_without_asking_the_
         assert not watcher.is_alive()
     finally:
         book.close()
+
+
+def test_a_watcher_given_an_idle_marker_gets_it_before_each_wait_and_only_then(tmp_path, book_db):
+    """RunJob sends what it gathered when the log has nothing more for now: the marker comes once
+    the watcher has had every event so far, never between events that were there together."""
+    idle = object()
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    try:
+        job = book.create(SPEC)
+        book.emit(job, m.PLANNED, message="2 shards")
+        book.emit(job, m.SHARD_STARTED, shard=m.ShardRecord(0, "dev-0", "t", "r", 0, 5))
+        seen = book.events(job.job_id, idle=idle)
+        assert [next(seen).type for _ in range(2)] == [m.PLANNED, m.SHARD_STARTED]
+        assert next(seen) is idle  # nothing more yet: said before waiting
+        book.emit(job, m.SHARD_FINISHED, shard=m.ShardRecord(0, "dev-0", "t", "r", 0, 5))
+        book.finish(job, m.SUCCEEDED)
+        assert [e if e is idle else e.type for e in seen] == [m.SHARD_FINISHED, "succeeded"]
+    finally:
+        book.close()

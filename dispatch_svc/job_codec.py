@@ -65,8 +65,12 @@ def record_text(job: m.JobRecord) -> str:
     return json.dumps(d)
 
 
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(m.Event))
+
+
 def event_text(event: m.Event) -> str:
-    d = dataclasses.asdict(dataclasses.replace(event, plan=None, shard=None))
+    """An event as JSON: written out as `_shard_dict` is (two per shard: asdict was most of it)."""
+    d = {name: getattr(event, name) for name in _EVENT_FIELDS}
     d["plan"] = _plan_dict(event.plan)
     d["shard"] = None if event.shard is None else _shard_dict(event.shard)
     return json.dumps(d)

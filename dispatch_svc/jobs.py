@@ -102,6 +102,7 @@ _DELETE_JOBS = jobs_table.delete().where(_J.job_id.in_(sa.bindparam("ids", expan
 _RECORD = sa.select(sa.case((sa.func.length(_J.record) <= MAX_RECORD_CHARS, _J.record)), _J.summary).where(
     _J.job_id == sa.bindparam("job_id"))
 _COLUMNS = sa.select(_J.created, _J.state, _J.expires, _J.owner, _J.program).where(_J.job_id == sa.bindparam("job_id"))
+_STATE = sa.select(_J.state).where(_J.job_id == sa.bindparam("job_id"))
 _LISTING = sa.select(_J.job_id, _J.created, sa.case((sa.func.length(_J.record) <= LISTING_TRIM_CHARS, _J.record),
                                         else_=_J.summary)).order_by(_J.created.desc(), _J.job_id.desc())
 _EVENTS_FROM = sa.select(_E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
@@ -545,7 +546,7 @@ class JobBook:
                     with database.connected(self._engine) as connection:
                         rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
                 if not rows and not waiting:
-                    if self.get(job_id).final:
+                    if self._final(job_id):
                         return
                     if said_idle or idle is None:
                         # Woken at once by this process's writes; another replica's (a job it runs,
@@ -568,6 +569,18 @@ class JobBook:
                     log.warning("job %s: event %d does not parse (%s); skipped", job_id, idx, exc)
                     continue
                 yield event
+
+    def _final(self, job_id: str) -> bool:
+        """Whether the job has ended: its live record, else its state column (not its whole record,
+        which a job of many shards takes milliseconds to parse)."""
+        live = self._live.get(job_id)
+        if live is not None:
+            return live.final
+        with database.connected(self._engine) as connection:
+            state = connection.execute(_STATE, {"job_id": job_id}).scalar_one_or_none()
+        if state is None:
+            raise job_not_found(job_id)
+        return state in m.FINAL_STATES
 
     def _caught_up(self, job_id: str, index: int) -> bool:
         """Whether a watcher at `index` has had every event of a job this process logs, so the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -388,3 +389,16 @@ def test_a_watcher_given_an_idle_marker_gets_it_before_each_wait_and_only_then(t
         assert [e if e is idle else e.type for e in seen] == [m.SHARD_FINISHED, "succeeded"]
     finally:
         book.close()
+
+
+def test_an_event_with_every_field_set_reads_back_equal():
+    """event_text writes an event's fields out by name (not dataclasses.asdict): none is lost."""
+    from dispatch_svc.job_codec import event_from, event_text
+
+    shard = m.ShardRecord(3, "dev-1", "cuda:v100", "cuda-fp32", 24, 8, attempts=2, failures=["UNAVAILABLE: gone"],
+                          queue_seconds=0.1, load_seconds=0.2, execute_seconds=0.3, total_seconds=0.7, done=True,
+                          predicted_seconds=0.5)
+    event = m.Event(index=7, type=m.SHARD_FINISHED, time=1234.5, progress=0.75, message="shard 3 done", shard=shard,
+                    step=4, loss=0.125)
+    assert {f.name for f in dataclasses.fields(event)} == set(json.loads(event_text(event)))
+    assert event_from(json.loads(event_text(event))) == event

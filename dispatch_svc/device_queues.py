@@ -134,7 +134,7 @@ class DevicePool:
         self._lock = threading.Lock()
         self._ended = threading.Condition()  # wait_all's: notified once all it waits for ended, or one failed
         self._watched: set[int] = set()  # ids of the shards wait_all still waits for
-        self._failed: set[str] = set()
+        self._failed: dict[str, tuple[str, str]] = {}  # device -> (code, cause) of the failure that took it out
         self._load: dict[str, int] = {d: 0 for d in self._devices}
         self._queues: dict[str, queue.Queue] = {d: queue.Queue() for d in self._devices}
         self._threads = [
@@ -220,7 +220,7 @@ class DevicePool:
             pending.failures.append(f"{device_id}: {exc.cause}")
             pending.causes.append((exc.code, exc.cause))
             with self._lock:
-                self._failed.add(device_id)
+                self._failed[device_id] = (exc.code, exc.cause)
             self._reroute(pending, device_id, exc.cause)
             return
         except BaseException as exc:  # noqa: BLE001 - a bug fails the shard, never the thread
@@ -253,12 +253,16 @@ class DevicePool:
         target = self._next_device(pending, self._devices[device_id].target_type)
         if target is None or len(pending.tried) >= self._max_attempts:
             index = getattr(pending.shard, "index", "?")
-            if len(set(pending.causes)) == 1 and pending.causes[0][0] in NOT_RETRYABLE_CODES:
+            # Its own failures; none (every device went out on other shards before it was tried
+            # there): those that took the devices out.
+            with self._lock:
+                causes, devices = ((pending.causes, pending.tried) if pending.causes else
+                                   (list(self._failed.values()), list(self._failed)))
+            if len(set(causes)) == 1 and causes[0][0] in NOT_RETRYABLE_CODES:
                 # The same refusal from every device tried: a fault of the job, not of the devices.
-                devices = ", ".join(pending.tried)
                 self._fail(pending, errors.FailedPrecondition(
-                    f"shard {index} failed the same way on every device it was tried on ({devices}): "
-                    f"{pending.causes[0][1]}; retrying will not help"))
+                    f"shard {index} failed the same way on every device tried ({', '.join(devices)}): "
+                    f"{causes[0][1]}; retrying will not help"))
                 return
             self._fail(pending, errors.Unavailable(
                 f"shard {index} could not run: {'; '.join(pending.failures) or 'no device left'}"

@@ -3,13 +3,14 @@ ended, raises a shard's final failure as soon as it comes, and a cancel of the j
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
 import pytest
 
 from accelmesh import errors
-from dispatch_svc.device_queues import Cancelled, CancelScope, DevicePool, ShardFailed
+from dispatch_svc.device_queues import SHARDS_IN_FLIGHT_PER_DEVICE, Cancelled, CancelScope, DevicePool, ShardFailed
 
 GUARD_S = 30.0  # a blocked shard gives up after this: only a broken wait_all would make it
 
@@ -86,3 +87,33 @@ def test_wait_all_stops_at_a_cancel_of_the_job():
     finally:
         release.set()
         pool.close()
+
+
+def test_a_shard_left_without_devices_by_the_same_refusal_on_other_shards_says_retrying_will_not_help():
+    """Every device refused the job's artifact the same way while on other shards, so a shard still
+    queued finds none left before it was tried anywhere: it fails as not retryable, naming the
+    refusal, as a shard that met it itself does (not UNAVAILABLE with no device left)."""
+    refusal = ShardFailed("FAILED_PRECONDITION: the artifact did not load", "FAILED_PRECONDITION")
+    busy = SHARDS_IN_FLIGHT_PER_DEVICE  # shards 0..busy-1 take every d0 thread; shard `busy` waits in its queue
+    d1_out = threading.Event()
+
+    def run(attempt):
+        if attempt.shard.index < busy and not d1_out.wait(GUARD_S):  # d0 fails only once d1 has
+            raise AssertionError("d1 never failed")
+        if attempt.shard.index == busy + 1:
+            d1_out.set()
+        raise refusal
+
+    pool = DevicePool(DEVICES, run, CancelScope())
+    try:
+        pending = [pool.submit(Shard(i), "d0") for i in range(busy + 1)] + [pool.submit(Shard(busy + 1), "d1")]
+        for p in pending:
+            assert p.done.wait(GUARD_S)
+    finally:
+        d1_out.set()
+        pool.close()
+    queued = pending[busy]
+    assert isinstance(queued.error, errors.FailedPrecondition), queued.error
+    assert re.fullmatch(r"shard \d+ failed the same way on every device tried \(d[01], d[01]\): FAILED_PRECONDITION: "
+                        r"the artifact did not load; retrying will not help", str(queued.error)), queued.error
+    assert all(isinstance(p.error, errors.FailedPrecondition) for p in pending)

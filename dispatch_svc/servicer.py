@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import itertools
 import json
 import logging
 
@@ -79,11 +78,12 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             raise job_not_found(job_id)
         return job
 
-    def _start(self, requests, context):
+    def _start(self, first, requests, context):
         """The job of a SubmitJob or RunJob stream, once its spec is within the limits and its
         parameters and first block fit: all checked before the job is recorded or planned. A
-        request id this caller used before: that job, with no live state or feed (nothing to run)."""
-        spec = tr.spec_from_proto(_first(requests).spec)
+        request id this caller used before: that job, with no live state or feed (nothing to run).
+        `first` is the stream's first message (`_first`), `requests` the rest."""
+        spec = tr.spec_from_proto(first.spec)
         owner = self._auth.principal(context).key
         earlier = self.book.by_request(owner, spec.request_id)
         if earlier is not None:
@@ -101,7 +101,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return job, live, feed
 
     def SubmitJob(self, request_iterator, context):
-        job, live, feed = self._start(request_iterator, context)
+        job, live, feed = self._start(_first(request_iterator), request_iterator, context)
         if live is None:
             return pb.SubmitJobResponse(job_id=job.job_id)
         try:
@@ -112,7 +112,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 
     def RunJob(self, request_iterator, context):
         first = _first(request_iterator)
-        job, live, feed = self._start(itertools.chain([first], request_iterator), context)
+        job, live, feed = self._start(first, request_iterator, context)
         responses = self._run_job(job, live, feed, context)
         if first.accept_batches:  # what is ready at once goes as one message (accelmesh.runtime.batches)
             yield from batched(responses, pb.RunJobResponse, self._chunk_bytes)

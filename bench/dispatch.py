@@ -499,15 +499,15 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
         store.close()
     # The floor of any bidirectional stream call here: as many messages of the same sizes as the
     # Execute request (a shard header, then a tensor header and its chunks per array), echoed.
-    messages = [b"h" * 200]
-    for _, array in arrays:
-        messages.append(b"t" * 64)
-        messages.extend(array.tobytes()[i: i + CHUNK_BYTES] for i in range(0, max(1, array.nbytes), CHUNK_BYTES))
+    def tensor_messages(array: np.ndarray) -> list[bytes]:
+        data = array.tobytes()
+        return [b"t" * 64, *(data[i: i + CHUNK_BYTES] for i in range(0, max(1, len(data)), CHUNK_BYTES))]
+
+    messages = [b"h" * 200, *(m for _, array in arrays for m in tensor_messages(array))]
     floor = time_calls(lambda: list(floor_pipe(iter(messages), timeout=RPC_TIMEOUT_S)), plan.floor_calls)
     # An inference shard as the dispatcher sends it: the parameters as references to the worker's
     # held copies (a small message each), the data input in full.
-    held_messages = [messages[0], *(b"r" * 64 for _ in described.parameters), b"t" * 64,
-                     *(one.tobytes()[i: i + CHUNK_BYTES] for i in range(0, max(1, one.nbytes), CHUNK_BYTES))]
+    held_messages = [messages[0], *(b"r" * 64 for _ in described.parameters), *tensor_messages(one)]
     relay_floor = pipelined_relay_floor(relay_pipe, held_messages, plan)
     outputs_per_shard = len(program.outputs)
 

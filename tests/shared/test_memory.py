@@ -85,3 +85,59 @@ def test_with_the_heap_bounded_freed_4_mib_blocks_leave_at_once():
 
     assert freed_mib("dynamic") < 50  # what glibc does by itself: the blocks stay in the heap
     assert freed_mib("bound") >= 140  # with the threshold fixed at 2 MiB: mapped, and unmapped when freed
+
+
+ARENA_CHILD = """
+import ctypes, ctypes.util, sys, tempfile, threading
+from accelmesh.runtime.memory import bound_heap
+
+bounded = sys.argv[1] == "bound" and bound_heap(arenas=1)
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+together = threading.Barrier(4)
+
+def allocate():
+    held = [bytearray(64 * 1024) for _ in range(8)]  # under the mmap threshold: from this thread's arena
+    together.wait()  # all four threads alive at once, so none hands its arena on to another
+    together.wait()
+
+threads = [threading.Thread(target=allocate) for _ in range(3)]
+for thread in threads:
+    thread.start()
+held = [bytearray(64 * 1024) for _ in range(8)]
+together.wait()
+with tempfile.NamedTemporaryFile() as out:
+    stream = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(bounded, open(out.name).read().count("<heap nr="))
+together.wait()
+for thread in threads:
+    thread.join()
+"""
+
+
+def _arena_child(mode: str, **environment: str) -> tuple[str, int]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **environment}
+    out = subprocess.run([sys.executable, "-c", ARENA_CHILD, mode], capture_output=True, text=True, timeout=60,
+                         check=True, env=env)
+    bounded, heaps = out.stdout.split()
+    return bounded, int(heaps)
+
+
+def test_with_the_arenas_bounded_threads_share_one_malloc_arena():
+    if platform.system() != "Linux" or _malloc_trim() is None:
+        return
+    # glibc gives each allocating thread an arena of its own, up to eight per core: four threads
+    # allocating at once have more than one on any host; bounded, they share the main one.
+    assert _arena_child("dynamic")[1] > 1
+    assert _arena_child("bound") == ("True", 1)
+
+
+def test_the_environment_s_arena_setting_is_left_in_force():
+    if platform.system() != "Linux" or _malloc_trim() is None:
+        return
+    # The operator's MALLOC_ARENA_MAX stays, and bound_heap says it did not set everything.
+    assert _arena_child("bound", MALLOC_ARENA_MAX="4") == ("False", 4)

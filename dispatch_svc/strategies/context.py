@@ -11,6 +11,7 @@ record, throughput), and route the input feed into shards within one in-flight b
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -331,7 +332,7 @@ class JobContext:
             while offset < rows:
                 shard = shards[current]
                 if filling is None:
-                    nbytes = shard.rows * sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+                    nbytes = shard.rows * sum(a.dtype.itemsize * math.prod(a.shape[1:])
                                               for a in arrays)
                     budget.take(nbytes)
                     filling = [np.empty((shard.rows, *a.shape[1:]), a.dtype) for a in arrays]

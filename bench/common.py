@@ -11,6 +11,10 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
+
+MIB = 1 << 20
+
 
 def progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
@@ -56,3 +60,34 @@ def synthetic_node_ip(index: int) -> str:
     """The index-th address of 10.0.0.0/8, skipping .0: inventory data only, never dialled."""
     n = index + 1
     return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+
+
+def fresh_memory(nbytes: int = 64 * MIB, idle_s: float = 6.0) -> dict:
+    """How fast this process can write memory it has just been given, twice: right after freeing
+    a block of the same size (the kernel hands back pages it had a moment ago), and after `idle_s`
+    seconds with the block freed. On a bare host the two are alike (a few GB/s: the kernel zeroes
+    each page). On a virtual machine whose balloon reports free pages to its host (free page
+    reporting: pages left free for a few seconds go back to the host), the second is what every
+    process pays for memory it touches first after a pause, and it can be fifty times slower:
+    then a streaming figure is set by how much fresh memory each side touches, not by its code."""
+    source = np.ones(nbytes, np.uint8)
+
+    def fill() -> float:
+        start = time.perf_counter()
+        block = np.empty(nbytes, np.uint8)
+        block[:] = source  # every page touched once, as a received tensor's buffer is
+        seconds = time.perf_counter() - start
+        if int(block[-1]) != 1:
+            raise AssertionError("the block was not written")
+        return seconds
+
+    fill()  # the block's pages taken once: the next fill is given them back
+    recycled = fill()
+    time.sleep(idle_s)
+    after_idle = fill()
+    return {
+        "bytes": nbytes, "idle_s": idle_s,
+        "recycled_mb_per_s": round(nbytes / 1e6 / recycled, 1),
+        "after_idle_mb_per_s": round(nbytes / 1e6 / after_idle, 1),
+        "ratio_after_idle_over_recycled": ratio(recycled, after_idle),
+    }

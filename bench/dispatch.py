@@ -52,6 +52,11 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     MB/s: above 1 is faster), summary.vs_ray the compact view with the bare-gRPC floors beside.
     Ray's idle processes share the machine during the mesh arms too, as the meshes share it
     during Ray's.
+(g) streaming.host_fresh_memory: how fast this machine gives a process memory it touches for the
+    first time, right after a free and after a few idle seconds (common.fresh_memory). Every arm
+    writes its output into fresh memory, and the mesh's processes their shards' buffers too; on a
+    virtual machine that hands free pages back to its host, memory touched after a pause costs
+    about fifty times more, so read the streaming figures beside it.
 Compare ratios across machines, not milliseconds.
 """
 
@@ -79,7 +84,7 @@ import grpc
 import numpy as np
 
 # bench/common.py: this file runs from bench/, which Python puts first on sys.path
-from common import tls_vs_plaintext
+from common import fresh_memory, tls_vs_plaintext
 # bench/ray_baseline.py: Ray is imported there only when a baseline starts, so the bare roles stay bare
 from ray_baseline import (ABSENT_NOTE, STREAM_PIECE_BYTES, RayBaseline, measure_per_shard, object_store_bytes,
                           ray_version)
@@ -817,6 +822,8 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
     rows = plan.stream_bytes // row_bytes
     data = np.random.default_rng(11).standard_normal((rows, IDENTITY_WIDTH)).astype(np.float32)
     runs, warm_bare, probes = stream_arms([mesh, plain], relay, sink, plan, data, shard_rows, ray)
+    progress("streaming: how fast this machine hands out fresh memory, at once and after an idle pause")
+    host_memory = fresh_memory()
     mesh_runs, plain_runs, bare_runs = runs[mesh.label], runs[plain.label], runs["bare"]
     mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50) for arm in (mesh_runs, bare_runs))
     return {
@@ -842,6 +849,13 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
         "dispatcher_memory": dispatcher_memory(probes[mesh.label], mesh_runs, data, defaults.inflight_bytes),
         "worker_memory": {"by_input_size": [probes[mesh.label]["worker_memory"], mesh_runs[0]["worker_memory"]]},
         "small_inflight_budget": bench_bounded(mesh, data),
+        "host_fresh_memory": {
+            **host_memory,
+            "note": "MB/s writing a block just allocated: right after freeing one (recycled) and after idle_s "
+                    "seconds with it freed (after_idle). Far apart on a virtual machine whose balloon reports free "
+                    "pages to its host; then memory touched after a pause (each run's output, a shard's buffers) "
+                    "costs that much more on every arm, and the streaming figures vary with it",
+        },
         "mesh_plaintext": {
             "shape": "the same job through a second mesh of the same processes started insecure (plaintext, no "
                      "authentication), its runs alternating with the mesh and bare arms above",
@@ -1115,6 +1129,8 @@ def summary(result: dict) -> dict:
         "stream_ratio_mesh_over_bare": stream["ratio_mesh_over_bare_p50"],
         "stream_goal_ratio": STREAM_GOAL_RATIO,
         "stream_meets_goal": stream["meets_goal"],
+        "host_fresh_memory_mb_per_s": {k: stream["host_fresh_memory"][k]
+                                       for k in ("recycled_mb_per_s", "after_idle_mb_per_s")},
         "dispatcher_peak_rss_bytes": stream["dispatcher_memory"]["peak_rss_bytes_vmhwm"],
         "stream_input_bytes": stream["input_bytes"],
         "dispatcher_rise_exceeds_input": stream["dispatcher_memory"]["rise_exceeds_input"],

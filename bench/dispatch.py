@@ -823,7 +823,7 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
     data = np.random.default_rng(11).standard_normal((rows, IDENTITY_WIDTH)).astype(np.float32)
     runs, warm_bare, probes = stream_arms([mesh, plain], relay, sink, plan, data, shard_rows, ray)
     progress("streaming: how fast this machine hands out fresh memory, at once and after an idle pause")
-    host_memory = fresh_memory()
+    host_memory = fresh_memory(plan.stream_bytes)
     mesh_runs, plain_runs, bare_runs = runs[mesh.label], runs[plain.label], runs["bare"]
     mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50) for arm in (mesh_runs, bare_runs))
     return {

@@ -249,9 +249,12 @@ class ShardExecutor:
 
 
 def _execute(call: Callable[..., Any], inputs: Sequence[np.ndarray], jax_device: Any) -> tuple[np.ndarray, ...]:
-    args = jax.device_put(list(inputs), jax_device)
+    # The inputs go as they are: both runnables put them on their device themselves (a loaded
+    # executable with one device_put of them all, a compiled portable artifact through jax's own
+    # call path, onto the device its argument shardings name). Putting them here as well cost a
+    # second device_put per shard (about 90 us of a small shard's 250 here).
     try:
-        outputs = jax.block_until_ready(call(*args))
+        outputs = jax.block_until_ready(call(*inputs))
     except jax.errors.JaxRuntimeError as exc:
         if "RESOURCE_EXHAUSTED" in str(exc):
             raise errors.ResourceExhausted(f"device {jax_device} ran out of memory: {exc}") from exc

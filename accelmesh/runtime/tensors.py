@@ -133,7 +133,12 @@ def split(
     return header, chunks
 
 
+_SMALL_VARINTS = tuple(bytes((value,)) for value in range(0x80))  # tags and short lengths: most of a frame's
+
+
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7

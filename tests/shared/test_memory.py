@@ -53,6 +53,11 @@ def test_trimming_can_be_turned_off():
     assert start_trimming(0) is None
 
 
+def _env_without_malloc(**extra: str) -> dict[str, str]:
+    """This environment less any MALLOC_* tuning of the caller's (it would decide for the child), plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **extra}
+
+
 HEAP_CHILD = """
 import sys
 from accelmesh.runtime.memory import bound_heap
@@ -75,7 +80,7 @@ print(before, rss_mib())
 def test_with_the_heap_bounded_freed_4_mib_blocks_leave_at_once():
     if platform.system() != "Linux" or _malloc_trim() is None:
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = _env_without_malloc()
 
     def freed_mib(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", HEAP_CHILD, mode], capture_output=True, text=True, timeout=60,
@@ -120,7 +125,7 @@ for thread in threads:
 
 
 def _arena_child(mode: str, **environment: str) -> tuple[str, int]:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **environment}
+    env = _env_without_malloc(**environment)
     out = subprocess.run([sys.executable, "-c", ARENA_CHILD, mode], capture_output=True, text=True, timeout=60,
                          check=True, env=env)
     bounded, heaps = out.stdout.split()

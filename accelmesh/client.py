@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf import duration_pb2
 
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -55,10 +56,18 @@ def job_spec(
     name: str = "",
     placement: plan_pb.PlacementOptions | None = None,
     request_id: str = "",
+    priority: int = 0,
+    queue_timeout_s: float | None = None,
 ) -> job_pb.JobSpec:
     """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created.
     `precision`: "fp32" (bit-identical results whatever the plan), "bf16" or "fp16" (inference only)
-    allowed; "" lets each device's compile rules decide."""
+    allowed; "" lets each device's compile rules decide. `priority` (0-1000) orders the job in the
+    queue when the pool is full; `queue_timeout_s` bounds its wait there (None: the dispatcher's
+    limit; 0: never queue, RESOURCE_EXHAUSTED at once)."""
+    timeout = None
+    if queue_timeout_s is not None:
+        timeout = duration_pb2.Duration()
+        timeout.FromNanoseconds(round(queue_timeout_s * 1e9))
     return job_pb.JobSpec(
         program=program,
         version=version,
@@ -74,6 +83,8 @@ def job_spec(
         name=name,
         placement=placement,
         request_id=request_id,
+        priority=priority,
+        queue_timeout=timeout,
     )
 
 

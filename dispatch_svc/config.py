@@ -13,6 +13,7 @@ from accelmesh.security.config import Security, add_security_arguments, security
 from accelmesh.security.identity import Role
 from dispatch_svc.interface import RESERVATION_TTL_S
 from dispatch_svc.planner.placement_types import MAX_LAYERS
+from dispatch_svc.queue import DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
 
@@ -100,6 +101,11 @@ class DispatchConfig:
     # ACCELMESH_STAGE_CALIBRATION: finished pipeline stage calls calibrate later placements
     # (dispatch_svc/planner/calibration.py); 0 plans from the catalog alone, the same plan every time
     calibrate_stages: bool = True
+    # ACCELMESH_QUEUE_TIMEOUT_S: how long a job that cannot start waits in the queue when its spec
+    # says nothing (spec.queue_timeout); ACCELMESH_QUEUE_POLL_S: how often the queue is looked at
+    # without a job of this replica ending (another replica's did, a reservation lapsed).
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
+    queue_poll_s: float = QUEUE_POLL_S
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
@@ -134,6 +140,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         calibrate_stages=env_int("ACCELMESH_STAGE_CALIBRATION", 1, env, minimum=0) > 0,
         max_message_bytes=env_int("ACCELMESH_MAX_MESSAGE_BYTES", d.max_message_bytes, env, minimum=65536),
         limits=limits_from_env(env),
+        queue_timeout_s=env_float("ACCELMESH_QUEUE_TIMEOUT_S", d.queue_timeout_s, env, minimum=1),
+        queue_poll_s=env_float("ACCELMESH_QUEUE_POLL_S", d.queue_poll_s, env, minimum=0.05),
     )
     if config.db:
         database_url(config.db)  # an engine not supported, or a URL that does not parse, fails here

@@ -75,6 +75,11 @@ def replay(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
     """What a RunJob retried with its request id is sent (AIP-155): the job its first attempt
     created, from its first event to its end (waiting while it runs), then its results and the job."""
     yield from (IDLE if event is IDLE else EventOut(event) for event in book.events(job_id, idle=IDLE))
+    yield from _ending(book, job_id, slab_bytes)
+
+
+def _ending(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
+    """A job's end as `replay` sends it, once its events are out: results, or its error as a status."""
     final = book.get(job_id)
     if final.state == m.SUCCEEDED:
         yield from results(book, job_id, slab_bytes)
@@ -87,7 +92,9 @@ def replay(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
 
 def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, slab_bytes: int) -> Iterator[Piece]:
     """Run the job, taking its inputs on a thread of its own, and yield what its client is sent
-    (RunJob). A job that failed ends the stream with its error, after its events."""
+    (RunJob). A job that failed ends the stream with its error, after its events. A job that went
+    to the queue runs later, maybe on another replica: from its QUEUED event on it is followed
+    through the book as `replay` follows it, and its results are sent once it succeeded."""
     failure: list[BaseException] = []
 
     def feed_inputs():
@@ -101,11 +108,15 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
                      daemon=True).start()
     book, sent_rows = runner.book, 0
     concat: list[ResultEntry] | None = None  # the concatenated results, read from the manifest once
+    queued = False
     for event in book.events(job.job_id, idle=IDLE):
         if event is IDLE:
             yield IDLE
             continue
         yield EventOut(event)
+        queued = queued or event.type == m.QUEUED_EVENT
+        if queued:
+            continue
         if event.type in (m.SHARD_FINISHED, "succeeded"):
             released = live.released_rows
             if released > sent_rows:
@@ -114,6 +125,9 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
                 yield from _released(concat, sent_rows, released, slab_bytes)
                 sent_rows = released
     live.done.wait()
+    if queued:
+        yield from _ending(book, job.job_id, slab_bytes)
+        return
     final = book.get(job.job_id)
     if final.state == m.SUCCEEDED:
         for entry in book.results.entries(job.job_id):

@@ -4,7 +4,7 @@ gRPC), the `InputFeed` a job's inputs arrive through, and the plain records that
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,6 +112,9 @@ class Mesh(Protocol):
     # `timeout_s`: NotFound when one lapsed or was released, Unavailable when the inventory did not answer.
     def renew(self, job_id: str, device_ids: Sequence[str], ttl_s: int, timeout_s: float) -> None: ...
     def release(self, job_id: str) -> None: ...
+    # What decides whether a queued job could start: every live reservation and every device's
+    # health, as a value compared with an earlier one (queue.py tries a job again only on a change).
+    def pool_state(self) -> Hashable: ...
     # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
     # a key never changes during the job); a worker gets such an input in full once, then by key.
     # `place_outputs`: where outputs go as they arrive (None, or None from it: returned in memory).
@@ -151,6 +154,8 @@ class LiveJob:
     pool: DevicePool | None = None  # the job's devices, once it runs
     lease: Any = None  # its strategies.context.LeaseKeeper, once it reserved: `lapse` says why it stopped
     done: threading.Event = field(default_factory=threading.Event)
+    # Set once the job holds its devices, went to the queue, or ended: what a queue pass waits for.
+    settled: threading.Event = field(default_factory=threading.Event)
 
     def check(self) -> None:
         """Raise why the job must stop now: its lapsed lease, or Cancelled when it was cancelled.

@@ -73,7 +73,12 @@ def event_text(event: m.Event) -> str:
     d = {name: getattr(event, name) for name in _EVENT_FIELDS}
     d["plan"] = _plan_dict(event.plan)
     d["shard"] = None if event.shard is None else _shard_dict(event.shard)
+    d["queue"] = None if event.queue is None else dataclasses.asdict(event.queue)
     return json.dumps(d)
+
+
+def _queue_from(d: dict | None) -> m.QueueStatus | None:
+    return None if d is None else m.QueueStatus(**d)
 
 
 def _plan_from(d: dict | None) -> m.Plan | None:
@@ -135,9 +140,11 @@ def record_from(d: dict) -> m.JobRecord:
             "plan": _plan_from(d.get("plan")),
             "shards": [m.ShardRecord(**s) for s in d.get("shards", ())],
             "losses": list(d.get("losses", ())),
+            "queue": _queue_from(d.get("queue")),
         }
     )
 
 
 def event_from(d: dict) -> m.Event:
-    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None})
+    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None,
+                      "queue": _queue_from(d.get("queue"))})

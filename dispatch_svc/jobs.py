@@ -80,10 +80,12 @@ _INSERT_HELD_EVENT = events_table.insert().from_select(
     sa.select(sa.bindparam("e_job", type_=sa.Text), sa.bindparam("e_idx", type_=sa.Integer),
               sa.bindparam("e_event", type_=sa.Text), sa.bindparam("e_brief", type_=sa.Text)).where(
         sa.exists().where(_J.job_id == sa.bindparam("e_job"), _J.runner == sa.bindparam("me")))).returning(_E.idx)
-_UNFINISHED = sa.select(_J.job_id).where(_J.state.not_in(m.FINAL_STATES))
+# A queued job is not interrupted by a restart: its inputs are stored and the queue starts it.
+_UNFINISHED = sa.select(_J.job_id).where(_J.state.not_in((*m.FINAL_STATES, m.QUEUED)))
 # Leased: the unfinished jobs no replica leases (from before leases, or an unleased dispatcher),
 # taken by this one to be ended, with a lease so that a replica starting with it leaves them be.
-_CLAIM_UNLEASED = jobs_table.update().where(_J.state.not_in(m.FINAL_STATES), _J.runner_until.is_(None)).values(
+_CLAIM_UNLEASED = jobs_table.update().where(_J.state.not_in((*m.FINAL_STATES, m.QUEUED)),
+                                             _J.runner_until.is_(None)).values(
     runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id)
 _EXPIRED = sa.select(_J.job_id).where(_J.expires.is_not(None), _J.expires <= sa.bindparam("now"))
 # Leases (takeover.py): renewed in one statement for every job a replica runs; a lapsed one claimed
@@ -107,6 +109,25 @@ _LISTING = sa.select(_J.job_id, _J.created, sa.case((sa.func.length(_J.record) <
                                         else_=_J.summary)).order_by(_J.created.desc(), _J.job_id.desc())
 _EVENTS_FROM = sa.select(_E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
     _E.job_id == sa.bindparam("job_id"), _E.idx >= sa.bindparam("from_index")).order_by(_E.idx)
+
+
+# The queue (dispatch_svc/queue.py). Its order: priority first, then when a job was first queued.
+_QUEUE_ORDER = (_J.priority.desc(), _J.queued_at, _J.job_id)
+_QUEUED_JOBS = sa.select(_J.job_id, _J.owner, _J.priority, _J.queued_at, _J.queue_deadline).where(
+    _J.state == m.QUEUED).order_by(*_QUEUE_ORDER)
+_ENQUEUE = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(
+    priority=sa.bindparam("priority"), queued_at=sa.bindparam("since"), queue_deadline=sa.bindparam("deadline"),
+    queue_reason=sa.bindparam("reason"), held_devices=0, held_bytes=0, runner_until=None)
+# Taken from the queue by one replica only: the state moves on in the same statement.
+_CLAIM_QUEUED = jobs_table.update().where(_J.job_id == sa.bindparam("job"), _J.state == m.QUEUED).values(
+    state=m.PLANNING, runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id)
+_QUEUE_KEY = sa.select(_J.priority, _J.queued_at).where(_J.job_id == sa.bindparam("job"), _J.state == m.QUEUED)
+
+
+def _ahead(priority: int, since: float, job_id: str):
+    return sa.select(sa.func.count()).select_from(jobs_table).where(_J.state == m.QUEUED, sa.or_(
+        _J.priority > priority, sa.and_(_J.priority == priority, sa.or_(
+            _J.queued_at < since, sa.and_(_J.queued_at == since, _J.job_id < job_id)))))
 
 
 def job_not_found(job_id: str) -> errors.NotFound:
@@ -232,6 +253,59 @@ class JobBook:
         """What only a takeover reads: the job's stored inputs and folded parts (outputs.py)."""
         self.inputs.delete(job_id)
         shutil.rmtree(self.results.root / job_id / PARTS, ignore_errors=True)
+
+    # -- the queue (queue.py) ----------------------------------------------------------------
+
+    def enqueue(self, job: m.JobRecord, reason: str, deadline: float) -> m.QueueStatus:
+        """The job waits in the queue (QUEUED) with its inputs stored; a job queued before keeps its
+        place. A QUEUED event says where and why, unless it says what the last one did. The job is
+        no longer held live here: the replica that starts it reads it from the book."""
+        with self._lock:
+            earlier = job.queue
+            status = m.QueueStatus(reason, earlier.since if earlier else self._clock(), deadline)
+            job.state, job.queue = m.QUEUED, status
+            self._save(job)
+            database.transaction(self._engine, lambda c: c.execute(_ENQUEUE, {
+                "job": job.job_id, "priority": job.spec.priority, "since": status.since, "deadline": deadline,
+                "reason": reason}))
+            status.position = self.queue_position(job.job_id)
+            if earlier is None or (earlier.reason, earlier.position) != (status.reason, status.position):
+                self.emit(job, m.QUEUED_EVENT, queue=dataclasses.replace(status),
+                          message=f"queued at position {status.position}: {reason}")
+            self.flush()
+            self._changed.notify_all()
+        return status
+
+    def queue_position(self, job_id: str) -> int:
+        """1 for the queued job tried next; 0 for a job not queued."""
+        with database.connected(self._engine) as connection:
+            key = connection.execute(_QUEUE_KEY, {"job": job_id}).first()
+            if key is None:
+                return 0
+            return 1 + connection.execute(_ahead(key[0], key[1], job_id)).scalar_one()
+
+    def queued(self, limit: int) -> list[tuple[str, str, int, float, float]]:
+        """The first `limit` queued jobs in the order they are tried: (job id, owner, priority,
+        queued at, deadline)."""
+        with database.connected(self._engine) as connection:
+            return [tuple(row) for row in connection.execute(_QUEUED_JOBS.limit(limit)).all()]
+
+    def claim_queued(self, job_id: str) -> m.JobRecord | None:
+        """Take a queued job out of the queue to start it here (PLANNING, this replica's, leased to
+        it when leases are on), held live from now on; None if another replica or a cancel took it
+        first."""
+        values = {"job": job_id, "me": self.replica,
+                  "until": self._clock() + self.lease_s if self.lease_s else None}
+        position = self.queue_position(job_id)
+        if database.transaction(self._engine, lambda c: c.execute(_CLAIM_QUEUED, values).first()) is None:
+            return None
+        job = self.get(job_id)
+        self.adopt(job)
+        job.state = m.PLANNING
+        if job.queue is not None:  # as it was, to compare with if it is queued again
+            job.queue.position = position
+        self.update(job)
+        return job
 
     def adopt(self, job: m.JobRecord) -> None:
         """A job this replica took over: held live here from now on, its event count from the book."""
@@ -413,7 +487,8 @@ class JobBook:
                "expires": job.expires, "owner": job.owner, "program": job.spec.program[:256],
                "summary": _without(text, _LISTING_DROPS) if len(text) > LISTING_TRIM_CHARS else None,
                "request_id": request_id, "runner": self.replica,
-               "runner_until": None if job.final or not self.lease_s else self._clock() + self.lease_s}
+               "runner_until": (None if job.final or job.state == m.QUEUED or not self.lease_s
+                                else self._clock() + self.lease_s)}
         if not self.lease_s:
             database.transaction(self._engine, lambda c: c.execute(self._upsert, row), reraise=(sa.exc.IntegrityError,))
         elif database.transaction(self._engine, lambda c: c.execute(self._upsert, row).first(),
@@ -464,7 +539,10 @@ class JobBook:
             row = connection.execute(_RECORD, {"job_id": job_id}).first()
         if row is None:
             raise job_not_found(job_id)
-        return self._parsed(job_id, row[0], row[1])
+        job = self._parsed(job_id, row[0], row[1])
+        if job.state == m.QUEUED and job.queue is not None:
+            job.queue.position = self.queue_position(job_id)
+        return job
 
     def _parsed(self, job_id: str, text: str | None, summary: str | None = None) -> m.JobRecord:
         """`text` as a record. None, too long to read: its summary, without the plan (the record

@@ -191,6 +191,18 @@ class GrpcMesh:
                     "upgrade the inventory before the dispatcher") from None
             raise error_from_rpc(exc, "inventory renew") from None
 
+    def pool_state(self) -> tuple:
+        reservations = self._call("inventory", self.inventory.ListReservations, inv_pb.ListReservationsRequest())
+        devices, token = [], ""
+        while True:
+            page = self._call("inventory", self.inventory.ListDevices,
+                              inv_pb.ListDevicesRequest(page_size=1000, page_token=token))
+            devices.extend((d.id, d.health) for d in page.devices)
+            if not (token := page.next_page_token):
+                break
+        return (tuple((r.job_id, r.device_id, r.memory_bytes) for r in reservations.reservations),
+                tuple(sorted(devices)))
+
     def release(self, job_id: str) -> None:
         with self._streams_lock:  # the job's shards are over: its streams are closed or closing
             for key in [key for key in self._streams if key[0] == job_id]:

@@ -12,15 +12,19 @@ INFERENCE, TRAINING = "inference", "training"
 # allowed, fp16 allowed (inference only); "" lets each device's rules decide.
 PRECISIONS = ("", "fp32", "bf16", "fp16")
 
-# Job states, in the order a job moves through them; the last three are final.
-PLANNING, COMPILING, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
-    "planning", "compiling", "running", "succeeded", "failed", "cancelled",
+# Job states, in the order a job moves through them; the last three are final. A job that cannot
+# get its devices (or its owner's quota) goes from PLANNING or COMPILING to QUEUED, and back to
+# PLANNING when the queue (dispatch_svc/queue.py) starts it again.
+PLANNING, COMPILING, RUNNING, SUCCEEDED, FAILED, CANCELLED, QUEUED = (
+    "planning", "compiling", "running", "succeeded", "failed", "cancelled", "queued",
 )
 FINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
+MAX_PRIORITY = 1000  # JobSpec.priority: 0 (the default) to this
 
 # Event types.
-PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP, TAKEN_OVER = (
+PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP, TAKEN_OVER, QUEUED_EVENT = (
     "planned", "compiled", "shard_started", "shard_finished", "shard_retried", "training_step", "taken_over",
+    "queued",
 )
 EVENT_FOR_STATE = {SUCCEEDED: "succeeded", FAILED: "failed", CANCELLED: "cancelled"}
 
@@ -70,6 +74,8 @@ class JobSpec:
     name: str = ""
     placement: PlacementSpec | None = None
     request_id: str = ""  # the client's idempotency key (AIP-155); "" for none
+    priority: int = 0  # its place in the queue: higher first (0..MAX_PRIORITY)
+    queue_timeout_s: float | None = None  # how long it may wait queued; None: the dispatcher's limit; 0: never
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,16 @@ class ShardRecord:
 
 
 @dataclass
+class QueueStatus:
+    """Where a queued job waits and why. `position` is worked out when it is read (1: tried next)."""
+
+    reason: str
+    since: float  # when it was queued (first: a job tried again keeps its place)
+    deadline: float  # when it fails if it has not started
+    position: int = 0
+
+
+@dataclass
 class Event:
     index: int
     type: str
@@ -214,6 +230,7 @@ class Event:
     shard: ShardRecord | None = None
     step: int = 0
     loss: float = 0.0
+    queue: QueueStatus | None = None
 
 
 @dataclass
@@ -233,6 +250,7 @@ class JobRecord:
     # The measured makespan to set beside plan.predicted_seconds: first shard dispatched to the last
     # shard's outputs (training: the mean over its steps); 0 until a shard finished.
     measured_seconds: float = 0.0
+    queue: QueueStatus | None = None  # while QUEUED
 
     @property
     def final(self) -> bool:

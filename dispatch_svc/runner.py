@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 import traceback
+from collections.abc import Callable
 
 from opentelemetry import trace
 
@@ -28,7 +30,8 @@ from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.strategies.context import JobContext, Limits
-from dispatch_svc.stored_inputs import SpoolingFeed, StoredFeed
+from dispatch_svc.queue import Admission, Queued
+from dispatch_svc.stored_inputs import SpoolingFeed, StoredFeed, store_rest
 from dispatch_svc.validation import check_limits
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,10 @@ class JobRunner:
 
     def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
                  max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None,
-                 job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S):
+                 job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S,
+                 admission: Admission | None = None, clock: Callable[[], float] = time.time):
+        """`admission`: the owner's quota and the queue (queue.py); None, a job that cannot get its
+        devices fails at once."""
         self.mesh = mesh
         self._tracer = tracer or trace.NoOpTracer()
         self.book = book
@@ -55,6 +61,10 @@ class JobRunner:
         self._live: dict[str, LiveJob] = {}
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
+        self.admission = admission
+        self._clock = clock
+        self.on_ended: Callable[[], None] = lambda: None  # a job let go of its devices (the queue's wake)
+        self.on_queued: Callable[[str], None] = lambda job_id: None  # a job goes to the queue here (JobQueue.note)
 
     def check(self, spec: m.JobSpec, *, running: bool = True) -> None:
         """The spec within the dispatcher's limits; raises before anything is planned."""
@@ -81,6 +91,9 @@ class JobRunner:
         live = self.live(job_id)
         if live is not None and not job.final:
             live.scope.cancel(reason)
+        elif job.state == m.QUEUED:
+            if not self.expire_queued(job_id, reason, m.CANCELLED):  # it started meanwhile: stop it there
+                return self.cancel(job_id, reason)
         elif not job.final and self.book.lease_s:
             self.book.request_cancel(job_id, reason)
         return job
@@ -95,6 +108,8 @@ class JobRunner:
 
     def start(self, spec: m.JobSpec, owner: str = "") -> tuple[m.JobRecord, LiveJob]:
         self.check(spec)  # before the record: a spec over the limits is never stored
+        if self.admission is not None:
+            self.admission.quotas.check_priority(owner, spec.priority)
         self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
         job = self.book.create(spec, owner)
         live = LiveJob()
@@ -103,22 +118,27 @@ class JobRunner:
         return job, live
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
-            taken_over: bool = False, kept: frozenset[int] | None = None) -> None:
+            kept: frozenset[int] | None = None) -> None:
         """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
         caller); the shards' results are collected in a background thread (or here). `kept`: the
         finished shards of a job taken over that its strategy keeps (None: it runs whole). A leased job
         (its book shared by dispatch replicas) stores its inputs as they are read, so another
-        replica can take it over (`take_over`)."""
+        replica can take it over (`take_over`). A job that cannot get its devices or its owner's quota
+        (Queued) has its inputs stored whole and waits in the queue: run returns then."""
         live.span = self._tracer.start_span("dispatch.job", attributes={
             attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
         token = trace.use_span(live.span, end_on_exit=False)
         token.__enter__()  # everything this job does, on any thread, is part of its trace
-        if self.book.lease_s and not taken_over:
+        if self.book.lease_s and not isinstance(feed, StoredFeed):  # a stored one: taken over, or from the queue
             feed = self._spooled(job, feed)
+        ctx = None
         try:
             ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
-                             kept=kept)
+                             kept=kept, admission=self.admission)
             work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
+        except Queued as queued:
+            self._queue(job, live, feed, ctx.given_parameters, queued.reason)
+            return
         except BaseException as exc:
             self._end(job, live, live.pool, exc, feed)
             raise
@@ -175,9 +195,70 @@ class JobRunner:
         with self._lock:
             self._live[job_id] = live
         try:
-            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, taken_over=True, kept=kept)
+            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, kept=kept)
         except Exception:  # noqa: BLE001 - ended and recorded by run
             pass
+
+    def _queue(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, given: list | None, reason: str) -> None:
+        """The job waits in the queue: the rest of its inputs stored (a job from the store has them
+        all there), then QUEUED in the book, and let go of here until a queue pass starts it."""
+        assert self.admission is not None  # only admission raises Queued
+        try:
+            if not isinstance(feed, StoredFeed):
+                store_rest(feed, self.book.inputs, job, given, lambda: self.book.inputs_stored(job.job_id))
+            self.on_queued(job.job_id)
+            self.book.enqueue(job, reason, self.admission.deadline(job, self._clock()))
+        except BaseException as exc:  # the client went away (or sent bad rows) while its inputs were stored
+            self._end(job, live, live.pool, exc, feed)
+            raise
+        if live.span is not None:
+            live.span.add_event("queued", {"reason": bounded(reason, MAX_ERROR_BYTES)})
+            live.span.end()
+        _let_go(live, feed, None)
+        self.book.forget_live(job.job_id)
+        with self._ended:
+            self._live.pop(job.job_id, None)
+            self._ended.notify_all()
+        live.settled.set()
+        live.done.set()
+
+    def start_queued(self, job_id: str) -> bool:
+        """Claim a queued job and start it here from its stored inputs (JobQueue's pass). Returns
+        once it holds its devices, went back to the queue or ended; False if another replica (or a
+        cancel) took it first."""
+        job = self.book.claim_queued(job_id)
+        if job is None:
+            return False
+        live = LiveJob()
+        with self._lock:
+            self._live[job_id] = live
+
+        def run():
+            try:
+                self.run(job, live, StoredFeed(self.book.inputs, job), background=False)
+            except Exception:  # noqa: BLE001 - ended and recorded by run
+                pass
+        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=f"queued-{job_id}",
+                         daemon=True).start()
+        live.settled.wait()
+        return True
+
+    def expire_queued(self, job_id: str, why: str, state: str = m.FAILED) -> bool:
+        """End a queued job without running it (FAILED past its deadline, or CANCELLED); False if it
+        was no longer queued (started, or ended, by then)."""
+        job = self.book.claim_queued(job_id)
+        if job is None:
+            return False
+        reason = job.queue.reason if job.queue is not None else ""
+        message = why if state == m.CANCELLED else f"{why}; it was waiting because {reason}" if reason else why
+        try:
+            self.book.finish(job, state, error=bounded(message, MAX_ERROR_BYTES))
+        finally:
+            self.book.drop_stored(job_id)
+            self.book.forget_live(job_id)
+            with self._ended:
+                self._live.pop(job_id, None)
+        return True
 
     def _collect(self, job, live, pool, work, feed) -> None:
         try:
@@ -219,15 +300,17 @@ class JobRunner:
                 live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
             live.span.end()
         _let_go(live, feed, exc)
-        if self.book.lease_s and ours:
-            self.book.drop_stored(job.job_id)  # no replica takes a final job over
+        if ours:
+            self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
         self.book.forget_live(job.job_id)
         with self._ended:
             self._live.pop(job.job_id, None)
             self._ended.notify_all()
+        live.settled.set()
         live.done.set()  # last: whoever waits for the job's end finds it out of every map
+        self.on_ended()
 
 
     def _still_runs(self, job_id: str) -> bool:

@@ -11,19 +11,23 @@ from accelmesh.runtime import database
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
-from accelmesh.security.access import PEOPLE, Access, Authenticator
+from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
+from accelmesh.security.identity import Role
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.mesh_client import GrpcMesh
 from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.queue import Admission, JobQueue
+from dispatch_svc.quotas import Quotas
 from dispatch_svc.runner import JobRunner
 from dispatch_svc.servicer import DispatchServicer
 from dispatch_svc.takeover import Takeover
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
 # People only; what each may see of the jobs (their own, or an operator's everyone's) is the servicer's.
-ACCESS: Access = {method: PEOPLE for method in (
-    "PlanJob", "SubmitJob", "RunJob", "WatchJob", "GetJob", "ListJobs", "CancelJob", "FetchResult")}
+ACCESS: Access = {**{method: PEOPLE for method in (
+    "PlanJob", "SubmitJob", "RunJob", "WatchJob", "GetJob", "ListJobs", "CancelJob", "FetchResult", "ListQuotas")},
+    "SetQuota": roles(Role.OPERATOR)}
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +54,20 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         throughput.stages = None
     runner = JobRunner(mesh, book, throughput, max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
-                       job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"))
+                       job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"),
+                       admission=Admission(Quotas(book.engine), config.queue_timeout_s))
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,
                                 max_message_bytes=config.max_message_bytes)
 
     takeover = Takeover(runner).start() if config.lease_s else None
+    quotas = runner.admission.quotas
+    queue = JobQueue(book, runner.start_queued, runner.expire_queued, poll_s=config.queue_poll_s,
+                     pool_state=lambda: (mesh.pool_state(), quotas.all())).start()
+    runner.on_ended, runner.on_queued = queue.wake, queue.note
 
     def shutdown():
+        queue.stop()
         if takeover is not None:
             takeover.stop()
         mesh.close()

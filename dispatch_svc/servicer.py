@@ -125,7 +125,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             pieces = delivery.replay(self.book, job.job_id, self._chunk_bytes)
         else:
             # The client's deadline or disconnect stops the job (its shards and reservations).
-            context.add_callback(lambda: None if job.final else live.scope.cancel(feed.gone()))
+            context.add_callback(lambda: self._client_gone(job, live, feed))
             pieces = delivery.run(self.runner, job, live, feed, self._chunk_bytes)
         for piece in pieces:
             if piece is delivery.IDLE:
@@ -138,6 +138,19 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
                 yield pb.RunJobResponse(tensor=_header(piece.entry))
             else:
                 yield from self._chunks(piece, pb.RunJobResponse)
+
+    def _client_gone(self, job: m.JobRecord, live, feed) -> None:
+        """A RunJob call ended (its client went, or its deadline passed, or it was answered): its job
+        stops if it has not ended, running here or waiting in the queue (or started from it since)."""
+        if job.final:
+            return
+        if self.runner.live(job.job_id) is live:
+            live.scope.cancel(feed.gone())
+            return
+        try:
+            self.runner.cancel(job.job_id, "the client of its RunJob call disconnected")
+        except errors.AccelmeshError as exc:  # the book is away: a queued job then waits for its deadline
+            log.warning("could not cancel job %s after its client went: %s", job.job_id, exc)
 
     def _chunks(self, piece: delivery.RowsOut, into):
         """A slab of rows as serialized `into` messages of chunks, each at its byte offset in the whole tensor."""
@@ -203,6 +216,30 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
                 yield pb.FetchResultResponse(tensor=_header(piece.entry))
             else:
                 yield from self._chunks(piece, pb.FetchResultResponse)
+
+
+    def SetQuota(self, request, context):
+        quotas = self._quotas()
+        if not request.HasField("quota"):
+            raise errors.InvalidArgument("quota is required; set quota.tenant (\"user:alice\", or \"*\") and its limits",
+                                         field="quota")
+        quota = tr.quota_from_proto(request.quota)
+        if request.remove:
+            if not quotas.remove(quota.tenant):
+                raise errors.NotFound(f"tenant {quoted(quota.tenant)} has no quota of its own to remove; ListQuotas "
+                                      "shows the quotas set", field="quota.tenant")
+            return pb.SetQuotaResponse(quota=tr.quota_to_proto(quota))
+        return pb.SetQuotaResponse(quota=tr.quota_to_proto(quotas.set(quota)))
+
+    def ListQuotas(self, request, context):
+        principal = self._auth.principal(context)
+        uses = self._quotas().usage(None if sees_everything(principal) else principal.key)
+        return pb.ListQuotasResponse(quotas=[tr.use_to_proto(use) for use in uses])
+
+    def _quotas(self):
+        if self.runner.admission is None:
+            raise errors.FailedPrecondition("this dispatcher runs without a queue, so it has no quotas")
+        return self.runner.admission.quotas
 
 
 def _header(entry) -> common_pb2.TensorHeader:

@@ -30,10 +30,13 @@ class SpoolingFeed:
 
     def parameters(self) -> list[tuple[str, np.ndarray]]:
         given = self._feed.parameters()
+        self.keep_parameters(given)
+        return given
+
+    def keep_parameters(self, given: list[tuple[str, np.ndarray]]) -> None:
         for name, value in given:
             self._store.save(self._job.job_id, PARAMETER + name, value)
         self._parameters_done = True
-        return given
 
     def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]:
         decls = self._job.spec.inputs
@@ -76,3 +79,19 @@ class StoredFeed:
 
     def close(self) -> None:
         self._entries = {}
+
+
+def store_rest(feed: InputFeed, store: ResultStore, job: m.JobRecord, given: list[tuple[str, np.ndarray]] | None,
+               on_stored: Callable[[], None]) -> None:
+    """Everything of the job's inputs that `feed` has not handed out yet, written to `store` (a
+    job going to the queue, before any of its rows were read): its client parameters (`given`,
+    if the job read them already) and every row. `feed` may be a SpoolingFeed already (a leased
+    job's), which has kept what it handed out."""
+    spool = feed if isinstance(feed, SpoolingFeed) else SpoolingFeed(feed, store, job, on_stored)
+    if job.spec.client_parameters:
+        if given is None:
+            spool.parameters()
+        elif spool is not feed:
+            spool.keep_parameters(given)
+    for _ in spool.blocks():
+        pass

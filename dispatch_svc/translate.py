@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from google.protobuf import duration_pb2
+
 from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.common.v1 import common_pb2
@@ -14,7 +16,9 @@ from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import dtype_code_for_name, dtype_name
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from dispatch_svc import records as m
+from dispatch_svc.quotas import LIMITS, Quota, Use, check_quota
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.training import TrainingOptions
 
@@ -23,6 +27,7 @@ KIND_FROM_PROTO = {job_pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, job_pb.JOB_KIND_INF
 STATE_TO_PROTO = {
     m.PLANNING: job_pb.JOB_STATE_PLANNING, m.COMPILING: job_pb.JOB_STATE_COMPILING, m.RUNNING: job_pb.JOB_STATE_RUNNING,
     m.SUCCEEDED: job_pb.JOB_STATE_SUCCEEDED, m.FAILED: job_pb.JOB_STATE_FAILED, m.CANCELLED: job_pb.JOB_STATE_CANCELLED,
+    m.QUEUED: job_pb.JOB_STATE_QUEUED,
 }
 EVENT_TO_PROTO = {
     m.PLANNED: job_pb.JOB_EVENT_TYPE_PLANNED, m.COMPILED: job_pb.JOB_EVENT_TYPE_COMPILED,
@@ -30,6 +35,7 @@ EVENT_TO_PROTO = {
     m.SHARD_RETRIED: job_pb.JOB_EVENT_TYPE_SHARD_RETRIED, m.TRAINING_STEP: job_pb.JOB_EVENT_TYPE_TRAINING_STEP,
     "succeeded": job_pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": job_pb.JOB_EVENT_TYPE_FAILED,
     "cancelled": job_pb.JOB_EVENT_TYPE_CANCELLED, m.TAKEN_OVER: job_pb.JOB_EVENT_TYPE_TAKEN_OVER,
+    m.QUEUED_EVENT: job_pb.JOB_EVENT_TYPE_QUEUED,
 }
 KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_KIND_TRAINING}
 STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
@@ -87,7 +93,27 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         name=msg.name,
         placement=placement_from_proto(msg.placement) if msg.HasField("placement") else None,
         request_id=_request_id(msg.request_id),
+        priority=_priority(msg.priority),
+        queue_timeout_s=_queue_timeout(msg),
     )
+
+
+def _priority(value: int) -> int:
+    if not 0 <= value <= m.MAX_PRIORITY:
+        raise errors.InvalidArgument(f"spec.priority is {value}; use 0 (the default) to {m.MAX_PRIORITY}, higher "
+                                     "first", field="spec.priority")
+    return value
+
+
+def _queue_timeout(msg: job_pb.JobSpec) -> float | None:
+    if not msg.HasField("queue_timeout"):
+        return None
+    seconds = msg.queue_timeout.ToTimedelta().total_seconds()
+    if seconds < 0 or not 0 <= msg.queue_timeout.nanos < 1_000_000_000:
+        raise errors.InvalidArgument(
+            f"spec.queue_timeout is {seconds:g} s; use 0 s to never queue, a positive duration to wait at most that "
+            "long, or leave it unset for the dispatcher's limit", field="spec.queue_timeout")
+    return seconds
 
 
 MAX_REQUEST_ID_CHARS = 64
@@ -203,7 +229,20 @@ def event_to_proto(e: m.Event) -> job_pb.JobEvent:
         msg.plan.CopyFrom(plan_to_proto(e.plan))
     if e.shard is not None:
         msg.shard.CopyFrom(shard_to_proto(e.shard))
+    if e.queue is not None:
+        msg.queue.CopyFrom(queue_to_proto(e.queue))
     return msg
+
+
+def queue_to_proto(q: m.QueueStatus) -> job_pb.QueueStatus:
+    return job_pb.QueueStatus(position=q.position, reason=q.reason, enqueue_time=timestamp(q.since),
+                              deadline=timestamp(q.deadline))
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
 
 
 def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
@@ -216,7 +255,8 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
                                           precision=PRECISION_TO_PROTO[spec.constraints.precision]),
         inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
-        request_id=spec.request_id,
+        request_id=spec.request_id, priority=spec.priority,
+        queue_timeout=None if spec.queue_timeout_s is None else _duration(spec.queue_timeout_s),
         training=job_pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
                                         momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
         placement=placement_spec_to_proto(spec.placement) if spec.placement is not None else None,
@@ -239,6 +279,8 @@ def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> job_pb.Job:
         msg.end_time.CopyFrom(timestamp(job.ended))
     if job.expires is not None:
         msg.expire_time.CopyFrom(timestamp(job.expires))
+    if job.queue is not None and job.state == m.QUEUED:
+        msg.queue.CopyFrom(queue_to_proto(job.queue))
     return msg
 
 
@@ -249,3 +291,20 @@ def _summary(plan: m.Plan) -> m.Plan:
             placement, layers=(), devices=tuple(dataclasses.replace(d, layers=()) for d in placement.devices),
             candidates=tuple(dataclasses.replace(c, devices=()) for c in placement.candidates))
     return dataclasses.replace(plan, shards=(), placement=placement)
+
+
+def quota_from_proto(msg: pb.Quota) -> Quota:
+    return check_quota(Quota(msg.tenant, *(getattr(msg, name) if msg.HasField(name) else None for name in LIMITS)))
+
+
+def quota_to_proto(quota: Quota) -> pb.Quota:
+    return pb.Quota(tenant=quota.tenant, **{name: getattr(quota, name) for name in LIMITS
+                                            if getattr(quota, name) is not None})
+
+
+def use_to_proto(use: Use) -> pb.QuotaUse:
+    msg = pb.QuotaUse(tenant=use.tenant, jobs=use.jobs, devices=use.devices, memory_bytes=use.memory_bytes,
+                      queued=use.queued)
+    if use.quota is not None:
+        msg.quota.CopyFrom(quota_to_proto(use.quota))
+    return msg

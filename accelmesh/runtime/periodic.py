@@ -22,20 +22,30 @@ class Periodic:
         """`what` names the call in log lines, e.g. "renewing job leases"."""
         self._call, self._interval_s, self._what = call, interval_s, what
         self._stop = threading.Event()
+        self._woken = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> Periodic:
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Make the next call now rather than at the next tick (one call for any number of wakes)."""
+        self._woken.set()
+
     def stop(self, timeout_s: float | None = None) -> None:
         self._stop.set()
+        self._woken.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
         failing = False
-        while not self._stop.wait(self._interval_s):
+        while True:
+            self._woken.wait(self._interval_s)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._call()
             except errors.Unavailable as exc:

@@ -28,6 +28,27 @@ jobs = sa.Table(
     sa.Column("runner_until", sa.Float),
     sa.Column("inputs_stored", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("cancel_requested", sa.Text),
+    # The queue (dispatch_svc/queue.py): a QUEUED job's priority, when it was first queued (its
+    # place, kept when it is tried again and queued anew), when it gives up, and why it waits.
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("queued_at", sa.Float),
+    sa.Column("queue_deadline", sa.Float),
+    sa.Column("queue_reason", sa.Text),
+    # What a job that was admitted holds, for its owner's quota: devices and reserved bytes
+    # (0 before it reserved and once it ended).
+    sa.Column("held_devices", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("held_bytes", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+# Per-tenant quotas an operator sets (SetQuota); NULL: no limit. Tenant "*" applies to every
+# tenant without a row of its own.
+quotas = sa.Table(
+    "quotas", metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("max_jobs", sa.Integer),
+    sa.Column("max_devices", sa.Integer),
+    sa.Column("max_memory_bytes", sa.BigInteger),
+    sa.Column("max_priority", sa.Integer),
 )
 
 events = sa.Table(

@@ -31,6 +31,7 @@ from dispatch_svc.interface import (
 )
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.queue import Admission
 from dispatch_svc.validation import check_parameters, check_shard_outputs
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,9 @@ class JobContext:
     # A job taken over from a dispatch replica that stopped (takeover.py), resumed: the shards of
     # its plan that one finished, kept (None: the job runs whole).
     kept: frozenset[int] | None = None
+    # The owner's quota and the queue (queue.py); None: neither, a refused reservation fails the job.
+    admission: Admission | None = None
+    given_parameters: list[tuple[str, np.ndarray]] | None = None  # the client's, read before it reserved
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock: _MakespanClock = field(default_factory=_MakespanClock)
 
@@ -198,6 +202,7 @@ class JobContext:
         """The client's parameters (checked against the program), or the program's initial ones."""
         if self.spec.client_parameters:
             given = self.feed.parameters()
+            self.given_parameters = given
             check_parameters(program, given)
             return given
         if program is None or not program.parameters:
@@ -206,9 +211,20 @@ class JobContext:
         return [(p.name, v) for p, v in zip(program.parameters, values)]
 
     def reserve(self, claims: Sequence[tuple[str, int]]) -> None:
-        """Reserve the job's devices, then keep them leased until it ends (`LeaseKeeper`)."""
+        """Reserve the job's devices, then keep them leased until it ends (`LeaseKeeper`). With
+        admission, the owner's quota is asked first, and a refusal of either raises Queued (the
+        job waits in the queue) unless the job may not wait."""
         ttl_s, reserved_at = self.limits.reservation_ttl_s, time.monotonic()
-        self.mesh.reserve(self.job.job_id, claims, ttl_s)
+        if self.admission is not None:
+            self.admission.admit(self.job, claims)
+        try:
+            self.mesh.reserve(self.job.job_id, claims, ttl_s)
+        except errors.ResourceExhausted as exc:
+            if self.admission is None:
+                raise
+            raise self.admission.refused(self.job, f"devices: {exc}") from None
+        self.given_parameters = None  # kept only for the queue: the job's strategy holds them from here
+        self.live.settled.set()
         self.live.lease = LeaseKeeper(self.mesh, self.job.job_id, [device for device, _ in claims], ttl_s, self.live,
                                       reserved_at=reserved_at)
         self.book.update(self.job, state=m.RUNNING)

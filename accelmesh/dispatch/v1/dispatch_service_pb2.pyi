@@ -148,3 +148,57 @@ class FetchResultResponse(_message.Message):
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     def __init__(self, tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class Quota(_message.Message):
+    __slots__ = ("tenant", "max_jobs", "max_devices", "max_memory_bytes", "max_priority")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    max_jobs: int
+    max_devices: int
+    max_memory_bytes: int
+    max_priority: int
+    def __init__(self, tenant: _Optional[str] = ..., max_jobs: _Optional[int] = ..., max_devices: _Optional[int] = ..., max_memory_bytes: _Optional[int] = ..., max_priority: _Optional[int] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("quota", "remove")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    quota: Quota
+    remove: bool
+    def __init__(self, quota: _Optional[_Union[Quota, _Mapping]] = ..., remove: _Optional[bool] = ...) -> None: ...
+
+class SetQuotaResponse(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: Quota
+    def __init__(self, quota: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
+
+class ListQuotasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuotaUse(_message.Message):
+    __slots__ = ("quota", "tenant", "jobs", "devices", "memory_bytes", "queued")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    quota: Quota
+    tenant: str
+    jobs: int
+    devices: int
+    memory_bytes: int
+    queued: int
+    def __init__(self, quota: _Optional[_Union[Quota, _Mapping]] = ..., tenant: _Optional[str] = ..., jobs: _Optional[int] = ..., devices: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+
+class ListQuotasResponse(_message.Message):
+    __slots__ = ("quotas",)
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[QuotaUse]
+    def __init__(self, quotas: _Optional[_Iterable[_Union[QuotaUse, _Mapping]]] = ...) -> None: ...

@@ -76,6 +76,16 @@ class DispatchServiceStub:
                 request_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultResponse.FromString,
                 _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/accelmesh.dispatch.v1.DispatchService/SetQuota',
+                request_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListQuotas = channel.unary_unary(
+                '/accelmesh.dispatch.v1.DispatchService/ListQuotas',
+                request_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class DispatchServiceServicer:
@@ -141,6 +151,21 @@ class DispatchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQuota(self, request, context):
+        """Operators: sets a tenant's quota (or the default for tenants without one), shared by every
+        dispatch replica; a job over its owner's quota waits in the queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuotas(self, request, context):
+        """The quotas and each tenant's use of them now; a caller who is not an operator sees its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +208,16 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.FetchResult,
                     request_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultRequest.FromString,
                     response_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultResponse.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaRequest.FromString,
+                    response_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaResponse.SerializeToString,
+            ),
+            'ListQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuotas,
+                    request_deserializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasRequest.FromString,
+                    response_serializer=accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +438,60 @@ class DispatchService:
             '/accelmesh.dispatch.v1.DispatchService/FetchResult',
             accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultRequest.SerializeToString,
             accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.FetchResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.dispatch.v1.DispatchService/SetQuota',
+            accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaRequest.SerializeToString,
+            accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.SetQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.dispatch.v1.DispatchService/ListQuotas',
+            accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasRequest.SerializeToString,
+            accelmesh_dot_dispatch_dot_v1_dot_dispatch__service__pb2.ListQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,6 +2,7 @@ import datetime
 
 from accelmesh.common.v1 import common_pb2 as _common_pb2
 from accelmesh.dispatch.v1 import plan_pb2 as _plan_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -27,6 +28,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
 
 class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +43,7 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_EVENT_TYPE_FAILED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_CANCELLED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_TAKEN_OVER: _ClassVar[JobEventType]
+    JOB_EVENT_TYPE_QUEUED: _ClassVar[JobEventType]
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
@@ -51,6 +54,7 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+JOB_STATE_QUEUED: JobState
 JOB_EVENT_TYPE_UNSPECIFIED: JobEventType
 JOB_EVENT_TYPE_PLANNED: JobEventType
 JOB_EVENT_TYPE_COMPILED: JobEventType
@@ -62,6 +66,7 @@ JOB_EVENT_TYPE_SUCCEEDED: JobEventType
 JOB_EVENT_TYPE_FAILED: JobEventType
 JOB_EVENT_TYPE_CANCELLED: JobEventType
 JOB_EVENT_TYPE_TAKEN_OVER: JobEventType
+JOB_EVENT_TYPE_QUEUED: JobEventType
 
 class JobConstraints(_message.Message):
     __slots__ = ("platforms", "required_capabilities", "max_devices", "filter", "precision")
@@ -92,7 +97,7 @@ class TrainingOptions(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id")
+    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id", "priority", "queue_timeout")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +109,8 @@ class JobSpec(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     kind: JobKind
@@ -115,10 +122,12 @@ class JobSpec(_message.Message):
     name: str
     placement: _plan_pb2.PlacementOptions
     request_id: str
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: int
+    queue_timeout: _duration_pb2.Duration
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss")
+    __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss", "queue")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +137,7 @@ class JobEvent(_message.Message):
     SHARD_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     index: int
     type: JobEventType
     time: _timestamp_pb2.Timestamp
@@ -137,7 +147,20 @@ class JobEvent(_message.Message):
     shard: ShardRecord
     step: int
     loss: float
-    def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[JobEventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shard: _Optional[_Union[ShardRecord, _Mapping]] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
+    queue: QueueStatus
+    def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[JobEventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shard: _Optional[_Union[ShardRecord, _Mapping]] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...
+
+class QueueStatus(_message.Message):
+    __slots__ = ("position", "reason", "enqueue_time", "deadline")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    reason: str
+    enqueue_time: _timestamp_pb2.Timestamp
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, position: _Optional[int] = ..., reason: _Optional[str] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ShardRecord(_message.Message):
     __slots__ = ("index", "device_id", "target_type", "rule", "first_row", "rows", "attempts", "failures", "queue_seconds", "load_seconds", "execute_seconds", "total_seconds", "done", "predicted_seconds")
@@ -172,7 +195,7 @@ class ShardRecord(_message.Message):
     def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ..., predicted_seconds: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner", "measured_seconds")
+    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner", "measured_seconds", "queue")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +209,7 @@ class Job(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     MEASURED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -199,4 +223,5 @@ class Job(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     owner: str
     measured_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., measured_seconds: _Optional[float] = ...) -> None: ...
+    queue: QueueStatus
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., measured_seconds: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...

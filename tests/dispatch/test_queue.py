@@ -1,0 +1,361 @@
+"""The job queue and quotas (dispatch_svc/queue.py, quotas.py) on the job runner: a job that finds
+the pool full, or its owner's quota used up, waits QUEUED with its inputs stored and starts once
+there is room; priorities order the queue; a deadline ends a job that waited too long; a queued
+job can be cancelled; the queue outlives a restart and is one for two replicas. Each on SQLite
+and PostgreSQL. The pool is a `PoolMesh`: the fake Mesh port whose reservations refuse what does
+not fit, as the inventory's do. Queue passes are run by the test, so nothing waits on a timer."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeMesh, Feed, spec_for
+
+from accelmesh import errors
+from dispatch_svc import records as m
+from dispatch_svc.jobs import JobBook
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.queue import Admission, JobQueue
+from dispatch_svc.quotas import Quota, Quotas
+from dispatch_svc.runner import JobRunner
+
+CLAIM = 16 + 1024  # what an AFFINE job reserves on each device it uses: its parameters and a shard
+ALICE, BOB = "user:alice", "user:bob"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class PoolMesh(FakeMesh):
+    """Devices of CLAIM * 1.5 bytes each: one job at a time fits. `occupy` reserves every device
+    for a job of the test's; the jobs in `held_jobs` run their shards only once `let_go` is set."""
+
+    def __init__(self):
+        super().__init__(AFFINE)
+        self.capacity = CLAIM * 3 // 2
+        self.holding: dict[str, dict[str, int]] = {}  # job -> device -> bytes
+        self.order: list[str] = []  # jobs, as their reservations succeeded
+        self.held_jobs: set[str] = set()
+        self._pool_lock = threading.Lock()
+
+    def pool_state(self):
+        with self._pool_lock:
+            return tuple(sorted((job, tuple(sorted(held.items()))) for job, held in self.holding.items()))
+
+    def occupy(self, job_id: str) -> None:
+        self.reserve(job_id, [(d.id, self.capacity) for d in self.devices], 60)
+
+    def reserve(self, job_id, claims, ttl_s):
+        with self._pool_lock:
+            for device, nbytes in claims:
+                used = sum(held.get(device, 0) for job, held in self.holding.items() if job != job_id)
+                if used + nbytes > self.capacity:
+                    raise errors.ResourceExhausted(
+                        f"memory_bytes: requested {nbytes} bytes on device {device!r} but only "
+                        f"{self.capacity - used} bytes are free after other jobs' reservations")
+            self.holding[job_id] = dict(claims)
+            self.order.append(job_id)
+        super().reserve(job_id, claims, ttl_s)
+
+    def release(self, job_id):
+        with self._pool_lock:
+            self.holding.pop(job_id, None)
+        super().release(job_id)
+
+    def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
+                place_outputs=None):
+        if job_id in self.held_jobs:
+            self.started.set()
+            assert self.let_go.wait(WAIT_S)
+        return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
+                              place_outputs)
+
+
+class ParameterFeed(Feed):
+    def parameters(self):
+        return [("b", BIAS * 3)]
+
+
+@pytest.fixture
+def book_db(database_url):
+    return "" if "://" not in database_url else database_url
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def replica(mesh, tmp_path, book_db, clock, lease_s=0.0) -> tuple[JobRunner, JobQueue]:
+    book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=lease_s)
+    runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=1024, inflight_bytes=1 << 20,
+                       admission=Admission(Quotas(book.engine)), clock=clock)
+    queue = JobQueue(book, runner.start_queued, runner.expire_queued, clock=clock,
+                     pool_state=lambda: (mesh.pool_state(), runner.admission.quotas.all()))
+    runner.on_ended, runner.on_queued = queue.wake, queue.note
+    return runner, queue
+
+
+@pytest.fixture
+def mesh():
+    mesh = PoolMesh()
+    yield mesh
+    mesh.let_go.set()
+
+
+@pytest.fixture
+def node(mesh, tmp_path, book_db, clock):
+    runner, queue = replica(mesh, tmp_path, book_db, clock)
+    yield runner, queue
+    mesh.let_go.set()
+    runner.wait_idle(WAIT_S)
+    runner.book.close()
+
+
+def submit(runner: JobRunner, owner: str = ALICE, feed: Feed | None = None, hold: bool = False,
+           **fields) -> m.JobRecord:
+    """Start a job as RunJob does; returns its record once it runs in the background or waits queued.
+    `hold`: its shards wait for the mesh's `let_go`."""
+    job, live = runner.start(spec_for(AFFINE, [X], **fields), owner)
+    if hold:
+        runner.mesh.held_jobs.add(job.job_id)
+    runner.run(job, live, feed or Feed([X]))
+    return runner.book.get(job.job_id)
+
+
+def finished(runner: JobRunner, job: m.JobRecord) -> m.JobRecord:
+    done = runner.book.wait_final(job.job_id, WAIT_S)
+    assert runner.wait_idle(WAIT_S)
+    return done
+
+
+def logged(book: JobBook, job_id: str) -> list[m.Event]:
+    """The job's events so far (WatchJob's would go on waiting for a queued job's next one)."""
+    idle = object()
+    events = []
+    for event in book.events(job_id, idle=idle):
+        if event is idle:
+            return events
+        events.append(event)
+    return events
+
+
+def y_of(runner: JobRunner, job: m.JobRecord) -> np.ndarray:
+    return next(e for e in runner.book.results.entries(job.job_id) if e.name == "y").read()
+
+
+def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(node, mesh):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    job = submit(runner)
+    assert job.state == m.QUEUED
+    assert job.queue.position == 1 and "devices:" in job.queue.reason and "free" in job.queue.reason
+    assert job.queue.deadline == pytest.approx(job.queue.since + 24 * 3600)
+    queued = [e for e in logged(runner.book, job.job_id) if e.type == m.QUEUED_EVENT]
+    assert [e.queue.position for e in queued] == [1] and queued[0].queue.reason == job.queue.reason
+    assert {e.name for e in runner.book.inputs.entries(job.job_id)} == {"input:x"}  # stored whole
+    assert runner.running == 0 and runner.book.live_count == 0  # nothing of it is held in memory
+
+    assert queue.run_pass() == []  # nothing changed since it was refused: not tried again
+    # A change that makes no room: the reservation a byte smaller.
+    mesh.reserve("someone-else", [(d.id, mesh.capacity - 1) for d in mesh.devices], 60)
+    assert queue.run_pass() == [job.job_id]  # tried: still no room
+    assert runner.book.get(job.job_id).state == m.QUEUED
+    # Refused again, and why changed: a second QUEUED event says so.
+    queued = [e for e in logged(runner.book, job.job_id) if e.type == m.QUEUED_EVENT]
+    assert len(queued) == 2 and "only 1 bytes are free" in queued[1].queue.reason
+    assert queue.run_pass() == []  # and nothing changed since
+
+    mesh.release("someone-else")
+    assert queue.run_pass() == [job.job_id]
+    done = finished(runner, job)
+    assert done.state == m.SUCCEEDED, done.error
+    np.testing.assert_array_equal(y_of(runner, done), 2 * X + BIAS)
+    assert done.queue.reason == queued[1].queue.reason  # the record remembers why it waited last
+    assert not any(runner.book.inputs.entries(job.job_id))  # stored inputs go with the job's end
+    assert queue.run_pass() == []
+
+
+def test_client_parameters_wait_with_the_job_and_are_the_ones_it_runs_with(node, mesh):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    job = submit(runner, feed=ParameterFeed([X]), client_parameters=True)
+    assert job.state == m.QUEUED
+    mesh.release("someone-else")
+    queue.run_pass()
+    done = finished(runner, job)
+    assert done.state == m.SUCCEEDED, done.error
+    np.testing.assert_array_equal(y_of(runner, done), 2 * X + BIAS * 3)
+
+
+def test_higher_priority_goes_first_and_equal_priorities_in_queue_order(node, mesh, clock):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    low = submit(runner, name="low")
+    clock.now += 1
+    high = submit(runner, name="high", priority=5)
+    clock.now += 1
+    later = submit(runner, name="later")
+    positions = {j.spec.name: runner.book.get(j.job_id).queue.position for j in (low, high, later)}
+    assert positions == {"high": 1, "low": 2, "later": 3}
+
+    mesh.release("someone-else")
+    mesh.held_jobs.add(high.job_id)  # high holds the pool until the test lets it go
+    queue.run_pass()
+    assert mesh.order[-1] == high.job_id
+    assert runner.book.get(low.job_id).state == m.QUEUED  # tried, no room: back, keeping its place
+    low_events = [e for e in logged(runner.book, low.job_id) if e.type == m.QUEUED_EVENT]
+    # Queued 1st; behind high (2nd) when the pass tried it; 1st again when it came back: said again.
+    assert [e.queue.position for e in low_events] == [1, 1]
+
+    mesh.let_go.set()
+    assert finished(runner, high).state == m.SUCCEEDED
+    queue.run_pass()
+    assert finished(runner, low).state == m.SUCCEEDED
+    queue.run_pass()
+    assert finished(runner, later).state == m.SUCCEEDED
+    assert mesh.order[-3:] == [high.job_id, low.job_id, later.job_id]
+
+
+def test_a_quota_holds_a_tenants_next_job_but_not_another_tenants(node, mesh):
+    runner, queue = node
+    mesh.capacity = CLAIM * 10  # room for every job: only the quota holds one back
+    runner.admission.quotas.set(Quota(ALICE, max_jobs=1))
+    first = submit(runner, owner=ALICE, hold=True)
+    second = submit(runner, owner=ALICE)
+    assert second.state == m.QUEUED
+    assert second.queue.reason.startswith("quota: user:alice's other jobs hold 1 jobs holding devices")
+    bobs = submit(runner, owner=BOB)
+    assert bobs.state != m.QUEUED
+    assert runner.book.wait_final(bobs.job_id, WAIT_S).state == m.SUCCEEDED  # bob has no quota: not held back
+    use = {u.tenant: u for u in runner.admission.quotas.usage()}
+    assert (use[ALICE].jobs, use[ALICE].queued, use[ALICE].quota.max_jobs) == (1, 1, 1)
+    assert use[ALICE].devices == len(mesh.holding[first.job_id])
+
+    assert queue.run_pass() == [second.job_id] and runner.book.get(second.job_id).state == m.QUEUED
+    mesh.let_go.set()
+    assert finished(runner, first).state == m.SUCCEEDED
+    queue.run_pass()
+    assert finished(runner, second).state == m.SUCCEEDED
+
+
+def test_the_default_quota_applies_to_tenants_without_their_own(node, mesh):
+    runner, _ = node
+    mesh.capacity = CLAIM * 10
+    runner.admission.quotas.set(Quota("*", max_jobs=1))
+    runner.admission.quotas.set(Quota(BOB))  # bob's own: no limit
+    submit(runner, owner=ALICE, hold=True)
+    second = submit(runner, owner=ALICE)
+    assert second.state == m.QUEUED
+    assert "the default quota (\"*\"), which applies to user:alice" in second.queue.reason
+    bobs = [submit(runner, owner=BOB) for _ in range(2)]
+    assert all(runner.book.wait_final(j.job_id, WAIT_S).state == m.SUCCEEDED for j in bobs)
+
+
+def test_a_job_over_its_quota_by_itself_fails_at_once_naming_the_limit(node, mesh):
+    runner, _ = node
+    runner.admission.quotas.set(Quota(ALICE, max_devices=1))
+    with pytest.raises(errors.ResourceExhausted, match="so it can never start"):
+        submit(runner, owner=ALICE)
+    (job,) = runner.book.list(10)
+    assert job.state == m.FAILED
+    used = len(job.plan.shards and {s.device_id for s in job.plan.shards})
+    assert used > 1 and f"needs {used} devices" in job.error and "allows 1 at once, so it can never start" in job.error
+    assert "spec.constraints.max_devices" in job.error
+    fits = submit(runner, owner=ALICE, constraints=m.Constraints(filter="a100"))  # one device
+    assert runner.book.wait_final(fits.job_id, WAIT_S).state == m.SUCCEEDED
+
+
+def test_a_priority_above_the_quota_is_refused_before_the_job_exists(node):
+    runner, _ = node
+    runner.admission.quotas.set(Quota(ALICE, max_priority=3))
+    with pytest.raises(errors.PermissionDenied, match="spec.priority is 5, but the quota of user:alice allows at most 3"):
+        runner.start(spec_for(AFFINE, [X], priority=5), ALICE)
+    assert runner.book.list(10) == []
+    within = submit(runner, owner=ALICE, priority=3)
+    assert finished(runner, within).state == m.SUCCEEDED
+
+
+def test_a_job_queued_past_its_deadline_fails_saying_why_it_waited(node, mesh, clock):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    job = submit(runner, queue_timeout_s=30.0)
+    assert job.queue.deadline == clock.now + 30
+    clock.now += 29
+    queue.run_pass()
+    assert runner.book.get(job.job_id).state == m.QUEUED
+    clock.now += 2
+    assert queue.run_pass() == []
+    done = runner.book.get(job.job_id)
+    assert done.state == m.FAILED and "past its deadline (spec.queue_timeout)" in done.error
+    assert "it was waiting because devices:" in done.error
+    assert not any(runner.book.inputs.entries(job.job_id))
+
+
+def test_a_job_that_may_not_wait_fails_at_once_as_before_queues(node, mesh):
+    runner, _ = node
+    mesh.occupy("someone-else")
+    with pytest.raises(errors.ResourceExhausted, match="the job was not queued"):
+        submit(runner, queue_timeout_s=0.0)
+    (job,) = runner.book.list(10)
+    assert job.state == m.FAILED
+    assert "free after other jobs' reservations" in job.error and "spec.queue_timeout is 0 s" in job.error
+    assert not any(runner.book.inputs.entries(job.job_id))
+
+
+def test_a_queued_job_can_be_cancelled_and_is_never_started(node, mesh):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    job = submit(runner)
+    runner.cancel(job.job_id, "not needed any more")
+    done = runner.book.get(job.job_id)
+    assert done.state == m.CANCELLED and done.error == "not needed any more"
+    assert [e.type for e in logged(runner.book, done.job_id)][-1] == "cancelled"
+    mesh.release("someone-else")
+    assert queue.run_pass() == []
+    assert job.job_id not in mesh.order and not any(runner.book.inputs.entries(job.job_id))
+
+
+def test_the_queue_outlives_a_restart(mesh, tmp_path, book_db, clock):
+    runner, _ = replica(mesh, tmp_path, book_db, clock)
+    mesh.occupy("someone-else")
+    job = submit(runner)
+    runner.book.close()  # the dispatcher stops
+
+    again, queue = replica(mesh, tmp_path, book_db, clock)
+    try:
+        assert again.book.interrupted == []  # a queued job was not cut off by the restart
+        assert again.book.get(job.job_id).state == m.QUEUED
+        mesh.release("someone-else")
+        assert queue.run_pass() == [job.job_id]
+        done = finished(again, job)
+        assert done.state == m.SUCCEEDED, done.error
+        np.testing.assert_array_equal(y_of(again, done), 2 * X + BIAS)
+    finally:
+        again.book.close()
+
+
+def test_two_replicas_share_one_queue_and_start_a_job_once(mesh, tmp_path, book_db, clock):
+    (first, first_queue), (second, second_queue) = (replica(mesh, tmp_path, book_db, clock, lease_s=10.0)
+                                                    for _ in range(2))
+    try:
+        mesh.occupy("someone-else")
+        job = submit(first)
+        assert second.book.get(job.job_id).state == m.QUEUED and second.book.queue_position(job.job_id) == 1
+        mesh.release("someone-else")
+        assert second_queue.run_pass() == [job.job_id]
+        assert first_queue.run_pass() == []  # started by the other replica already
+        assert first.book.claim_queued(job.job_id) is None
+        done = finished(second, job)
+        assert done.state == m.SUCCEEDED, done.error
+        assert mesh.order.count(job.job_id) == 1
+    finally:
+        first.book.close()
+        second.book.close()

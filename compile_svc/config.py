@@ -29,6 +29,7 @@ class CompileConfig:
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.COMPILE))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
+    metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
     return CompileConfig(
         security=security_from_env(Role.COMPILE, env, insecure=args.insecure),
         health_listen=args.health_listen,
+        metrics_listen=args.metrics_listen,
         listen=args.listen,
         cache_dir=args.cache_dir,
         cache_max_bytes=env_int("ACCELMESH_ARTIFACT_MAX_BYTES", d.cache_max_bytes, env, minimum=1024**2),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
 from accelmesh.security.access import PEOPLE, Access, roles
@@ -12,6 +13,7 @@ from accelmesh.security.identity import Role
 from compile_svc.cache import ArtifactCache
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
+from compile_svc.metrics import register as register_metrics
 from compile_svc.programs import default_registry
 from compile_svc.rules import load_rules
 from compile_svc.servicer import CompileServicer
@@ -46,6 +48,8 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
                           max_uploads=config.max_uploads, max_total_bytes=config.max_uploaded_bytes)
     uploads.restore()
     servicer = CompileServicer(compiler, uploads, config.max_message_bytes, config.max_parameter_bytes)
+    metrics = Metrics("compile", config.metrics_listen, config.security)
+    register_metrics(metrics, compiler.cache)
     server = create_server(
         [Service(SERVICE_NAME, compile_service_pb2_grpc.add_CompileServiceServicer_to_server, servicer)],
         security=config.security,
@@ -54,5 +58,6 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
         health_listen=config.health_listen,
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
+        metrics=metrics,
     )
     return server, compiler

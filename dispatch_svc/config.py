@@ -98,6 +98,7 @@ class DispatchConfig:
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.DISPATCH))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
+    metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
     # ACCELMESH_STAGE_CALIBRATION: finished pipeline stage calls calibrate later placements
     # (dispatch_svc/planner/calibration.py); 0 plans from the catalog alone, the same plan every time
     calibrate_stages: bool = True
@@ -124,6 +125,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         listen=args.listen,
         security=security_from_env(Role.DISPATCH, env, insecure=args.insecure),
         health_listen=args.health_listen,
+        metrics_listen=args.metrics_listen,
         inventory=args.inventory,
         compile=args.compile,
         data_dir=args.data_dir,

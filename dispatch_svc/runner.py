@@ -30,6 +30,7 @@ from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.strategies.context import JobContext, Limits
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.queue import Admission, Queued
 from dispatch_svc.stored_inputs import SpoolingFeed, StoredFeed, store_rest
 from dispatch_svc.validation import check_limits
@@ -49,7 +50,8 @@ class JobRunner:
     def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
                  max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None,
                  job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S,
-                 admission: Admission | None = None, clock: Callable[[], float] = time.time):
+                 admission: Admission | None = None, clock: Callable[[], float] = time.time,
+                 metrics: DispatchMetrics = NO_METRICS):
         """`admission`: the owner's quota and the queue (queue.py); None, a job that cannot get its
         devices fails at once."""
         self.mesh = mesh
@@ -63,6 +65,7 @@ class JobRunner:
         self._ended = threading.Condition(self._lock)
         self.admission = admission
         self._clock = clock
+        self.metrics = metrics
         self.on_ended: Callable[[], None] = lambda: None  # a job let go of its devices (the queue's wake)
         self.on_queued: Callable[[str], None] = lambda job_id: None  # a job goes to the queue here (JobQueue.note)
 
@@ -134,7 +137,7 @@ class JobRunner:
         ctx = None
         try:
             ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
-                             kept=kept, admission=self.admission)
+                             kept=kept, admission=self.admission, metrics=self.metrics)
             work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
         except Queued as queued:
             self._queue(job, live, feed, ctx.given_parameters, queued.reason)
@@ -325,6 +328,13 @@ class JobRunner:
             return False
 
     def _finish(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
+        try:
+            self._record_end(job, live, exc, cancelled)
+        finally:
+            if job.final:
+                self.metrics.job_ended(job.state, (job.ended or self._clock()) - job.created)
+
+    def _record_end(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
         if exc is None:
             self.book.finish(job, m.SUCCEEDED, message="done")
         elif cancelled:

@@ -9,6 +9,7 @@ from accelmesh import errors
 from accelmesh.runtime import database
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
@@ -16,6 +17,7 @@ from accelmesh.security.identity import Role
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.mesh_client import GrpcMesh
+from dispatch_svc.metrics import DispatchMetrics
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.queue import Admission, JobQueue
 from dispatch_svc.quotas import Quotas
@@ -52,10 +54,12 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     throughput = ThroughputModel()
     if not config.calibrate_stages:
         throughput.stages = None
+    metrics = Metrics("dispatch", config.metrics_listen, config.security)
     runner = JobRunner(mesh, book, throughput, max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
                        job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"),
                        admission=Admission(Quotas(book.engine), config.queue_timeout_s))
+    runner.metrics = DispatchMetrics(metrics, book, lambda: runner.running)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,
                                 max_message_bytes=config.max_message_bytes)
@@ -82,6 +86,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[shutdown],
+        metrics=metrics,
     )
     server.watch_dependencies(dependencies(book))
     return server, runner

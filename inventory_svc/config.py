@@ -31,6 +31,7 @@ class InventoryConfig:
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.INVENTORY))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
+    metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig:
@@ -66,6 +67,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     return InventoryConfig(
         security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
         health_listen=args.health_listen,
+        metrics_listen=args.metrics_listen,
         listen=args.listen,
         db=args.db,
         poll_interval_s=args.poll_interval,

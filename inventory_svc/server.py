@@ -5,12 +5,14 @@ from __future__ import annotations
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime import database
+from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.periodic import Periodic
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
 from inventory_svc.config import InventoryConfig
 from inventory_svc.inventory import Inventory
+from inventory_svc.metrics import InventoryMetrics
 from inventory_svc.node_client import NodeClient
 from inventory_svc.poller import Poller
 from inventory_svc.servicer import InventoryServicer
@@ -47,7 +49,9 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
         store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__),
         poll_interval_s=config.poll_interval_s,
     )
-    poller = Poller(inventory.poll_all, inventory.take_over, config.poll_interval_s)
+    metrics = Metrics("inventory", config.metrics_listen, config.security)
+    poller = Poller(InventoryMetrics(metrics, inventory).timed(inventory.poll_all), inventory.take_over,
+                    config.poll_interval_s)
     # Started with the server, poller or not: watchers hear of other replicas' changes through it.
     # (Inventory.follow: the index stays close behind them between rankings.)
     follower = Periodic("inventory-follower", inventory.follow, config.follow_interval_s,
@@ -71,6 +75,7 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[shutdown],
+        metrics=metrics,
     )
     # Readiness: NOT_SERVING while the database does not answer (liveness stays SERVING).
     server.watch_dependencies({"inventory database": lambda: database.ping(store.engine)})

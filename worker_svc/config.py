@@ -57,6 +57,7 @@ class WorkerConfig:
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.WORKER))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
+    metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
 
     @property
     def node_ip(self) -> str:
@@ -110,6 +111,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
     return WorkerConfig(
         security=security_from_env(Role.WORKER, env, insecure=args.insecure),
         health_listen=args.health_listen,
+        metrics_listen=args.metrics_listen,
         listen=args.listen,
         advertise_ip=args.advertise_ip,
         cpu_devices=args.devices,

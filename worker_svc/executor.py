@@ -139,6 +139,7 @@ class ShardExecutor:
         self._matched: set[tuple[str, str]] = set()  # (device id, target type) pairs that passed the check
         self._lock = threading.Lock()
         self._jax_caches = JaxCaches()  # what portable compiles leave in jax, cleared (accelmesh/artifacts.py)
+        self.on_done: Callable[[Shard, ShardTimings], None] = lambda shard, timings: None  # metrics.py
         self.executions = 0  # shards that ran on a device
 
     def admit(self, shard: Shard) -> DeviceSpec:
@@ -204,7 +205,9 @@ class ShardExecutor:
             on_stage(DONE)  # while the device is still ours: DONE of one shard precedes RUNNING of the next
         finally:
             lock.release()
-        return ShardResult(outputs, ShardTimings(receive_seconds, queue_s, load_s, execute_s, cached, runnable.kind))
+        timings = ShardTimings(receive_seconds, queue_s, load_s, execute_s, cached, runnable.kind)
+        self.on_done(shard, timings)
+        return ShardResult(outputs, timings)
 
     def _runnable(self, shard: Shard, inputs: Sequence[np.ndarray], name: str,
                   jax_device: Any) -> tuple[_Runnable, bool]:

@@ -7,6 +7,7 @@ import logging
 from accelmesh.inventory.v1 import inventory_service_pb2, inventory_service_pb2_grpc
 from accelmesh.runtime.admission import Admission
 from accelmesh.runtime.channels import open_channel
+from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry
 from accelmesh.security.access import Access, Authenticator, roles
@@ -17,6 +18,7 @@ from worker_svc.artifacts import ArtifactStore
 from worker_svc.config import WorkerConfig
 from worker_svc.executor import ArtifactSource, ShardExecutor
 from worker_svc.held_tensors import HeldTensors
+from worker_svc.metrics import WorkerMetrics
 from worker_svc.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
     servicer = WorkerServicer(agent, executor, held, Authenticator(config.security), max_input_bytes=config.max_input_bytes,
                               max_inputs=config.max_inputs, max_message_bytes=config.max_message_bytes,
                               tracer=tracer_provider.get_tracer("accelmesh.worker") if tracer_provider else None)
+    metrics = Metrics("worker", config.metrics_listen, config.security)
+    WorkerMetrics(metrics, executor, held)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
         security=config.security,
@@ -62,6 +66,7 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
         max_message_bytes=config.max_message_bytes,
         tracer_provider=tracer_provider,
         on_stop=[store.close] if store is not None else [],
+        metrics=metrics,
     )
 
 

@@ -30,6 +30,7 @@ from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
 from accelmesh.runtime.memory import bound_heap, start_trimming
 from accelmesh.runtime.reflection import enable_server_reflection
+from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.telemetry import server_interceptors
 from accelmesh.security.access import Access, AccessInterceptor, Authenticator
 from accelmesh.security.config import Security, check_listen
@@ -62,8 +63,10 @@ class MeshServer:
         probe: tuple[grpc.Server, int] | None = None,
         pools: Pools | None = None,
         streams: StreamCount | None = None,
+        metrics: Metrics | None = None,
     ):
         self.server = server
+        self.metrics = metrics  # its /metrics endpoint (metrics.port), closed after the hooks
         self.port = port
         self.health = health_servicer
         self.services = tuple(services)
@@ -136,6 +139,8 @@ class MeshServer:
             self._pools.shutdown()
         for hook in self._on_stop:
             hook()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush()
             self.tracer_provider.shutdown()
@@ -158,12 +163,14 @@ def create_server(
     admission: Admission | None = None,
     tracer_provider: TracerProvider | None = None,
     on_stop: Sequence[Callable[[], None]] = (),
+    metrics: Metrics | None = None,
 ) -> MeshServer:
     """A server for ``services`` on ``address``: mutual TLS and ``access`` (method -> roles) unless
     ``security`` is insecure (loopback only). ``health_listen``, when set, also serves the health
     service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe).
     ``admission`` (default: from the environment) sets the stream and in-flight limits and which
-    pool runs which call (admission.py)."""
+    pool runs which call (admission.py). ``metrics``: the service's /metrics endpoint, if it serves
+    one (metrics.py), closed when the server stops."""
     check_listen(security, address)
     admission = admission or Admission.from_env()
     authenticator = Authenticator(security)
@@ -196,7 +203,7 @@ def create_server(
     if port == 0:
         raise OSError(f"could not bind {address}; is the port in use?")
     probe = _health_only(health_servicer, health_listen) if health_listen else None
-    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams)
+    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams, metrics)
 
 
 def _client_key(authenticator: Authenticator) -> Callable[[grpc.ServicerContext], str]:

@@ -110,12 +110,15 @@ def check_listen(security: Security, address: str) -> None:
 
 
 def add_security_arguments(parser, env: Mapping[str, str] = os.environ) -> None:
-    """The flags every service has: --insecure and --health-listen (certificate files come from the
+    """The flags every service has: --insecure, --health-listen and --metrics-listen (certificate files come from the
     environment, as Kubernetes Secrets mounted as files name them)."""
     parser.add_argument("--insecure", action="store_true", default=env_bool("ACCELMESH_INSECURE", False, env),
                         help="plaintext without authentication, for development on loopback only")
     parser.add_argument("--health-listen", default=env.get("ACCELMESH_HEALTH_LISTEN", ""),
                         help="also serve the health service alone, in plaintext, here (for Kubernetes' gRPC probe)")
+    parser.add_argument("--metrics-listen", default=env.get("ACCELMESH_METRICS_LISTEN", ""),
+                        help="serve metrics for Prometheus at /metrics here (host:port; TLS with the mesh's "
+                             "certificates unless --insecure)")
 
 
 def service_security(role: Role):

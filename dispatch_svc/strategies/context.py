@@ -31,6 +31,7 @@ from dispatch_svc.interface import (
 )
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.queue import Admission
 from dispatch_svc.validation import check_parameters, check_shard_outputs
 
@@ -191,6 +192,7 @@ class JobContext:
     # The owner's quota and the queue (queue.py); None: neither, a refused reservation fails the job.
     admission: Admission | None = None
     given_parameters: list[tuple[str, np.ndarray]] | None = None  # the client's, read before it reserved
+    metrics: DispatchMetrics = NO_METRICS
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock: _MakespanClock = field(default_factory=_MakespanClock)
 
@@ -224,6 +226,8 @@ class JobContext:
                 raise
             raise self.admission.refused(self.job, f"devices: {exc}") from None
         self.given_parameters = None  # kept only for the queue: the job's strategy holds them from here
+        if self.job.queue is not None:  # it waited in the queue: for how long
+            self.metrics.queue_wait(time.time() - self.job.queue.since)
         self.live.settled.set()
         self.live.lease = LeaseKeeper(self.mesh, self.job.job_id, [device for device, _ in claims], ttl_s, self.live,
                                       reserved_at=reserved_at)
@@ -270,6 +274,7 @@ class JobContext:
         record = self.record(shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
         record.execute_seconds, record.total_seconds = out.execute_seconds, finished - started
+        self.metrics.shard(device.target_type, record.total_seconds)
         # What of the shard's own time was not the device's execution (sending, loading the
         # executable) is the part a shard pays whatever its rows.
         own = record.own_seconds
@@ -330,6 +335,7 @@ class JobContext:
 
     def retried(self, attempt: Attempt, cause: str) -> None:
         shard = attempt.shard
+        self.metrics.retried(attempt.device.target_type)
         with self._lock:
             if shard.index < len(self.job.shards):
                 self.job.shards[shard.index].failures.append(cause)

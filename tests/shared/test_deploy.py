@@ -6,6 +6,7 @@ tests/shared/test_k8s.py checks the rendered Kubernetes objects."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def children(text: str, parent: str) -> dict[str, str]:
 
 def test_every_compose_service_of_the_mesh_exports_to_the_collector():
     services = children((DEPLOY / "compose.yaml").read_text(), "services")
-    assert set(SERVICES) | {"otel-collector", "jaeger", "credentials"} == set(services)
+    assert set(SERVICES) | {"otel-collector", "jaeger", "credentials", "prometheus", "grafana"} == set(services)
     # A one-shot job makes the mesh's CA and certificates; every service reads them, read-only.
     assert '"-m", "accelmesh.security.credentials"' in services["credentials"]
     for name, module in SERVICES.items():
@@ -52,6 +53,28 @@ def test_every_compose_service_of_the_mesh_exports_to_the_collector():
         assert f'OTEL_SERVICE_NAME: "accelmesh-{name}"' in block
     assert f"./{COLLECTOR_CONFIG.relative_to(DEPLOY)}:/etc/otelcol/config.yaml" in services["otel-collector"]
     assert '"16686:16686"' in services["jaeger"]
+
+
+def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_reads_it():
+    services = children((DEPLOY / "compose.yaml").read_text(), "services")
+    serving = {name for name in SERVICES if 'ACCELMESH_METRICS_LISTEN: "0.0.0.0:9464"' in services[name]}
+    assert serving == {"inventory", "dispatch"}
+    config = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
+    assert set(re.findall(r'"(\w+):9464"', config)) == serving
+    # The endpoints are TLS with client certificates of the mesh CA (accelmesh/runtime/metrics.py).
+    assert "scheme: https" in config and "cert_file: /credentials/client.crt" in config
+    assert "credentials:/credentials:ro" in services["prometheus"]
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in services["prometheus"]
+    grafana = services["grafana"]
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana
+    provider = (DEPLOY / "grafana" / "provisioning" / "dashboards" / "accelmesh.yaml").read_text()
+    assert "path: /var/lib/grafana/dashboards" in provider
+    source = (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text()
+    uid = re.search(r"^\s+uid: (\w+)$", source, re.M)[1]
+    assert "url: http://prometheus:9090" in source
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "accelmesh.json").read_text())
+    used = {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel.get("targets", ())}
+    assert used == {uid}  # every query reads the data source provisioned beside it
 
 
 def test_the_collector_sends_traces_to_jaeger_in_compose():

@@ -107,6 +107,8 @@ class DispatchConfig:
     # without a job of this replica ending (another replica's did, a reservation lapsed).
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     queue_poll_s: float = QUEUE_POLL_S
+    # ACCELMESH_STATUS_LISTEN: host:port of the read-only status page for browsers (status_page.py); none when empty
+    status_listen: str = ""
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
@@ -119,6 +121,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
     parser.add_argument("--db", default=env_str("ACCELMESH_DISPATCH_DB", d.db, env),
                         help="the job book: a SQLite file path or a postgresql://user:password@host/dbname URL "
                              "(default: jobs.db in the data dir)")
+    parser.add_argument("--status-listen", default=env_str("ACCELMESH_STATUS_LISTEN", d.status_listen, env),
+                        help="serve the read-only status page for browsers here (host:port; TLS unless --insecure)")
     add_security_arguments(parser, env)
     args = parser.parse_args(argv)
     config = DispatchConfig(
@@ -144,6 +148,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         limits=limits_from_env(env),
         queue_timeout_s=env_float("ACCELMESH_QUEUE_TIMEOUT_S", d.queue_timeout_s, env, minimum=1),
         queue_poll_s=env_float("ACCELMESH_QUEUE_POLL_S", d.queue_poll_s, env, minimum=0.05),
+        status_listen=args.status_listen,
     )
     if config.db:
         database_url(config.db)  # an engine not supported, or a URL that does not parse, fails here

@@ -603,6 +603,22 @@ class JobBook:
             limit -= len(rows)
             after = (rows[-1][1], rows[-1][0])
 
+    def active(self, owner: str | None, limit: int) -> list[m.JobRecord]:
+        """The unfinished jobs (running and queued; `owner`'s only, if given), oldest first, at most
+        `limit`; a queued one with its place in the queue."""
+        query = sa.select(_J.job_id).where(_J.state.not_in(m.FINAL_STATES)).order_by(_J.created, _J.job_id).limit(limit)
+        if owner is not None:
+            query = query.where(_J.owner == owner)
+        with database.connected(self._engine) as connection:
+            ids = connection.execute(query).scalars().all()
+        jobs = []
+        for job_id in ids:
+            try:
+                jobs.append(self.get(job_id))
+            except errors.NotFound:  # expired between the two reads
+                continue
+        return jobs
+
     def events(self, job_id: str, from_index: int = 0, *, idle: object = None) -> Iterator[m.Event]:
         """Every event from `from_index` on; blocks for new ones until the job is final. `idle`, if
         given, is yielded before each wait for more: a caller gathering what it sends (a RunJob

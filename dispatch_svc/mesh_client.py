@@ -191,6 +191,19 @@ class GrpcMesh:
                     "upgrade the inventory before the dispatcher") from None
             raise error_from_rpc(exc, "inventory renew") from None
 
+    def all_devices(self) -> list:
+        """Every device the inventory knows, lost ones too, as its Device messages (the status page)."""
+        devices = []
+        for flt in ("", 'health = "lost"'):
+            token = ""
+            while True:
+                page = self._call("inventory", self.inventory.ListDevices,
+                                  inv_pb.ListDevicesRequest(filter=flt, page_size=1000, page_token=token))
+                devices.extend(page.devices)
+                if not (token := page.next_page_token):
+                    break
+        return devices
+
     def pool_state(self) -> tuple:
         reservations = self._call("inventory", self.inventory.ListReservations, inv_pb.ListReservationsRequest())
         devices, token = [], ""

@@ -23,6 +23,7 @@ from dispatch_svc.queue import Admission, JobQueue
 from dispatch_svc.quotas import Quotas
 from dispatch_svc.runner import JobRunner
 from dispatch_svc.servicer import DispatchServicer
+from dispatch_svc.status_page import StatusPage
 from dispatch_svc.takeover import Takeover
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
@@ -70,7 +71,14 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                      pool_state=lambda: (mesh.pool_state(), quotas.all())).start()
     runner.on_ended, runner.on_queued = queue.wake, queue.note
 
+    status = None
+    if config.status_listen:
+        status = StatusPage(config.status_listen, config.security, Authenticator(config.security), book,
+                            mesh.all_devices).start()
+
     def shutdown():
+        if status is not None:
+            status.close()
         queue.stop()
         if takeover is not None:
             takeover.stop()
@@ -89,4 +97,5 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         metrics=metrics,
     )
     server.watch_dependencies(dependencies(book))
+    server.status_page = status  # its port, for tests and `accelmesh up`
     return server, runner

@@ -40,6 +40,8 @@ DISPATCH_METHODS = {  # name -> (client streams, server streams)
     "ListJobs": (False, False),
     "CancelJob": (False, False),
     "FetchResult": (False, True),
+    "SetQuota": (False, False),
+    "ListQuotas": (False, False),
 }
 
 

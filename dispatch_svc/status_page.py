@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.config import cannot_bind
 from accelmesh.security.access import Authenticator, sees_everything
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Principal
@@ -64,9 +65,8 @@ class StatusPage:
 
         try:
             self._server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
-        except OSError as exc:
-            raise OSError(f"could not serve the status page on {listen} ({exc.strerror or exc}); is the port in use? "
-                          "Set ACCELMESH_STATUS_LISTEN to a free host:port") from None
+        except OSError:
+            raise cannot_bind(listen, "--status-listen (ACCELMESH_STATUS_LISTEN)") from None
         self._server.daemon_threads = True
         self.secure = not security.insecure
         if self.secure:

@@ -59,6 +59,13 @@ KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
+def cannot_bind(address: str, flag: str) -> errors.FailedPrecondition:
+    """The one-line error of a port that cannot be had, naming the flag that moves it."""
+    return errors.FailedPrecondition(
+        f"could not listen on {address}: the port is in use (or the address is not one of this machine's); stop "
+        f"what holds it, or give {flag} another port")
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """Options for both ends of every mesh connection.
 

@@ -29,6 +29,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 
 from accelmesh import errors
+from accelmesh.runtime.config import cannot_bind
 from accelmesh.security.config import Security
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,9 @@ class Metrics:
             "client_cafile": str(security.tls.ca_file), "client_auth_required": True}
         try:
             self._server, _ = start_http_server(port, addr=host, registry=self.registry, **tls)
-        except OSError as exc:
-            raise OSError(f"could not serve metrics on {listen} ({exc.strerror or exc}); is the port in use? Set "
-                          "ACCELMESH_METRICS_LISTEN (or --metrics-listen) to a free host:port") from None
+        except OSError:
+            self._provider.shutdown()
+            raise cannot_bind(listen, "--metrics-listen (ACCELMESH_METRICS_LISTEN)") from None
         self.port = self._server.server_port
         self.scheme = "http" if not tls else "https"
 

@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from accelmesh import errors
 from accelmesh.runtime import health
 from accelmesh.runtime.admission import Admission, AdmissionInterceptor, Pools, StreamCount
-from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, cannot_bind, channel_options
 from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
 from accelmesh.runtime.memory import bound_heap, start_trimming
-from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.metrics import Metrics
+from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
 from accelmesh.security.access import Access, AccessInterceptor, Authenticator
 from accelmesh.security.config import Security, check_listen
@@ -196,12 +196,15 @@ def create_server(
     for service in services:
         health_servicer.set(service.name, NOT_SERVING)
     enable_server_reflection([s.name for s in services] + [health.SERVICE_NAME], server)
-    if security.insecure:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, server_credentials(security.tls))
+    try:
+        if security.insecure:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, server_credentials(security.tls))
+    except RuntimeError:  # grpcio's "Failed to bind to address ..."
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {address}; is the port in use?")
+        raise cannot_bind(address, "--listen")
     probe = _health_only(health_servicer, health_listen) if health_listen else None
     return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams, metrics)
 
@@ -225,9 +228,12 @@ def _health_only(health_servicer: health.HealthServicer, address: str) -> tuple[
     """The health service and nothing else, plaintext: what a kubelet's gRPC probe can reach."""
     probe = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe"))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe)
-    port = probe.add_insecure_port(address)
+    try:
+        port = probe.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind the health port {address}; is the port in use?")
+        raise cannot_bind(address, "--health-listen")
     return probe, port
 
 
@@ -256,6 +262,7 @@ def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build:
     bound_heap(malloc_arenas)  # freed blocks back to the system (memory.py): first, before the threads
     logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin and migration lines at every start
     try:
         config = parse_args(argv)
         server = build(config)

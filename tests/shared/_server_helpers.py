@@ -83,7 +83,7 @@ def build_server(servicer: ScriptedWorker, **kwargs):
     (these tests are about the bootstrap, not who may call)."""
     service = Service(WORKER_SERVICE, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)
     return create_server([service], security=CREDENTIALS.service(Role.WORKER), access={"DescribeNode": ANYONE},
-                         address="127.0.0.1:0", **kwargs)
+                         **{"address": "127.0.0.1:0", **kwargs})
 
 
 def start_server(servicer: ScriptedWorker, **kwargs):

@@ -6,6 +6,7 @@ mapping is tested in test_runtime_server_errors.py.
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import grpc
@@ -199,3 +200,22 @@ def test_oversized_request_is_resource_exhausted_and_server_keeps_serving(servic
     finally:
         channel.close()
         server.stop(0)
+
+
+@pytest.mark.parametrize("flag", ["address", "health_listen"])
+def test_a_port_in_use_is_one_line_naming_the_flag_not_a_traceback(flag):
+    """What `accelmesh up` shows when a port it wants is taken (grpcio itself raises a RuntimeError)."""
+    from _server_helpers import ScriptedWorker, build_server
+
+    from accelmesh import errors
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            build_server(ScriptedWorker(), **({"health_listen": address} if flag == "health_listen" else {}),
+                         **({} if flag == "health_listen" else {"address": address}))
+    named = "--health-listen" if flag == "health_listen" else "--listen"
+    assert str(refused.value) == (f"could not listen on {address}: the port is in use (or the address is not one of "
+                                  f"this machine's); stop what holds it, or give {named} another port")

@@ -11,8 +11,10 @@ from accelmesh import errors
 from accelmesh.runtime.errors import STATUS_BY_ERROR
 from accelmesh.cli import compile as compile_commands
 from accelmesh.cli import inventory as inventory_commands
+from accelmesh.cli import jobs as jobs_commands
 from accelmesh.cli import mesh as mesh_commands
 from accelmesh.cli import plan as plan_commands
+from accelmesh.cli import quota as quota_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     inventory_commands.add_commands(sub)
     compile_commands.add_commands(sub)
     plan_commands.add_commands(sub)
+    jobs_commands.add_commands(sub)
+    quota_commands.add_commands(sub)
     return parser
 
 

@@ -1,0 +1,344 @@
+"""`accelmesh run` and `accelmesh jobs`: run a program on the mesh from .npy files, and follow,
+inspect, cancel and collect jobs, through the dispatch service at --dispatch.
+
+Like every command the dispatcher is found by a flag (default the port `accelmesh up` serves on)
+and the caller by this process's client credentials (ACCELMESH_CA_FILE, _CERT_FILE, _KEY_FILE,
+_TOKEN_FILE, or the folder `accelmesh up` wrote), so a user sees and touches only their own jobs.
+
+`run` follows its job through RunJob. Ctrl-C cancels the job with CancelJob before exiting 130:
+a job left running would hold its devices, and the caller would not know what became of it.
+RunJob names the job only at its end, so the job is found by the request id `run` gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from accelmesh import errors
+from accelmesh.cli import job_view
+from accelmesh.cli.mesh import DEFAULT_DISPATCH
+from accelmesh.client import PRECISIONS, MeshClient
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.runtime.tensors import dtype_code
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+DEFAULT_LIST_LIMIT = 50
+MAX_PAGE = 1000  # ListJobs reads a larger page_size as this
+SEARCH_PAGES = 5  # Ctrl-C looks this many pages of 100 (newest first) for the job `run` made
+LOG_WAIT_S = 2.0  # `jobs logs` of a running job: how long the log is read before it is taken as complete
+
+
+# --- arguments -------------------------------------------------------------------------------------
+
+def at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is below 0; 0 refuses to queue at all")
+    return value
+
+
+def input_flag(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=FILE.npy; write e.g. --input x=rows.npy")
+    return name, path
+
+
+def load_inputs(pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+    """Each --input's array, in the order given (the program's order: `accelmesh programs` lists it)."""
+    inputs: dict[str, np.ndarray] = {}
+    for name, path in pairs:
+        where = f"--input {name}={path}"
+        if name in inputs:
+            raise errors.InvalidArgument(f"--input {name} is given twice; give each of the program's inputs once")
+        if not Path(path).is_file():
+            raise errors.InvalidArgument(f"{where}: no such file; save the array with numpy.save")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise errors.InvalidArgument(f"{where}: not a .npy array ({exc}); save it with numpy.save") from None
+        if not isinstance(array, np.ndarray):  # an .npz archive loads as a mapping of arrays
+            raise errors.InvalidArgument(f"{where}: an .npz archive, not one array; save each input with numpy.save")
+        if array.ndim == 0:
+            raise errors.InvalidArgument(f"{where}: a scalar; an input needs rows (its first axis)")
+        dtype_code(array.dtype, where)
+        inputs[name] = array
+    if not inputs:
+        raise errors.InvalidArgument("no inputs: give each of the program's inputs as --input NAME=FILE.npy")
+    return inputs
+
+
+def _output_folder(args) -> None:
+    if args.output is not None and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise errors.InvalidArgument(f"--output {args.output}: a file is there; name a folder (made if missing)")
+
+
+def write_results(outputs: dict[str, np.ndarray], folder: Path) -> None:
+    """Each result as folder/<name>.npy (a name with '/' in a subfolder), printing where."""
+    for name, value in outputs.items():
+        parts = name.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise errors.InvalidArgument(f"the result {name!r} cannot be a file name under {folder}; "
+                                         "fetch it with accelmesh.client.MeshClient.fetch_result instead")
+        path = folder.joinpath(*parts[:-1], parts[-1] + ".npy")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, value, allow_pickle=False)
+        print(f"wrote {path}  {value.dtype}{list(value.shape)}")
+
+
+def _folder(args, job_id: str) -> Path:
+    return Path(args.output) if args.output is not None else Path("results") / job_id
+
+
+# --- run ---------------------------------------------------------------------------------------------
+
+def _find_job(client: MeshClient, request_id: str) -> str | None:
+    token = ""
+    for _ in range(SEARCH_PAGES):
+        page = client.stub.ListJobs(pb.ListJobsRequest(page_size=100, page_token=token))
+        for job in page.jobs:
+            if job.spec.request_id == request_id:
+                return job.job_id
+        token = page.next_page_token
+        if not token:
+            return None
+    return None
+
+
+def _interrupted(client: MeshClient, request_id: str) -> int:
+    job_id = _find_job(client, request_id)
+    if job_id is None:
+        print("accelmesh: interrupted before the dispatcher had made the job; closing the call stops it",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    job = client.cancel(job_id)
+    state = job_view.state_name(job.state)
+    if job.state == job_pb.JOB_STATE_CANCELLED:
+        message = f"cancelled job {job_id} (now {state})"
+    elif job.state == job_pb.JOB_STATE_SUCCEEDED:  # it ended before the cancel arrived
+        message = f"job {job_id} had already succeeded; `accelmesh jobs fetch {job_id}` collects its results"
+    elif job.state in job_view.FINAL_STATES:
+        message = f"job {job_id} had already {state}: {job.error}"
+    else:
+        message = f"asked job {job_id} to stop; it is still {state} (`accelmesh jobs get {job_id}` shows it)"
+    print(f"accelmesh: interrupted: {message}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def cmd_run(args) -> int:
+    _output_folder(args)
+    inputs = load_inputs(args.input)
+    request_id = uuid.uuid4().hex
+    options = dict(name=args.name, max_devices=args.max_devices, precision=args.precision, priority=args.priority,
+                   queue_timeout_s=args.queue_timeout, request_id=request_id)
+    with MeshClient(args.dispatch) as client:
+        progress = job_view.RunProgress()
+        try:
+            if args.detach:
+                job_id = client.submit(args.program, inputs, **options)
+                print(job_id)
+                print(f"submitted; follow it with `accelmesh jobs watch {job_id}`, collect it with "
+                      f"`accelmesh jobs fetch {job_id}`", file=sys.stderr)
+                return 0
+            result = client.run(args.program, inputs, on_event=progress.event, **options)
+        except KeyboardInterrupt:
+            progress.close()
+            return _interrupted(client, request_id)
+        finally:
+            progress.close()
+    job = result.job
+    print(f"job {job.job_id} {job_view.state_name(job.state)}: {len(job.shards)} shard(s), "
+          f"measured {job.measured_seconds:.3f} s (predicted {job.plan.predicted_seconds:.3f} s)")
+    write_results(result.outputs, _folder(args, job.job_id))
+    return 0
+
+
+# --- jobs ----------------------------------------------------------------------------------------------
+
+def list_jobs(client: MeshClient, states: frozenset[int] | None, limit: int) -> tuple[list, bool]:
+    """Up to `limit` jobs in `states` (None: any), newest first; and whether more may follow."""
+    shown, token = [], ""
+    page_size = min(limit if states is None else MAX_PAGE, MAX_PAGE)
+    while True:
+        page = client.stub.ListJobs(pb.ListJobsRequest(page_size=page_size, page_token=token))
+        for i, job in enumerate(page.jobs):
+            if states is None or job.state in states:
+                shown.append(job)
+                if len(shown) == limit:
+                    return shown, i + 1 < len(page.jobs) or bool(page.next_page_token)
+        token = page.next_page_token
+        if not token:
+            return shown, False
+
+
+def cmd_list(args) -> int:
+    states = (None if args.all_states else frozenset(job_view.STATES[s] for s in args.state) if args.state
+              else job_view.ACTIVE_STATES)
+    with MeshClient(args.dispatch) as client:
+        jobs, more = list_jobs(client, states, args.limit)
+        for job in jobs:
+            if job.state == job_pb.JOB_STATE_QUEUED:  # ListJobs leaves the place unset; GetJob reads it now
+                job.queue.CopyFrom(client.get(job.job_id).queue)
+    if not jobs:
+        print("no jobs" if states is None else
+              f"no {'active ' if states is job_view.ACTIVE_STATES else ''}jobs"
+              f"{' in ' + ', '.join(args.state) if args.state else ''} (--all-states lists every job)")
+        return 0
+    print(job_view.format_jobs(jobs))
+    if more:
+        print(f"(the newest {len(jobs)}; --limit N shows more)", file=sys.stderr)
+    return 0
+
+
+def cmd_get(args) -> int:
+    with MeshClient(args.dispatch) as client:
+        job = client.get(args.job_id)
+    print(json_format.MessageToJson(job) if args.json else job_view.format_job(job))
+    return 0
+
+
+def cmd_watch(args) -> int:
+    final = None
+    with MeshClient(args.dispatch) as client:
+        try:
+            for event in client.watch(args.job_id):
+                print(job_view.format_event(event), flush=True)
+                final = job_view.FINAL_EVENTS.get(event.type, final)
+        except KeyboardInterrupt:
+            print(f"accelmesh: stopped watching; job {args.job_id} goes on (`accelmesh jobs cancel` stops it)",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if final is None:
+            final = client.get(args.job_id).state
+    if final == job_pb.JOB_STATE_SUCCEEDED:
+        return 0
+    print(f"accelmesh: job {args.job_id} {job_view.state_name(final)}", file=sys.stderr)
+    return 1
+
+
+def cmd_cancel(args) -> int:
+    with MeshClient(args.dispatch) as client:
+        job = client.cancel(args.job_id)
+    state = job_view.state_name(job.state)
+    if job.state == job_pb.JOB_STATE_CANCELLED:
+        print(f"job {job.job_id} {state}" + (f": {job.error}" if job.error else ""))
+        return 0
+    if job.state in job_view.FINAL_STATES:
+        print(f"accelmesh: job {job.job_id} had already {state}; nothing to cancel", file=sys.stderr)
+    else:
+        print(f"accelmesh: job {job.job_id} is still {state}: it was told to stop and has not yet; "
+              f"`accelmesh jobs watch {job.job_id}` follows it", file=sys.stderr)
+    return 1
+
+
+def cmd_logs(args) -> int:
+    with MeshClient(args.dispatch) as client:
+        live = client.get(args.job_id).state not in job_view.FINAL_STATES
+        # WatchJob follows a running job to its end; its log so far is what arrives within LOG_WAIT_S.
+        call = client.stub.WatchJob(pb.WatchJobRequest(job_id=args.job_id, from_index=args.from_index),
+                                    timeout=LOG_WAIT_S if live else None)
+        try:
+            for response in call:
+                print(job_view.format_event(response.event))
+        except grpc.RpcError as exc:
+            if not (live and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            print(f"(job {args.job_id} has not ended: its log goes on; `accelmesh jobs watch {args.job_id}` "
+                  "follows it)", file=sys.stderr)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    _output_folder(args)
+    with MeshClient(args.dispatch) as client:
+        outputs = client.fetch_result(args.job_id)
+    write_results(outputs, _folder(args, args.job_id))
+    return 0
+
+
+# --- the parser ------------------------------------------------------------------------------------------
+
+def dispatch_flag(parser) -> None:
+    parser.add_argument("--dispatch", default=DEFAULT_DISPATCH, metavar="HOST:PORT",
+                        help=f"dispatch service address (default {DEFAULT_DISPATCH}, where `accelmesh up` serves)")
+
+
+def _output_flag(parser) -> None:
+    parser.add_argument("--output", metavar="DIR", default=None,
+                        help="write each result as DIR/<name>.npy (default ./results/<job id>)")
+
+
+def add_commands(sub) -> None:
+    run = sub.add_parser("run", help="run a program on the mesh with inputs from .npy files; results to .npy files",
+                         description="Run a program on the mesh, show its progress on stderr, and write each "
+                                     "result as DIR/<name>.npy. Exit 0 when it succeeded, 1 when it failed or "
+                                     "was refused, 130 after Ctrl-C (which cancels the job).")
+    run.add_argument("program", help="registered program (`accelmesh programs` lists them and their inputs)")
+    run.add_argument("--input", type=input_flag, action="append", default=[], metavar="NAME=FILE.npy",
+                     help="one of the program's inputs, in the program's order; repeat for each")
+    _output_flag(run)
+    run.add_argument("--priority", type=at_least(0), default=0, metavar="N",
+                     help="place in the queue when the pool is full, 0 (default) to 1000, at most your quota's")
+    run.add_argument("--queue-timeout", type=_seconds, default=None, metavar="SECONDS",
+                     help="how long the job may wait in the queue (default: the dispatcher's limit; 0: never wait)")
+    run.add_argument("--name", default="", metavar="LABEL", help="a label `accelmesh jobs list` shows")
+    run.add_argument("--max-devices", type=at_least(1), default=0, metavar="N", help="use at most N devices")
+    run.add_argument("--precision", choices=tuple(p for p in PRECISIONS if p), default="",
+                     help="least precise compute dtype allowed (fp32: bit-identical results whatever the plan); "
+                          "default: each device's compile rules decide")
+    run.add_argument("--detach", action="store_true",
+                     help="submit and print the job id at once (SubmitJob); follow with `accelmesh jobs watch`")
+    dispatch_flag(run)
+    run.set_defaults(func=cmd_run)
+
+    jobs = sub.add_parser("jobs", help="list, inspect, follow, cancel and collect jobs").add_subparsers(
+        dest="jobs_command", required=True)
+    listing = jobs.add_parser("list", help="jobs as a table, newest first (by default those not ended)")
+    which = listing.add_mutually_exclusive_group()
+    which.add_argument("--all-states", action="store_true", help="every job, ended ones too")
+    which.add_argument("--state", action="append", choices=tuple(job_view.STATES),
+                       help="only jobs in this state; repeatable")
+    listing.add_argument("--limit", type=at_least(1), default=DEFAULT_LIST_LIMIT, metavar="N",
+                         help=f"show at most N jobs (default {DEFAULT_LIST_LIMIT})")
+    listing.set_defaults(func=cmd_list)
+    get = jobs.add_parser("get", help="a job: state, error, queue place, plan and shards")
+    get.add_argument("--json", action="store_true", help="the Job message as JSON, every shard included")
+    get.set_defaults(func=cmd_get)
+    watch = jobs.add_parser("watch", help="print a job's events until it ends; exit 0 if it succeeded, else 1")
+    watch.set_defaults(func=cmd_watch)
+    cancel = jobs.add_parser("cancel", help="stop a job (queued or running) and free its devices")
+    cancel.set_defaults(func=cmd_cancel)
+    logs = jobs.add_parser("logs", help="a job's event log so far: index, time, type, message")
+    logs.add_argument("--from", dest="from_index", type=at_least(0), default=0, metavar="N",
+                      help="start at event N (default 0, the whole log)")
+    logs.set_defaults(func=cmd_logs)
+    fetch = jobs.add_parser("fetch", help="a succeeded job's results, as .npy files")
+    _output_flag(fetch)
+    fetch.set_defaults(func=cmd_fetch)
+    for command in (get, watch, cancel, logs, fetch):
+        command.add_argument("job_id", metavar="JOB_ID")
+    for command in (listing, get, watch, cancel, logs, fetch):
+        dispatch_flag(command)

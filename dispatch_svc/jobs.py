@@ -596,8 +596,13 @@ class JobBook:
             for job_id, created, text in rows:
                 with self._lock:
                     live = self._live.get(job_id)
-                yield live if live is not None else self._parsed(
-                    job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
+                if live is not None:
+                    yield live
+                    continue
+                job = self._parsed(job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
+                if job.state == m.QUEUED and job.queue is not None:
+                    job.queue.position = self.queue_position(job_id)
+                yield job
             if len(rows) < min(limit, LISTING_READ_ROWS):
                 return
             limit -= len(rows)

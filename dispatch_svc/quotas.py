@@ -28,6 +28,7 @@ from dispatch_svc.schema.tables import quotas as quotas_table
 
 DEFAULT_TENANT = "*"
 MAX_TENANT_CHARS = 256
+TENANT_ROLES = ("user", "operator")  # the roles that submit jobs (Job.owner is "<role>:<name>")
 LIMITS = ("max_jobs", "max_devices", "max_memory_bytes", "max_priority")
 
 _J, _Q = jobs_table.c, quotas_table.c
@@ -70,10 +71,12 @@ class OverQuota(errors.ResourceExhausted):
 
 def check_quota(quota: Quota) -> Quota:
     """The quota if every field is usable; InvalidArgument naming the field otherwise."""
-    if not quota.tenant or len(quota.tenant) > MAX_TENANT_CHARS:
+    role, _, name = quota.tenant.partition(":")
+    if quota.tenant != DEFAULT_TENANT and (role not in TENANT_ROLES or not name or len(quota.tenant) > MAX_TENANT_CHARS):
         raise errors.InvalidArgument(
             f"quota.tenant {quoted(quota.tenant, 80)} is not a tenant: give a job owner as Job.owner shows it "
-            f"(\"user:alice\"), or \"*\" for every tenant without a quota of its own", field="quota.tenant")
+            f"(\"user:alice\", \"operator:ops\"), or \"*\" for every tenant without a quota of its own",
+            field="quota.tenant")
     for name in LIMITS:
         value = getattr(quota, name)
         if value is not None and value < 0:

@@ -198,10 +198,7 @@ def cmd_list(args) -> int:
     states = (None if args.all_states else frozenset(job_view.STATES[s] for s in args.state) if args.state
               else job_view.ACTIVE_STATES)
     with MeshClient(args.dispatch) as client:
-        jobs, more = list_jobs(client, states, args.limit)
-        for job in jobs:
-            if job.state == job_pb.JOB_STATE_QUEUED:  # ListJobs leaves the place unset; GetJob reads it now
-                job.queue.CopyFrom(client.get(job.job_id).queue)
+        jobs, more = list_jobs(client, states, args.limit)  # a queued job's place is in its listing
     if not jobs:
         print("no jobs" if states is None else
               f"no {'active ' if states is job_view.ACTIVE_STATES else ''}jobs"

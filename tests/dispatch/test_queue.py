@@ -359,3 +359,19 @@ def test_two_replicas_share_one_queue_and_start_a_job_once(mesh, tmp_path, book_
     finally:
         first.book.close()
         second.book.close()
+
+
+def test_a_listing_shows_a_queued_jobs_place(node, mesh):
+    runner, _ = node
+    mesh.occupy("someone-else")
+    submit(runner)
+    listed = runner.book.list(10)
+    assert [(j.state, j.queue.position) for j in listed] == [(m.QUEUED, 1)]
+
+
+@pytest.mark.parametrize("tenant", ["alice", "user:", "robot:r2", ""])
+def test_a_quota_for_something_that_owns_no_jobs_is_refused_naming_the_field(node, tenant):
+    runner, _ = node
+    with pytest.raises(errors.InvalidArgument, match="is not a tenant") as refused:
+        runner.admission.quotas.set(Quota(tenant, max_jobs=1))
+    assert refused.value.field == "quota.tenant"

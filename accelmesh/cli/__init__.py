@@ -34,9 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except grpc.RpcError as exc:
-        print(f"accelmesh: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"accelmesh: {exc.code().name}: {exc.details()}{_hint(exc)}", file=sys.stderr)
         return 1
     except errors.AccelmeshError as exc:  # refused here, with the status a service would have answered
         code = next((STATUS_BY_ERROR[t] for t in type(exc).__mro__ if t in STATUS_BY_ERROR), None)
         print(f"accelmesh: {code.name + ': ' if code else ''}{exc}", file=sys.stderr)
         return 1
+
+
+def _hint(exc: grpc.RpcError) -> str:
+    """What to do about a status whose own words do not say it."""
+    details = (exc.details() or "").lower()
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and ("connection refused" in details or "failed to connect" in details):
+        return ("\naccelmesh: nothing answers at that address: start the mesh with `accelmesh up`, or point the "
+                "command at yours (--inventory / --dispatch / --compile HOST:PORT)")
+    return ""

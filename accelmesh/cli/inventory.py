@@ -1,6 +1,16 @@
-"""`accelmesh devices` and `accelmesh score`: read the inventory."""
+"""`accelmesh devices` and `accelmesh score`: read the inventory.
+
+`devices` lists lost devices too, marked LOST (a node gone is news; `--hide-lost` leaves them
+out), with each device's reserved memory, utilisation and, for a caller who may list
+reservations (operators), the jobs holding it. A filter that matches nothing because a value it
+names is not one any device has (a misspelt type) says so, with the values that exist."""
 
 from __future__ import annotations
+
+import re
+import sys
+
+import grpc
 
 from accelmesh.cli.tables import format_devices, format_ranking
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
@@ -24,10 +34,48 @@ def list_all_devices(stub, filter_text: str = "") -> list:
             return devices
 
 
+# The string fields a filter term compares with `=`, and where a device message keeps each.
+FIELDS = {"type": lambda d: d.type, "kind": lambda d: d.kind, "node": lambda d: d.node_address}
+
+
 def cmd_devices(args) -> int:
     with open_channel(args.inventory) as channel:
-        print(format_devices(list_all_devices(inventory_stub(channel), args.filter)))
+        stub = inventory_stub(channel)
+        devices = list_all_devices(stub, args.filter)
+        if not args.hide_lost and "health" not in args.filter:
+            lost = 'health = "lost"' + (f" AND {args.filter}" if args.filter.strip() else "")
+            devices += list_all_devices(stub, lost)
+        if not devices and args.filter.strip():
+            unknown = unknown_values(args.filter, list_all_devices(stub, "") + list_all_devices(stub, 'health = "lost"'))
+            if unknown:
+                print(f"accelmesh: no device matches: {unknown}", file=sys.stderr)
+                return 1
+        print(format_devices(sorted(devices, key=lambda d: d.id), jobs_by_device(stub)))
     return 0
+
+
+def jobs_by_device(stub) -> dict[str, list[str]] | None:
+    """Device id -> the jobs holding a reservation on it; None when this caller may not list them."""
+    try:
+        reservations = stub.ListReservations(inv_pb.ListReservationsRequest()).reservations
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return None
+        raise
+    jobs: dict[str, list[str]] = {}
+    for r in reservations:
+        jobs.setdefault(r.device_id, []).append(r.job_id)
+    return jobs
+
+
+def unknown_values(filter_text: str, devices) -> str:
+    """The filter's `field = "value"` terms whose value no device has, with the values there are."""
+    said = []
+    for field, value in re.findall(r'\b(type|kind|node)\s*=\s*"([^"]*)"', filter_text):
+        known = sorted({FIELDS[field](d) for d in devices})
+        if value not in known:
+            said.append(f'no device has {field} "{value}"; the {field}s known are: {", ".join(known) or "none"}')
+    return "; ".join(said)
 
 
 def cmd_score(args) -> int:
@@ -42,6 +90,7 @@ def add_commands(sub) -> None:
     devices = sub.add_parser("devices", help="print the inventory as a table")
     devices.add_argument("--inventory", default=DEFAULT_INVENTORY)
     devices.add_argument("--filter", default="", help='e.g. platform = "cuda" AND capabilities:bf16')
+    devices.add_argument("--hide-lost", action="store_true", help="leave out the devices of nodes that stopped answering")
     devices.set_defaults(func=cmd_devices)
     score = sub.add_parser("score", help="rank devices for a task")
     score.add_argument("--inventory", default=DEFAULT_INVENTORY)

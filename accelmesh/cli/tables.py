@@ -18,20 +18,29 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f}"
 
 
-def format_devices(devices) -> str:
-    rows = [("DEVICE", "TYPE", "KIND", "CAPABILITIES", "FREE/TOTAL GiB", "TFLOP/s fp32|bf16", "HEALTH")]
+def format_devices(devices, jobs: dict[str, list[str]] | None = None) -> str:
+    """The device table; `jobs` (device id -> jobs holding a reservation on it) adds a JOBS column."""
+    head = ("DEVICE", "TYPE", "KIND", "CAPABILITIES", "FREE/TOTAL GiB", "RESERVED GiB", "UTIL", "TFLOP/s fp32|bf16",
+            "HEALTH")
+    rows = [head + (("JOBS",) if jobs is not None else ())]
     for d in devices:
         peak = d.performance.peak_tflops
         caps = [c for c in d.capabilities if c in SHOWN_CAPABILITIES]
-        rows.append((
+        lost = d.health == common_pb2.DEVICE_HEALTH_LOST
+        row = (
             d.id,
             d.type,
             d.kind,
             ",".join(caps) or "-",
             f"{_gib(d.status.memory_free_bytes)}/{_gib(d.status.memory_total_bytes or d.performance.memory_bytes)}",
+            _gib(d.status.memory_reserved_bytes),
+            "-" if lost else f"{100 * d.status.utilization:.0f}%",
             f"{peak.get('fp32', 0):.1f}|{peak['bf16']:.1f}" if "bf16" in peak else f"{peak.get('fp32', 0):.1f}|-",
-            _tail(common_pb2.DeviceHealth, d.health, "DEVICE_HEALTH_"),
-        ))
+            "LOST" if lost else _tail(common_pb2.DeviceHealth, d.health, "DEVICE_HEALTH_"),
+        )
+        if jobs is not None:
+            row += (",".join(jobs.get(d.id, ())) or "-",)
+        rows.append(row)
     return table(rows)
 
 

@@ -63,6 +63,29 @@ def test_cli_reports_an_unreachable_inventory_clearly():
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 1 and "UNAVAILABLE" in result.stderr
+    assert "nothing answers at that address: start the mesh with `accelmesh up`" in result.stderr
+
+
+def test_cli_shows_reservations_and_the_jobs_holding_each_device(mesh):
+    stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, mesh.inventory.address)
+    stub.ReserveDevices(pb.ReserveDevicesRequest(
+        job_id="holder", claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:1", memory_bytes=2 * 2**30)], ttl_seconds=60))
+    try:
+        out = cli("devices", "--inventory", mesh.inventory.address)
+    finally:
+        stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="holder"))
+    head, *rows = out.splitlines()
+    assert head.split()[-5:] == ["UTIL", "TFLOP/s", "fp32|bf16", "HEALTH", "JOBS"] and "RESERVED GiB" in head
+    (held,) = [row for row in rows if row.startswith("127.0.0.1/cuda:1 ")]
+    assert held.split()[-1] == "holder" and " 2.0 " in held
+    assert all(row.split()[-1] == "-" for row in rows if not row.startswith("127.0.0.1/cuda:1 "))
+
+
+def test_cli_names_a_filter_value_that_no_device_has(mesh):
+    result = subprocess.run([sys.executable, "-m", "accelmesh.cli", "devices", "--inventory", mesh.inventory.address,
+                             "--filter", 'type = "a100-80g"'], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert 'no device has type "a100-80g"; the types known are: a100-80gb, cpu, v100-32gb' in result.stderr
 
 
 @pytest.mark.parametrize("service", ["", "accelmesh.inventory.v1.InventoryService"])
@@ -106,6 +129,11 @@ def test_a_killed_worker_is_lost_within_the_window_and_recovers_when_it_returns(
         assert stub.ListDevices(pb.ListDevicesRequest()).devices == []
         (node,) = stub.ListNodes(pb.ListNodesRequest()).nodes
         assert node.state == pb.NODE_STATE_LOST and node.missed_polls >= LOST_AFTER
+        # The CLI shows them, marked, unless asked to hide them.
+        shown = cli("devices", "--inventory", mesh.inventory.address)
+        assert all(f"{device_id} " in shown for device_id in DEVICES) and shown.count("LOST") == len(DEVICES)
+        hidden = cli("devices", "--inventory", mesh.inventory.address, "--hide-lost")
+        assert not any(device_id in hidden for device_id in DEVICES)
 
         mesh.workers[0] = start_worker(mesh.inventory.address, mesh.compile.address, mesh.credentials, devices=4,
                                        emulate=EMULATE, listen=f"127.0.0.1:{port}")

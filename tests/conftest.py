@@ -15,6 +15,7 @@ TEST_CPU = host.isolate()
 import itertools  # noqa: E402  (the environment must be fixed before jax or grpc is imported)
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -221,3 +222,31 @@ def database_url(request, tmp_path):
 def postgres_url():
     """A fresh database on the test PostgreSQL server (for tests of what only it does)."""
     return _postgres_server().database()
+
+
+@contextlib.contextmanager
+def small_mesh(root, *, emulate=("v100-32gb",), **dispatch_options):
+    """An inventory, a compile service and a worker with one CPU device per `emulate` profile, as
+    processes, and a dispatcher in this process (`dispatch_options`: DispatchConfig fields), so a
+    test may reach its runner, status page and metrics. Yields (the dispatch MeshServer, the
+    inventory's address, an InventoryService stub entitled to every method)."""
+    from accelmesh.embedded import start_compile, start_inventory, start_worker
+    from dispatch_svc.config import DispatchConfig
+    from dispatch_svc.server import build_dispatch
+
+    processes = [start_inventory(root, CREDENTIALS)]
+    try:
+        inventory = processes[0].address
+        processes.append(compile_ := start_compile(root, CREDENTIALS))
+        processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=len(emulate), emulate=emulate,
+                                      nvml=False, artifact_dir=root / "worker-artifacts"))
+        server, _ = build_dispatch(DispatchConfig(listen="127.0.0.1:0", inventory=inventory, compile=compile_.address,
+                                                  data_dir=str(root / "dispatch"), **dispatch_options))
+        server.start()
+        try:
+            yield server, inventory, mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, inventory)
+        finally:
+            server.stop(0)
+    finally:
+        for process in reversed(processes):
+            process.terminate()

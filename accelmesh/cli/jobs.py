@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from accelmesh import errors
 from accelmesh.cli import job_view
+from accelmesh.cli.arguments import at_least
 from accelmesh.cli.mesh import DEFAULT_DISPATCH
 from accelmesh.client import PRECISIONS, MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -37,18 +38,6 @@ LOG_WAIT_S = 2.0  # `jobs logs` of a running job: how long the log is read befor
 
 
 # --- arguments -------------------------------------------------------------------------------------
-
-def at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        return value
-    return parse
-
 
 def _seconds(text: str) -> float:
     try:

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 
 from accelmesh import errors
 from accelmesh.layer_table import check_layers, layer_cost_from_proto
+from accelmesh.cli.arguments import at_least
 from accelmesh.cli.compile import DEFAULT_COMPILE, compile_stub
 from accelmesh.cli.placement_plot import plot_placement
 from accelmesh.cli.placement_view import render_placement
@@ -84,18 +85,6 @@ def parse_headroom(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"{value:g} is outside [0, 1); it is the fraction of free memory kept unused")
     return value
-
-
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        return value
-    return parse
 
 
 def load_layer_table(path: str) -> list[plan_pb.LayerCost]:
@@ -230,11 +219,11 @@ def add_commands(sub) -> None:
                            "auto (predict both, take the faster; default)")
     plan.add_argument("--kind", choices=("inference", "training"), default="inference",
                       help="training also holds gradients and optimizer state and runs the backward pass")
-    plan.add_argument("--micro-batch-rows", type=_count(0), default=0, metavar="N",
+    plan.add_argument("--micro-batch-rows", type=at_least(0), default=0, metavar="N",
                       help=f"rows per micro-batch (default {DEFAULT_MICRO_BATCH_ROWS})")
-    plan.add_argument("--rows", type=_count(1), default=0, metavar="N",
+    plan.add_argument("--rows", type=at_least(1), default=0, metavar="N",
                       help=f"rows of the job's inputs (default {DEFAULT_MICRO_BATCHES} micro-batches)")
-    plan.add_argument("--device-count", type=_count(0), default=0, metavar="N",
+    plan.add_argument("--device-count", type=at_least(0), default=0, metavar="N",
                       help="the most devices to use (default: every device offered; auto and balanced take as many "
                       "as lower the predicted step, ranked the fewest whose memory holds the model)")
     plan.add_argument("--headroom", type=parse_headroom, default=None, metavar="F",

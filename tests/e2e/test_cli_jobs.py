@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub
+from conftest import CREDENTIALS, small_mesh
 
 from accelmesh.cli import main
 from accelmesh.cli.job_view import RunProgress
@@ -31,12 +31,8 @@ from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
-from accelmesh.embedded import start_compile, start_inventory, start_worker
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from compile_svc.programs.builtin import IDENTITY_WIDTH
-from dispatch_svc.config import DispatchConfig
-from dispatch_svc.server import build_dispatch
 
 WAIT_S = 60.0  # a bound on a failing test, never a pause: every wait below ends on what it waits for
 OCCUPIER = "occupier-of-the-cli-test"
@@ -53,27 +49,10 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli-jobs")
     alice = CREDENTIALS.add_user("cli-alice")
-    processes = [start_inventory(root, CREDENTIALS)]
-    try:
-        inventory = processes[0].address
-        processes.append(compile_ := start_compile(root, CREDENTIALS))
-        processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=1, emulate=("v100-32gb",),
-                                      nvml=False, artifact_dir=root / "worker-artifacts"))
-        server, _ = build_dispatch(DispatchConfig(
-            listen="127.0.0.1:0", inventory=inventory, compile=compile_.address, data_dir=str(root / "dispatch"),
-            queue_poll_s=0.1))
-        server.start()
-        stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, inventory)
-        device = stub.ListDevices(inv_pb.ListDevicesRequest()).devices[0]
-        try:
-            yield Mesh(f"127.0.0.1:{server.port}", stub, device.id, alice)
-        finally:
-            server.stop(0)
-    finally:
-        for process in reversed(processes):
-            process.terminate()
+    with small_mesh(tmp_path_factory.mktemp("cli-jobs"), queue_poll_s=0.1) as (server, _, inventory):
+        device = inventory.ListDevices(inv_pb.ListDevicesRequest()).devices[0]
+        yield Mesh(f"127.0.0.1:{server.port}", inventory, device.id, alice)
 
 
 class Full:
@@ -187,10 +166,11 @@ def test_run_exits_1_with_the_status_when_the_dispatcher_refuses_the_job(mesh, c
     assert code == 1 and "accelmesh: RESOURCE_EXHAUSTED:" in err and "spec.queue_timeout is 0 s" in err
 
 
-def test_nothing_listening_is_one_line_not_a_traceback(capsys):
+def test_nothing_listening_is_the_status_and_what_to_do_not_a_traceback(capsys):
     assert main(["jobs", "list", "--dispatch", "127.0.0.1:1"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("accelmesh: UNAVAILABLE:") and len(err.splitlines()) == 1
+    status, hint = capsys.readouterr().err.splitlines()
+    assert status.startswith("accelmesh: UNAVAILABLE:")
+    assert hint.startswith("accelmesh: nothing answers at that address: start the mesh with `accelmesh up`")
 
 
 def test_detach_then_watch_then_fetch_round_trip(mesh, capsys, tmp_path):

@@ -15,19 +15,15 @@ import dataclasses
 import grpc
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub, rpc_error
+from conftest import CREDENTIALS, rpc_error, small_mesh
 
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.embedded import start_compile, start_inventory, start_worker
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import TensorCollector
 from compile_svc.programs.builtin import IDENTITY_WIDTH
-from dispatch_svc.config import DispatchConfig
-from dispatch_svc.server import build_dispatch
 
 WAIT_S = 60.0
 OCCUPIER = "occupier-of-the-test"
@@ -43,27 +39,10 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    root = tmp_path_factory.mktemp("queue")
     people = {name: CREDENTIALS.client(CREDENTIALS.add_user(name)) for name in ("alice", "bob")}
-    processes = [start_inventory(root, CREDENTIALS)]
-    try:
-        inventory = processes[0].address
-        processes.append(compile_ := start_compile(root, CREDENTIALS))
-        processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=1, emulate=("v100-32gb",),
-                                      nvml=False, artifact_dir=root / "worker-artifacts"))
-        server, _ = build_dispatch(DispatchConfig(
-            listen="127.0.0.1:0", inventory=inventory, compile=compile_.address, data_dir=str(root / "dispatch"),
-            queue_poll_s=0.1))
-        server.start()
-        stub = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, inventory)
-        device = stub.ListDevices(inv_pb.ListDevicesRequest()).devices[0]
-        try:
-            yield Mesh(f"127.0.0.1:{server.port}", stub, device.id, people)
-        finally:
-            server.stop(0)
-    finally:
-        for process in reversed(processes):
-            process.terminate()
+    with small_mesh(tmp_path_factory.mktemp("queue"), queue_poll_s=0.1) as (server, _, inventory):
+        device = inventory.ListDevices(inv_pb.ListDevicesRequest()).devices[0]
+        yield Mesh(f"127.0.0.1:{server.port}", inventory, device.id, people)
 
 
 def fill(mesh: Mesh) -> None:

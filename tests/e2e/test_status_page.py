@@ -29,20 +29,16 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub
+from conftest import CREDENTIALS, small_mesh
 
 from accelmesh.client import MeshClient, job_spec
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.embedded import start_compile, start_inventory, start_worker
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import to_proto
 from accelmesh.security.identity import Role
 from compile_svc.programs.builtin import IDENTITY_WIDTH
-from dispatch_svc.config import DispatchConfig
-from dispatch_svc.server import build_dispatch
 from dispatch_svc.status_page import STATE_COLOURS
 
 WAIT_S = 60.0
@@ -87,27 +83,16 @@ def _until(responses, event_type: int) -> None:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    root = tmp_path_factory.mktemp("status")
     tokens = {name: CREDENTIALS.add_user(name).read_text().strip() for name in ("alice", "bob")}
-    processes = [start_inventory(root, CREDENTIALS)]
     go = threading.Event()
-    try:
-        inventory_address = processes[0].address
-        processes.append(compile_ := start_compile(root, CREDENTIALS))
-        processes.append(start_worker(inventory_address, compile_.address, CREDENTIALS, devices=2,
-                                      emulate=("a100-80gb", "v100-32gb"), nvml=False, artifact_dir=root / "artifacts"))
-        server, _ = build_dispatch(DispatchConfig(
-            listen="127.0.0.1:0", inventory=inventory_address, compile=compile_.address,
-            data_dir=str(root / "dispatch"), status_listen="127.0.0.1:0", queue_poll_s=0.1,
-            max_shard_bytes=FIRST_ROWS * IDENTITY_WIDTH * 4))  # shards of FIRST_ROWS rows
-        server.start()
-        inventory = mesh_stub(inventory_service_pb2_grpc.InventoryServiceStub, inventory_address)
+    with small_mesh(tmp_path_factory.mktemp("status"), emulate=("a100-80gb", "v100-32gb"), status_listen="127.0.0.1:0",
+                    queue_poll_s=0.1, max_shard_bytes=FIRST_ROWS * IDENTITY_WIDTH * 4  # shards of FIRST_ROWS rows
+                    ) as (server, _, inventory):
         devices = {d.type: d for d in inventory.ListDevices(inv_pb.ListDevicesRequest()).devices}
         full = devices["v100-32gb"]
         inventory.ReserveDevices(inv_pb.ReserveDevicesRequest(job_id="occupier", ttl_seconds=300, claims=[
             inv_pb.DeviceClaim(device_id=full.id, memory_bytes=full.status.memory_free_bytes, compute_fraction=1.0)]))
-        address = f"127.0.0.1:{server.port}"
-        alice = MeshClient(address, security=CREDENTIALS.client(CREDENTIALS.folder / "token-alice"))
+        alice = MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client(CREDENTIALS.folder / "token-alice"))
         try:
             running = _job(alice, "runs", 'type = "a100-80gb"', go)
             _until(running, job_pb.JOB_EVENT_TYPE_SHARD_FINISHED)  # its first shard is done: it runs, reserved
@@ -119,10 +104,6 @@ def pool(tmp_path_factory):
         finally:
             go.set()
             alice.close()
-            server.stop(0)
-    finally:
-        for process in reversed(processes):
-            process.terminate()
 
 
 def browse(pool: Pool, path: str, user: str, *, screenshot: Path | None = None) -> str:

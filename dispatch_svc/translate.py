@@ -108,8 +108,9 @@ def _priority(value: int) -> int:
 def _queue_timeout(msg: job_pb.JobSpec) -> float | None:
     if not msg.HasField("queue_timeout"):
         return None
-    seconds = msg.queue_timeout.ToTimedelta().total_seconds()
-    if seconds < 0 or not 0 <= msg.queue_timeout.nanos < 1_000_000_000:
+    timeout = msg.queue_timeout  # not ToTimedelta: a huge duration would overflow it
+    seconds = timeout.seconds + timeout.nanos / 1e9
+    if seconds < 0 or not 0 <= timeout.nanos < 1_000_000_000:
         raise errors.InvalidArgument(
             f"spec.queue_timeout is {seconds:g} s; use 0 s to never queue, a positive duration to wait at most that "
             "long, or leave it unset for the dispatcher's limit", field="spec.queue_timeout")

@@ -375,3 +375,26 @@ def test_a_quota_for_something_that_owns_no_jobs_is_refused_naming_the_field(nod
     with pytest.raises(errors.InvalidArgument, match="is not a tenant") as refused:
         runner.admission.quotas.set(Quota(tenant, max_jobs=1))
     assert refused.value.field == "quota.tenant"
+
+
+def test_the_spec_carries_priority_and_queue_timeout_and_refuses_bad_ones_naming_the_field():
+    from accelmesh.dispatch.v1 import job_pb2 as job_pb
+    from dispatch_svc import translate as tr
+
+    msg = job_pb.JobSpec(program="affine", priority=7)
+    msg.queue_timeout.FromNanoseconds(2_500_000_000)
+    spec = tr.spec_from_proto(msg)
+    assert (spec.priority, spec.queue_timeout_s) == (7, 2.5)
+    assert tr.spec_from_proto(tr.spec_to_proto(spec)) == spec  # and back, as records and listings carry it
+    assert tr.spec_from_proto(job_pb.JobSpec(program="affine")).queue_timeout_s is None  # unset: the dispatcher's
+    msg.queue_timeout.seconds = 10**12  # longer than a timedelta holds: still a number of seconds
+    assert tr.spec_from_proto(msg).queue_timeout_s == 10**12 + 0.5
+    for bad, field in ((job_pb.JobSpec(program="affine", priority=1001), "spec.priority"),
+                       (job_pb.JobSpec(program="affine", priority=-1), "spec.priority")):
+        with pytest.raises(errors.InvalidArgument) as refused:
+            tr.spec_from_proto(bad)
+        assert refused.value.field == field
+    negative = job_pb.JobSpec(program="affine")
+    negative.queue_timeout.seconds = -5
+    with pytest.raises(errors.InvalidArgument, match="spec.queue_timeout is -5 s; use 0 s to never queue"):
+        tr.spec_from_proto(negative)

@@ -299,7 +299,7 @@ class JobBook:
         position = self.queue_position(job_id)
         if database.transaction(self._engine, lambda c: c.execute(_CLAIM_QUEUED, values).first()) is None:
             return None
-        job = self.get(job_id)
+        job = self._stored(job_id)  # not `get`: its place, read above, is gone with the claim
         self.adopt(job)
         job.state = m.PLANNING
         if job.queue is not None:  # as it was, to compare with if it is queued again
@@ -535,13 +535,19 @@ class JobBook:
         with self._lock:
             if job_id in self._live:
                 return self._live[job_id]
+        return self._placed(self._stored(job_id))
+
+    def _stored(self, job_id: str) -> m.JobRecord:
         with database.connected(self._engine) as connection:
             row = connection.execute(_RECORD, {"job_id": job_id}).first()
         if row is None:
             raise job_not_found(job_id)
-        job = self._parsed(job_id, row[0], row[1])
+        return self._parsed(job_id, row[0], row[1])
+
+    def _placed(self, job: m.JobRecord) -> m.JobRecord:
+        """A job read from the book, with its place in the queue now if it is queued."""
         if job.state == m.QUEUED and job.queue is not None:
-            job.queue.position = self.queue_position(job_id)
+            job.queue.position = self.queue_position(job.job_id)
         return job
 
     def _parsed(self, job_id: str, text: str | None, summary: str | None = None) -> m.JobRecord:
@@ -599,10 +605,8 @@ class JobBook:
                 if live is not None:
                     yield live
                     continue
-                job = self._parsed(job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None)
-                if job.state == m.QUEUED and job.queue is not None:
-                    job.queue.position = self.queue_position(job_id)
-                yield job
+                yield self._placed(self._parsed(
+                    job_id, text if text is not None and len(text) <= MAX_RECORD_CHARS else None))
             if len(rows) < min(limit, LISTING_READ_ROWS):
                 return
             limit -= len(rows)

@@ -121,19 +121,23 @@ class GrpcMesh:
     # -- inventory -----------------------------------------------------------------------------
 
     def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]:
-        devices, token = [], ""
-        while True:
-            page = self._call("inventory", self.inventory.ListDevices, inv_pb.ListDevicesRequest(
-                filter=_constraints_filter(constraints), page_size=1000, page_token=token))
-            devices.extend(page.devices)
-            token = page.next_page_token
-            if not token:
-                break
+        devices = self._list_devices(_constraints_filter(constraints))
         platforms = {PLATFORM_TO_PROTO[p] for p in constraints.platforms}
         chosen = [d for d in devices if not platforms or d.platform in platforms]
         if constraints.max_devices:
             chosen = chosen[: constraints.max_devices]
         return [self._device(d) for d in chosen]
+
+    def _list_devices(self, filter_text: str) -> list[common_pb2.Device]:
+        """Every device the filter matches, page by page."""
+        devices, token = [], ""
+        while True:
+            page = self._call("inventory", self.inventory.ListDevices, inv_pb.ListDevicesRequest(
+                filter=filter_text, page_size=1000, page_token=token))
+            devices.extend(page.devices)
+            token = page.next_page_token
+            if not token:
+                return devices
 
     def _device(self, msg: common_pb2.Device) -> JobDevice:
         spec, _ = device_from_proto(msg, f"device {msg.id}")
@@ -193,28 +197,12 @@ class GrpcMesh:
 
     def all_devices(self) -> list:
         """Every device the inventory knows, lost ones too, as its Device messages (the status page)."""
-        devices = []
-        for flt in ("", 'health = "lost"'):
-            token = ""
-            while True:
-                page = self._call("inventory", self.inventory.ListDevices,
-                                  inv_pb.ListDevicesRequest(filter=flt, page_size=1000, page_token=token))
-                devices.extend(page.devices)
-                if not (token := page.next_page_token):
-                    break
-        return devices
+        return self._list_devices("") + self._list_devices('health = "lost"')
 
     def pool_state(self) -> tuple:
         reservations = self._call("inventory", self.inventory.ListReservations, inv_pb.ListReservationsRequest())
-        devices, token = [], ""
-        while True:
-            page = self._call("inventory", self.inventory.ListDevices,
-                              inv_pb.ListDevicesRequest(page_size=1000, page_token=token))
-            devices.extend((d.id, d.health) for d in page.devices)
-            if not (token := page.next_page_token):
-                break
         return (tuple((r.job_id, r.device_id, r.memory_bytes) for r in reservations.reservations),
-                tuple(sorted(devices)))
+                tuple(sorted((d.id, d.health) for d in self._list_devices(""))))
 
     def release(self, job_id: str) -> None:
         with self._streams_lock:  # the job's shards are over: its streams are closed or closing

@@ -218,12 +218,7 @@ class JobRunner:
             live.span.add_event("queued", {"reason": bounded(reason, MAX_ERROR_BYTES)})
             live.span.end()
         _let_go(live, feed, None)
-        self.book.forget_live(job.job_id)
-        with self._ended:
-            self._live.pop(job.job_id, None)
-            self._ended.notify_all()
-        live.settled.set()
-        live.done.set()
+        self._let_go_of(job, live)
 
     def start_queued(self, job_id: str) -> bool:
         """Claim a queued job and start it here from its stored inputs (JobQueue's pass). Returns
@@ -258,9 +253,7 @@ class JobRunner:
             self.book.finish(job, state, error=bounded(message, MAX_ERROR_BYTES))
         finally:
             self.book.drop_stored(job_id)
-            self.book.forget_live(job_id)
-            with self._ended:
-                self._live.pop(job_id, None)
+            self.book.forget_live(job_id)  # it never ran here: the runner holds nothing of it
         return True
 
     def _collect(self, job, live, pool, work, feed) -> None:
@@ -307,14 +300,18 @@ class JobRunner:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
+        self._let_go_of(job, live)
+        self.on_ended()
+
+    def _let_go_of(self, job: m.JobRecord, live: LiveJob) -> None:
+        """The job is no longer this runner's (it ended, or went to the queue): out of every map here
+        and in the book's memory, then `live.done`, last, so whoever waits on it finds it gone."""
         self.book.forget_live(job.job_id)
         with self._ended:
             self._live.pop(job.job_id, None)
             self._ended.notify_all()
         live.settled.set()
-        live.done.set()  # last: whoever waits for the job's end finds it out of every map
-        self.on_ended()
-
+        live.done.set()
 
     def _still_runs(self, job_id: str) -> bool:
         """Whether this replica still holds the job's lease (always, unleased). A book that does not

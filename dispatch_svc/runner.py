@@ -298,10 +298,12 @@ class JobRunner:
         _let_go(live, feed, exc)
         if ours:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
+        # Its devices and its quota are free now: the queue's next pass tries every queued job. Said
+        # before `live.done`, so whoever saw the job let go of knows the queue was woken.
+        self.on_ended()
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
         self._let_go_of(job, live)
-        self.on_ended()
 
     def _let_go_of(self, job: m.JobRecord, live: LiveJob) -> None:
         """The job is no longer this runner's (it ended, or went to the queue): out of every map here

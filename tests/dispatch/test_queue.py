@@ -136,6 +136,12 @@ def finished(runner: JobRunner, job: m.JobRecord) -> m.JobRecord:
     return done
 
 
+def let_go_of(runner: JobRunner, job: m.JobRecord) -> None:
+    """Wait until the runner let go of the job (final in the book, its end told to the queue)."""
+    live = runner.live(job.job_id)
+    assert live is None or live.done.wait(WAIT_S)
+
+
 def logged(book: JobBook, job_id: str) -> list[m.Event]:
     """The job's events so far (WatchJob's would go on waiting for a queued job's next one)."""
     idle = object()
@@ -235,6 +241,7 @@ def test_a_quota_holds_a_tenants_next_job_but_not_another_tenants(node, mesh):
     bobs = submit(runner, owner=BOB)
     assert bobs.state != m.QUEUED
     assert runner.book.wait_final(bobs.job_id, WAIT_S).state == m.SUCCEEDED  # bob has no quota: not held back
+    let_go_of(runner, bobs)  # so its end's wake-up is in: the pass below tries alice's job for it
     use = {u.tenant: u for u in runner.admission.quotas.usage()}
     assert (use[ALICE].jobs, use[ALICE].queued, use[ALICE].quota.max_jobs) == (1, 1, 1)
     assert use[ALICE].devices == len(mesh.holding[first.job_id])

@@ -25,6 +25,7 @@ class DeviceEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEVICE_EVENT_TYPE_UPDATED: _ClassVar[DeviceEventType]
     DEVICE_EVENT_TYPE_LOST: _ClassVar[DeviceEventType]
     DEVICE_EVENT_TYPE_RECOVERED: _ClassVar[DeviceEventType]
+    DEVICE_EVENT_TYPE_REMOVED: _ClassVar[DeviceEventType]
 
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +41,7 @@ DEVICE_EVENT_TYPE_ADDED: DeviceEventType
 DEVICE_EVENT_TYPE_UPDATED: DeviceEventType
 DEVICE_EVENT_TYPE_LOST: DeviceEventType
 DEVICE_EVENT_TYPE_RECOVERED: DeviceEventType
+DEVICE_EVENT_TYPE_REMOVED: DeviceEventType
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_TRAINING: TaskKind
 TASK_KIND_INFERENCE: TaskKind
@@ -89,6 +91,24 @@ class ListNodesResponse(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class RemoveNodeRequest(_message.Message):
+    __slots__ = ("address", "force")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    force: bool
+    def __init__(self, address: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveNodeResponse(_message.Message):
+    __slots__ = ("node", "device_ids", "released_reservations")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    node: Node
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    released_reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ..., device_ids: _Optional[_Iterable[str]] = ..., released_reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
 
 class ListDevicesRequest(_message.Message):
     __slots__ = ("filter", "page_size", "page_token")

@@ -46,6 +46,11 @@ class InventoryServiceStub:
                 request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/accelmesh.inventory.v1.InventoryService/RemoveNode',
+                request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
         self.ListDevices = channel.unary_unary(
                 '/accelmesh.inventory.v1.InventoryService/ListDevices',
                 request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListDevicesRequest.SerializeToString,
@@ -112,6 +117,15 @@ class InventoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveNode(self, request, context):
+        """Removes a node and its devices (operators only): it is no longer polled, WatchDevices streams
+        see its devices REMOVED, and it may register again later as a new node. FAILED_PRECONDITION,
+        naming the jobs, while its devices hold live reservations, unless force is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDevices(self, request, context):
         """Lists devices matching a filter, a page at a time (AIP-158).
         """
@@ -134,7 +148,7 @@ class InventoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchDevices(self, request, context):
-        """Streams device changes (added, updated, lost, recovered) as they happen.
+        """Streams device changes (added, updated, lost, recovered, removed) as they happen.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +203,11 @@ def add_InventoryServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesRequest.FromString,
                     response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeResponse.SerializeToString,
             ),
             'ListDevices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDevices,
@@ -292,6 +311,33 @@ class InventoryService:
             '/accelmesh.inventory.v1.InventoryService/ListNodes',
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesRequest.SerializeToString,
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.inventory.v1.InventoryService/RemoveNode',
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeRequest.SerializeToString,
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,15 @@ class Reservation:
     expires_at: float  # the lease: renewed (RenewReservations, or reserving again) or it lapses with its job
 
 
+@dataclass(frozen=True)
+class RemovedNode:
+    """What left the inventory with a node (RemoveNode, or a node lost too long and forgotten)."""
+
+    node: NodeRecord  # as stored just before
+    devices: tuple[DeviceRecord, ...]  # its devices as last stored, in id order
+    released: tuple[Reservation, ...]  # the live reservations that ended with it (a forced removal)
+
+
 class DeviceChange(NamedTuple):
-    kind: str  # "added" | "updated" | "recovered" | "lost"
+    kind: str  # "added" | "updated" | "recovered" | "lost" | "removed"
     device_id: str

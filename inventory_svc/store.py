@@ -25,7 +25,7 @@ from typing import Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, quoted
 from accelmesh.hardware.model import DeviceSample, NodeDescription
 from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction, upsert
 from inventory_svc.changes import Change, horizon, prune_changes, read_changes, write_change
@@ -33,7 +33,7 @@ from inventory_svc.filtering import DeviceFilter
 from inventory_svc.polls import (
     claim_nodes, heartbeat, node_record, prune_samples, release_nodes, store_samples, upsert_devices,
 )
-from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, Reservation
+from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, RemovedNode, Reservation
 from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
 from inventory_svc.rows import (
     DEVICE_BY_ID, DEVICES_BY_IDS, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
@@ -62,6 +62,19 @@ _NODE_SEEN = sa.update(nodes).where(nodes.c.address == sa.bindparam("b_address")
     ip=sa.bindparam("b_ip"), hostname=sa.bindparam("b_hostname"), state="active",
     last_seen_at=sa.bindparam("b_now"), missed_polls=0, last_error="",
 )
+_DEVICES_OF_NODE = sa.select(devices.c.id).where(devices.c.node_address == sa.bindparam("address")).order_by(devices.c.id)
+_LIVE_ON = (
+    sa.select(*RESERVATION_COLUMNS)
+    .where(reservations.c.device_id.in_(sa.bindparam("ids", expanding=True)), reservations.c.expires_at > sa.bindparam("now"))
+    .order_by(reservations.c.job_id, reservations.c.device_id)
+)
+# A node is forgotten from its last answer (registration, if it never answered): the polls missed
+# before it was declared lost count, a few poll intervals against a limit of an hour by default.
+_LOST_SINCE = (
+    sa.select(nodes.c.address)
+    .where(nodes.c.state == "lost", sa.func.coalesce(nodes.c.last_seen_at, nodes.c.registered_at) < sa.bindparam("before"))
+    .order_by(nodes.c.address)
+)
 _MARK_LOST = (
     sa.update(devices).where(devices.c.id.in_(sa.bindparam("b_ids", expanding=True)))
     .values(health="lost", updated_at=sa.bindparam("b_now"))
@@ -78,6 +91,8 @@ class Store(Protocol):
     def list_nodes(self) -> list[NodeRecord]: ...
     def record_poll_success(self, address: str, description: NodeDescription, now: float) -> list[DeviceChange]: ...
     def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]: ...
+    def remove_node(self, address: str, now: float, force: bool = False) -> RemovedNode: ...
+    def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]: ...
     def heartbeat(self, replica: str, now: float, lease_s: float) -> None: ...
     def claim_nodes(self, replica: str, now: float, lease_s: float, renew: bool = True) -> list[NodeRecord]: ...
     def release_nodes(self, replica: str) -> int: ...
@@ -243,6 +258,64 @@ class SqlStore:
             return lost, change
 
         return self._write_change(work)
+
+    def remove_node(self, address: str, now: float, force: bool = False) -> RemovedNode:
+        """Delete a node with its devices, their samples and reservations; the feed says each
+        device was removed. Refused (FailedPrecondition naming the jobs) while a job holds a live
+        reservation on one of its devices, unless ``force``: then those reservations go too."""
+        if not address:
+            raise InvalidArgument("address must not be empty; name the node as ListNodes shows it (host:port)",
+                                  field="address")
+        return self._write_change(lambda conn: self._remove_node(conn, address, now, force))
+
+    def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]:
+        """Remove, as ``remove_node(force=True)``, every lost node that has not answered a poll
+        since before ``silent_since`` (or, never having answered, was registered before it).
+
+        Each node goes in its own transaction, which checks the condition again under the node's
+        row lock: a node that answered meanwhile stays, and replicas forgetting at once each
+        remove a node at most once (the others find it gone)."""
+        with self._read() as conn:
+            candidates = list(conn.execute(_LOST_SINCE, {"before": silent_since}).scalars())
+        forgotten = []
+        for address in candidates:
+            removed = self._write_change(
+                lambda conn, address=address: self._remove_node(conn, address, now, True, silent_since))
+            if removed is not None:
+                forgotten.append(removed)
+        return forgotten
+
+    def _remove_node(
+        self, conn: Connection, address: str, now: float, force: bool, silent_since: float | None = None,
+    ) -> tuple[RemovedNode | None, Change]:
+        # Locked first, as a poll's writes lock it first (then its devices): the orders agree.
+        row = conn.execute(NODE_SELECT.where(nodes.c.address == address).with_for_update()).first()
+        if row is None:
+            if silent_since is not None:
+                return None, Change(self.writer, now)
+            raise NotFound(f"address: node {quoted(address)} is not registered; list the nodes with `accelmesh nodes "
+                           "list` (ListNodes) and name one by its address as shown there", field="address")
+        node = NodeRecord(*row)
+        if silent_since is not None and not _silent_since(node, silent_since):
+            return None, Change(self.writer, now)
+        ids = list(conn.execute(_DEVICES_OF_NODE, {"address": address}).scalars())
+        lock_devices(conn, ids)  # a claim on one of them waits, then finds the device gone
+        records = sorted((device_record(r) for r in conn.execute(DEVICES_BY_IDS, {"ids": ids, "now": now})),
+                         key=lambda record: record.id)
+        live = [Reservation(*r) for r in conn.execute(_LIVE_ON, {"ids": ids, "now": now})]
+        if live and not force:
+            jobs = sorted({r.job_id for r in live})
+            raise FailedPrecondition(
+                f"node {quoted(address)} has devices reserved by job(s) {', '.join(jobs)}; wait for them to end or "
+                "cancel them, or remove the node anyway with force (`accelmesh nodes remove --force`), which ends "
+                "their reservations", field="force")
+        for table in (reservations, status_samples):
+            conn.execute(sa.delete(table).where(table.c.device_id.in_(ids)))
+        conn.execute(sa.delete(devices).where(devices.c.node_address == address))
+        conn.execute(sa.delete(nodes).where(nodes.c.address == address))
+        change = Change(self.writer, now, tuple(DeviceChange("removed", device) for device in ids))
+        write_change(conn, change)
+        return RemovedNode(node, tuple(records), tuple(live)), change
 
     # -- which replica polls which node ----------------------------------------------------
 
@@ -455,6 +528,12 @@ def _migrate(engine: Engine) -> str:
         raise FailedPrecondition(
             f"database {where} cannot be opened ({reason}); point the inventory at a database it may write"
         ) from None
+
+def _silent_since(node: NodeRecord, since: float) -> bool:
+    """``_LOST_SINCE`` for one node already read."""
+    heard = node.registered_at if node.last_seen_at is None else node.last_seen_at
+    return node.state == "lost" and heard < since
+
 
 def _check_lease(replica: str, lease_s: float) -> None:
     if not replica:

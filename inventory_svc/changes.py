@@ -1,9 +1,9 @@
 """The change feed: what each write did to the devices, written in the write's own transaction
 and read by every other replica on the database (its device index, its WatchDevices streams).
 
-A change names the devices added, updated, lost or recovered (the watchers' events), carries
-the status samples the write stored, and names the devices whose reservations changed. Readers
-page with a cursor that only moves forward:
+A change names the devices added, updated, lost, recovered or removed (the watchers' events),
+carries the status samples the write stored, and names the devices whose reservations changed.
+Readers page with a cursor that only moves forward:
 
 - PostgreSQL: by transaction id. A reader takes the oldest transaction id still running (the
   snapshot's xmin) as its horizon and reads the rows of transactions from its cursor up to it;
@@ -60,7 +60,7 @@ class Change:
 
     writer: str  # SqlStore.writer of the store that wrote it
     written_at: float  # the writer's clock
-    events: tuple[DeviceChange, ...] = ()  # added / updated / lost / recovered
+    events: tuple[DeviceChange, ...] = ()  # added / updated / lost / recovered / removed
     samples: tuple[DeviceSample, ...] = ()  # the status samples it stored
     reserved: tuple[str, ...] = ()  # devices whose reservations it made, renewed or released
 

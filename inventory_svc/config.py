@@ -11,6 +11,7 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_i
 from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
+from inventory_svc.inventory import DEFAULT_FORGET_LOST_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class InventoryConfig:
     poll_interval_s: float = 5.0  # ACCELMESH_POLL_INTERVAL_S: time between poll cycles
     poll_timeout_s: float = 2.0  # ACCELMESH_POLL_TIMEOUT_S: deadline of one DescribeNode
     lost_after_polls: int = 3  # ACCELMESH_LOST_AFTER_POLLS: missed polls in a row before a node is lost
+    # ACCELMESH_FORGET_LOST_AFTER_S: a lost node silent for longer is removed with its devices, as
+    # RemoveNode with force would (its jobs' reservations end); 0 never forgets. Why an hour: inventory.py
+    forget_lost_after_s: float = DEFAULT_FORGET_LOST_AFTER_S
     # ACCELMESH_INVENTORY_FOLLOW_INTERVAL_S: how often the changes other replicas on the database wrote
     # are read (device index, WatchDevices); a ranking also reads them first, whatever this says
     follow_interval_s: float = 0.25
@@ -54,6 +58,12 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
         "--lost-after", type=int, default=env_int("ACCELMESH_LOST_AFTER_POLLS", d.lost_after_polls, env, minimum=1)
     )
     parser.add_argument(
+        "--forget-lost-after", type=float,
+        default=env_float("ACCELMESH_FORGET_LOST_AFTER_S", d.forget_lost_after_s, env, minimum=0),
+        help="seconds a lost node may stay silent before it and its devices are removed; 0 never "
+             "(default %(default)s)",
+    )
+    parser.add_argument(
         "--follow-interval", type=float,
         default=env_float("ACCELMESH_INVENTORY_FOLLOW_INTERVAL_S", d.follow_interval_s, env, minimum=0.01),
         help="seconds between reads of the changes other replicas wrote (default %(default)s)",
@@ -64,6 +74,9 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
     if args.poll_interval <= 0 or args.poll_timeout <= 0 or args.lost_after < 1 or args.follow_interval <= 0:
         raise errors.InvalidArgument("--poll-interval, --poll-timeout and --follow-interval must be positive "
                                      "and --lost-after >= 1")
+    if not args.forget_lost_after >= 0:  # NaN too: it would never compare true, so never forget silently
+        raise errors.InvalidArgument(f"--forget-lost-after (ACCELMESH_FORGET_LOST_AFTER_S) is {args.forget_lost_after:g}; "
+                                     "give seconds >= 0, where 0 means lost nodes are never forgotten")
     return InventoryConfig(
         security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
         health_listen=args.health_listen,
@@ -73,6 +86,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         lost_after_polls=args.lost_after,
+        forget_lost_after_s=args.forget_lost_after,
         follow_interval_s=args.follow_interval,
         max_samples_per_device=env_int("ACCELMESH_MAX_SAMPLES", d.max_samples_per_device, env, minimum=1),
         sample_retention_s=env_float("ACCELMESH_SAMPLE_RETENTION_S", d.sample_retention_s, env, minimum=1),

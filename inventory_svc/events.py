@@ -10,7 +10,9 @@ import queue
 import threading
 from dataclasses import dataclass
 
-EXISTING, ADDED, UPDATED, LOST, RECOVERED = "existing", "added", "updated", "lost", "recovered"
+from inventory_svc.records import DeviceRecord
+
+EXISTING, ADDED, UPDATED, LOST, RECOVERED, REMOVED = "existing", "added", "updated", "lost", "recovered", "removed"
 
 # A watcher that falls this far behind is cut off rather than letting memory grow without bound.
 WATCH_QUEUE_EVENTS = 10_000
@@ -18,9 +20,12 @@ WATCH_QUEUE_EVENTS = 10_000
 
 @dataclass(frozen=True)
 class DeviceEvent:
-    kind: str  # one of EXISTING, ADDED, UPDATED, LOST, RECOVERED
+    kind: str  # one of EXISTING, ADDED, UPDATED, LOST, RECOVERED, REMOVED
     device_id: str
     timestamp: float
+    # REMOVED: the device as last stored, since the database no longer has it to read (None when
+    # this replica never knew it); other kinds are read when sent, and leave it None.
+    record: DeviceRecord | None = None
 
 
 class Overflowed(Exception):

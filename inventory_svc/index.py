@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,10 @@ from inventory_svc.store import Store
 
 LOAD_BATCH = 1000  # devices read again per statement (an IN list)
 FULL_LOAD_PAGE = 5000  # devices per page of the full load
+# Devices removed from the index kept as last known, for the REMOVED events of watchers: another
+# replica's RemoveNode reaches this one as ids, with the rows already gone. Removals are rare, and
+# each is published within a follow interval of leaving the index.
+REMOVED_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class DeviceIndex:
         self._leases: dict[int, dict[str, tuple[int, float, float]]] = {}  # slot -> job -> (bytes, compute, expiry)
         self._free_slots: list[int] = []
         self._dirty: set[str] = set()
+        self._removed: OrderedDict[str, DeviceRecord] = OrderedDict()
         self._cursor = 0
         self._followed_at = monotonic()
         # Listening before the first load: a change this store commits meanwhile is then either
@@ -184,6 +190,11 @@ class DeviceIndex:
             counts = np.bincount(self.columns.node[: self.columns.size][live], minlength=len(self.columns.nodes.values))
             return {node: int(n) for node, n in zip(self.columns.nodes.values, counts) if n}
 
+    def removed_record(self, device_id: str) -> DeviceRecord | None:
+        """The device as it was when it left the index (its rows deleted), if it left recently."""
+        with self._lock:
+            return self._removed.get(device_id)
+
     def __len__(self) -> int:
         return len(self._slots)
 
@@ -214,6 +225,10 @@ class DeviceIndex:
             self.columns.set_sample(slot, spec.performance.memory_bytes, 0, 0.0)
 
     def _remove(self, device_id: str) -> None:
+        self._removed[device_id] = self._record(self._slots[device_id], 0, 0.0)
+        self._removed.move_to_end(device_id)
+        while len(self._removed) > REMOVED_KEPT:
+            self._removed.popitem(last=False)
         slot = self._slots.pop(device_id)
         self._entries[slot] = self._latest[slot] = None
         self._leases.pop(slot, None)

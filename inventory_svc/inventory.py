@@ -32,7 +32,7 @@ from inventory_svc.changes import CHANGE_RETENTION_S
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.index import DeviceIndex
 from inventory_svc.poller import CLAIMS_PER_INTERVAL
-from inventory_svc.records import DeviceRecord, NodeRecord, Reservation
+from inventory_svc.records import DeviceRecord, NodeRecord, RemovedNode, Reservation
 from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights
 from inventory_svc.store import Store
 
@@ -66,6 +66,11 @@ MAX_SCORED_IDS = 10_000  # device ids one ScoreDevices may name
 LEASE_PER_INTERVAL = 1.5
 TAKEOVER_INTERVALS = LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL  # the bound above, in intervals
 DEFAULT_POLL_INTERVAL_S = 5.0
+# A lost node is removed once it has not answered for this long (config forget_lost_after_s): an
+# hour rides out a reboot, a maintenance window or a partition, and still keeps the nodes of
+# workers restarted on new ports (every `accelmesh up`) from piling up in the inventory, each
+# polled in vain every interval. A forgotten worker that comes back registers again at its start.
+DEFAULT_FORGET_LOST_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -95,12 +100,16 @@ class Inventory:
         tracer: trace.Tracer | None = None,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         replica_id: str | None = None,
+        forget_lost_after_s: float = DEFAULT_FORGET_LOST_AFTER_S,
     ):
         if lost_after_polls < 1:
             raise errors.InvalidArgument(f"lost_after_polls must be >= 1, got {lost_after_polls}")
         if poll_interval_s <= 0:
             raise errors.InvalidArgument(f"poll_interval_s must be positive, got {poll_interval_s}")
+        if not forget_lost_after_s >= 0:
+            raise errors.InvalidArgument(f"forget_lost_after_s must be >= 0 (0: never forget), got {forget_lost_after_s}")
         self.store = store
+        self._forget_after_s = forget_lost_after_s
         # One id per process start: a restarted replica is a new one, its predecessor's leases lapse.
         self.replica_id = replica_id or uuid.uuid4().hex
         self.lease_s = LEASE_PER_INTERVAL * poll_interval_s
@@ -136,6 +145,35 @@ class Inventory:
         node = self.store.upsert_node(address, description.ip, description.hostname, now)
         self._publish(self.store.record_poll_success(node.address, description, now), now)
         return self.store.get_node(node.address), [self.store.get_device(d.id) for d in description.devices]
+
+    def remove_node(self, address: str, force: bool = False) -> RemovedNode:
+        """Forget a node and its devices (an operator's act): no replica polls it any more, and
+        watchers see its devices REMOVED. Refused while jobs hold its devices, unless ``force``."""
+        now = self._clock()
+        removed = self.store.remove_node(address, now, force)
+        self._publish_removed(removed, now)
+        log.info("node %s removed with %d devices%s", address, len(removed.devices),
+                 f", ending the reservations of {sorted({r.job_id for r in removed.released})}" if removed.released else "")
+        return removed
+
+    def forget_lost_nodes(self) -> list[RemovedNode]:
+        """Remove (as ``remove_node`` with force) the lost nodes silent for longer than
+        ``forget_lost_after_s``; nothing when that is 0. Every replica's poll cycle runs it: a
+        node is removed once, by whichever gets there first (``Store.forget_lost_nodes``)."""
+        if not self._forget_after_s:
+            return []
+        now = self._clock()
+        forgotten = self.store.forget_lost_nodes(now - self._forget_after_s, now)
+        for removed in forgotten:
+            self._publish_removed(removed, now)
+            log.warning("forgot node %s: lost and silent for more than %g s (forget_lost_after_s); %d devices "
+                        "removed%s", removed.node.address, self._forget_after_s, len(removed.devices),
+                        f", ending the reservations of {sorted({r.job_id for r in removed.released})}"
+                        if removed.released else "")
+        return forgotten
+
+    def _publish_removed(self, removed: RemovedNode, now: float) -> None:
+        self.hub.publish([ev.DeviceEvent(ev.REMOVED, record.id, now, record) for record in removed.devices])
 
     def _check_ids_are_free(self, address: str, description: NodeDescription) -> None:
         for spec in description.devices:
@@ -177,7 +215,10 @@ class Inventory:
                 now = self._clock()
                 reason = str(exc) if isinstance(exc, errors.AccelmeshError) else f"{type(exc).__name__}: {exc}"
                 span.set_attribute(attr.POLL_OUTCOME, reason)
-                lost = self.store.record_poll_failure(node.address, reason, now, self._lost_after)
+                try:
+                    lost = self.store.record_poll_failure(node.address, reason, now, self._lost_after)
+                except errors.NotFound:  # removed while it was being polled: nothing left to record
+                    return False
                 self._publish([(ev.LOST, device_id) for device_id in lost], now)
                 return False
             span.set_attribute(attr.POLL_OUTCOME, "ok")
@@ -187,12 +228,14 @@ class Inventory:
 
     def poll_all(self) -> dict[str, bool]:
         """One poll cycle, in parallel, over the nodes this replica claims (renewing its leases; a
-        replica alone on its database claims every node); also lets unrenewed reservations lapse."""
+        replica alone on its database claims every node); then forgets the nodes lost for too long
+        (``forget_lost_nodes``) and lets unrenewed reservations lapse."""
         with self._tracer.start_as_current_span("inventory.poll_cycle") as span:
             span.set_attribute(attr.POLL_REASON, "interval")
             nodes = self.store.claim_nodes(self.replica_id, self._clock(), self.lease_s)
             self._polling = frozenset(n.address for n in nodes)
             outcomes = dict(zip((n.address for n in nodes), self._map_in_context(self.poll_node, nodes)))
+            self.forget_lost_nodes()
             now = self._clock()
             self.store.expire_reservations(now)
             self.store.prune_changes(now - CHANGE_RETENTION_S)
@@ -229,9 +272,12 @@ class Inventory:
             raise errors.Unavailable(f"could not refresh {', '.join(silent)}: {reasons}")
         return [self.store.get_device(device_id) for device_id in device_ids]
 
-    def _publish(self, changes, now: float) -> None:
+    def _publish(self, changes, now: float,
+                 last_known: Callable[[str], DeviceRecord | None] = lambda device_id: None) -> None:
+        """Tell the watchers; a removed device's event carries ``last_known(id)``, its rows being gone."""
         if changes:
-            self.hub.publish([ev.DeviceEvent(kind, device_id, now) for kind, device_id in changes])
+            self.hub.publish([ev.DeviceEvent(kind, device_id, now, last_known(device_id) if kind == ev.REMOVED else None)
+                              for kind, device_id in changes])
 
     def follow(self) -> int:
         """Apply what other replicas committed since the last call to the device index, and tell
@@ -242,7 +288,7 @@ class Inventory:
                 self.hub.drop_all("the inventory replica fell behind the others' changes")
                 return 0
             for change in changes:
-                self._publish(change.events, change.written_at)
+                self._publish(change.events, change.written_at, self.index.removed_record)
             return len(changes)
 
     # -- reading -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ _READERS = PEOPLE | roles(Role.DISPATCH, Role.COMPILE)
 ACCESS: Access = {
     "RegisterNode": roles(Role.WORKER),  # and only for the node its certificate names (servicer)
     "ListNodes": roles(Role.DISPATCH, Role.OPERATOR),  # the dispatcher's refresh finds the nodes that answered
+    "RemoveNode": roles(Role.OPERATOR),  # a person's decision: the node's jobs may lose their devices (force)
     "ListDevices": _READERS,
     "GetDevice": _READERS,
     "WatchDevices": _READERS,
@@ -47,7 +48,7 @@ def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poll
     # The shutdown below (inventory.close) hands this replica's nodes back.
     inventory = Inventory(
         store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__),
-        poll_interval_s=config.poll_interval_s,
+        poll_interval_s=config.poll_interval_s, forget_lost_after_s=config.forget_lost_after_s,
     )
     metrics = Metrics("inventory", config.metrics_listen, config.security)
     poller = Poller(InventoryMetrics(metrics, inventory).timed(inventory.poll_all), inventory.take_over,

@@ -25,6 +25,7 @@ EVENT_TYPES = {
     ev.UPDATED: pb.DEVICE_EVENT_TYPE_UPDATED,
     ev.LOST: pb.DEVICE_EVENT_TYPE_LOST,
     ev.RECOVERED: pb.DEVICE_EVENT_TYPE_RECOVERED,
+    ev.REMOVED: pb.DEVICE_EVENT_TYPE_REMOVED,
 }
 
 
@@ -119,6 +120,14 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
         nodes = self.inventory.store.list_nodes()
         return pb.ListNodesResponse(nodes=[node_proto(n, counts.get(n.address, 0)) for n in nodes])
 
+    def RemoveNode(self, request, context):
+        removed = self.inventory.remove_node(request.address, request.force)
+        return pb.RemoveNodeResponse(
+            node=node_proto(removed.node, len(removed.devices)),
+            device_ids=[d.id for d in removed.devices],
+            released_reservations=[reservation_proto(r) for r in removed.released],
+        )
+
     def ListDevices(self, request, context):
         records, token = self.inventory.list_devices(request.filter, request.page_size, request.page_token)
         return pb.ListDevicesResponse(devices=[device_proto(r) for r in records], next_page_token=token)
@@ -150,12 +159,19 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
                         type=pb.DEVICE_EVENT_TYPE_EXISTING, device=device_proto(record), event_time=timestamp(record.updated_at)
                     )
             for event in sub:
-                try:
-                    record = self.inventory.store.get_device(event.device_id)
-                except errors.NotFound:
+                if event.kind == ev.REMOVED:
+                    record = event.record  # its rows are gone; None: a device this replica never knew
+                else:
+                    try:
+                        record = self.inventory.store.get_device(event.device_id)
+                    except errors.NotFound:
+                        continue
+                if record is None:
                     continue
-                # Lost devices are news to a watcher even when its filter would hide them from a listing.
-                if not (flt.matches(record) or (event.kind == ev.LOST and _matches_ignoring_health(flt, record))):
+                # Lost and removed devices are news to a watcher even when its filter would hide
+                # them from a listing (a node is forgotten after it was lost).
+                if not (flt.matches(record) or (event.kind in (ev.LOST, ev.REMOVED)
+                                                and _matches_ignoring_health(flt, record))):
                     continue
                 yield pb.WatchDevicesResponse(
                     type=EVENT_TYPES[event.kind], device=device_proto(record), event_time=timestamp(event.timestamp)

@@ -86,3 +86,26 @@ def test_a_watch_on_a_replica_that_fell_behind_ends_asking_to_watch_again(replic
     finally:
         stream.cancel()
         worker.stop(0)
+
+
+def test_a_watch_on_one_replica_sees_the_devices_of_a_node_another_replica_removed(replicas):
+    (stub_a, inventory_a), (stub_b, _) = replicas
+    worker = make_worker()
+    try:
+        address = register(stub_a, worker).node.address
+        inventory_a.follow()  # a's index holds the devices now: what a REMOVED event reports of them
+        stream = stub_a.WatchDevices(pb.WatchDevicesRequest(filter='platform = "cuda"', include_existing=True),
+                                     timeout=STREAM_DEADLINE_S)
+        try:
+            assert len(_events(stream, 2)) == 2
+            stub_b.RemoveNode(pb.RemoveNodeRequest(address=address))
+            events = [next(stream) for _ in range(2)]
+            assert sorted((e.type, e.device.id, e.device.type) for e in events) == [
+                (pb.DEVICE_EVENT_TYPE_REMOVED, "127.0.0.1/cuda:0", "a100-80gb"),
+                (pb.DEVICE_EVENT_TYPE_REMOVED, "127.0.0.1/cuda:1", "v100-32gb")]
+            scored = stub_a.ScoreDevices(pb.ScoreDevicesRequest(task=pb.TaskProfile(kind=pb.TASK_KIND_TRAINING)))
+            assert list(scored.devices) == []  # a's index let them go too
+        finally:
+            stream.cancel()
+    finally:
+        worker.stop(0)

@@ -13,6 +13,7 @@ from accelmesh.cli import compile as compile_commands
 from accelmesh.cli import inventory as inventory_commands
 from accelmesh.cli import jobs as jobs_commands
 from accelmesh.cli import mesh as mesh_commands
+from accelmesh.cli import nodes as nodes_commands
 from accelmesh.cli import plan as plan_commands
 from accelmesh.cli import quota as quota_commands
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     mesh_commands.add_commands(sub)
     inventory_commands.add_commands(sub)
+    nodes_commands.add_commands(sub)
     compile_commands.add_commands(sub)
     plan_commands.add_commands(sub)
     jobs_commands.add_commands(sub)

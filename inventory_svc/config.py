@@ -75,8 +75,9 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
         raise errors.InvalidArgument("--poll-interval, --poll-timeout and --follow-interval must be positive "
                                      "and --lost-after >= 1")
     if not args.forget_lost_after >= 0:  # NaN too: it would never compare true, so never forget silently
-        raise errors.InvalidArgument(f"--forget-lost-after (ACCELMESH_FORGET_LOST_AFTER_S) is {args.forget_lost_after:g}; "
-                                     "give seconds >= 0, where 0 means lost nodes are never forgotten")
+        raise errors.InvalidArgument(
+            f"--forget-lost-after (ACCELMESH_FORGET_LOST_AFTER_S) is {args.forget_lost_after:g}; "
+            "give seconds >= 0, where 0 means lost nodes are never forgotten")
     return InventoryConfig(
         security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
         health_listen=args.health_listen,

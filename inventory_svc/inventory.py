@@ -107,7 +107,8 @@ class Inventory:
         if poll_interval_s <= 0:
             raise errors.InvalidArgument(f"poll_interval_s must be positive, got {poll_interval_s}")
         if not forget_lost_after_s >= 0:
-            raise errors.InvalidArgument(f"forget_lost_after_s must be >= 0 (0: never forget), got {forget_lost_after_s}")
+            raise errors.InvalidArgument(
+                f"forget_lost_after_s must be >= 0 (0: never forget), got {forget_lost_after_s}")
         self.store = store
         self._forget_after_s = forget_lost_after_s
         # One id per process start: a restarted replica is a new one, its predecessor's leases lapse.
@@ -152,8 +153,7 @@ class Inventory:
         now = self._clock()
         removed = self.store.remove_node(address, now, force)
         self._publish_removed(removed, now)
-        log.info("node %s removed with %d devices%s", address, len(removed.devices),
-                 f", ending the reservations of {sorted({r.job_id for r in removed.released})}" if removed.released else "")
+        log.info("node %s removed with %d devices%s", address, len(removed.devices), _ended(removed))
         return removed
 
     def forget_lost_nodes(self) -> list[RemovedNode]:
@@ -168,8 +168,7 @@ class Inventory:
             self._publish_removed(removed, now)
             log.warning("forgot node %s: lost and silent for more than %g s (forget_lost_after_s); %d devices "
                         "removed%s", removed.node.address, self._forget_after_s, len(removed.devices),
-                        f", ending the reservations of {sorted({r.job_id for r in removed.released})}"
-                        if removed.released else "")
+                        _ended(removed))
         return forgotten
 
     def _publish_removed(self, removed: RemovedNode, now: float) -> None:
@@ -376,6 +375,11 @@ class Inventory:
     def reservations(self, job_id: str = "", device_id: str = "") -> list[Reservation]:
         self.store.expire_reservations(self._clock())
         return self.store.reservations(device_id=device_id or None, job_id=job_id or None)
+
+
+def _ended(removed: RemovedNode) -> str:
+    """For the log: the jobs whose reservations a removal ended."""
+    return f", ending the reservations of {sorted({r.job_id for r in removed.released})}" if removed.released else ""
 
 
 def lease_seconds(ttl_s: float) -> float:

@@ -62,7 +62,9 @@ _NODE_SEEN = sa.update(nodes).where(nodes.c.address == sa.bindparam("b_address")
     ip=sa.bindparam("b_ip"), hostname=sa.bindparam("b_hostname"), state="active",
     last_seen_at=sa.bindparam("b_now"), missed_polls=0, last_error="",
 )
-_DEVICES_OF_NODE = sa.select(devices.c.id).where(devices.c.node_address == sa.bindparam("address")).order_by(devices.c.id)
+_DEVICES_OF_NODE = (
+    sa.select(devices.c.id).where(devices.c.node_address == sa.bindparam("address")).order_by(devices.c.id)
+)
 _LIVE_ON = (
     sa.select(*RESERVATION_COLUMNS)
     .where(reservations.c.device_id.in_(sa.bindparam("ids", expanding=True)), reservations.c.expires_at > sa.bindparam("now"))

@@ -21,7 +21,9 @@ STATES = {inv_pb.NODE_STATE_ACTIVE: "active", inv_pb.NODE_STATE_LOST: "LOST"}
 def format_nodes(nodes, now: float) -> str:
     rows = [("ADDRESS", "HOSTNAME", "IP", "STATE", "DEVICES", "LAST SEEN", "MISSED POLLS", "LAST ERROR")]
     for n in nodes:
-        seen = f"{max(0.0, now - n.last_seen_time.ToNanoseconds() / 1e9):.0f}s ago" if n.HasField("last_seen_time") else "never"
+        seen = "never"
+        if n.HasField("last_seen_time"):
+            seen = f"{max(0.0, now - n.last_seen_time.ToNanoseconds() / 1e9):.0f}s ago"
         rows.append((n.address, n.hostname or "-", n.ip, STATES.get(n.state, "unknown"), str(n.device_count), seen,
                      str(n.missed_polls), n.last_error or "-"))
     return table(rows)
@@ -30,7 +32,10 @@ def format_nodes(nodes, now: float) -> str:
 def cmd_list(args) -> int:
     with open_channel(args.inventory) as channel:
         nodes = inventory_stub(channel).ListNodes(inv_pb.ListNodesRequest()).nodes
-    print(format_nodes(nodes, time.time()) if nodes else "no nodes registered; a worker registers its node when it starts")
+    if not nodes:
+        print("no nodes registered; a worker registers its node when it starts")
+        return 0
+    print(format_nodes(nodes, time.time()))
     return 0
 
 

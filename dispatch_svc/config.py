@@ -14,6 +14,7 @@ from accelmesh.security.identity import Role
 from dispatch_svc.interface import RESERVATION_TTL_S
 from dispatch_svc.planner.placement_types import MAX_LAYERS
 from dispatch_svc.queue import DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
+from dispatch_svc.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
 
@@ -109,6 +110,12 @@ class DispatchConfig:
     queue_poll_s: float = QUEUE_POLL_S
     # ACCELMESH_STATUS_LISTEN: host:port of the read-only status page for browsers (status_page.py); none when empty
     status_listen: str = ""
+    # ACCELMESH_SCHEDULING_POLICY: how a queue pass shares the free devices among several queued
+    # jobs (scheduling/rounds.py): max_min_fairness, min_total_time, fifo, or first_fit (no rounds);
+    # ACCELMESH_SCHEDULING_THROUGHPUTS: a TOML file of programs' rows/s per device type, profiled
+    # figures the rounds prefer to measured and catalog rates; none when empty
+    scheduling_policy: str = DEFAULT_POLICY
+    scheduling_throughputs: str = ""
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
@@ -149,7 +156,11 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         queue_timeout_s=env_float("ACCELMESH_QUEUE_TIMEOUT_S", d.queue_timeout_s, env, minimum=1),
         queue_poll_s=env_float("ACCELMESH_QUEUE_POLL_S", d.queue_poll_s, env, minimum=0.05),
         status_listen=args.status_listen,
+        scheduling_policy=check_policy(env_str("ACCELMESH_SCHEDULING_POLICY", d.scheduling_policy, env)),
+        scheduling_throughputs=env_str("ACCELMESH_SCHEDULING_THROUGHPUTS", d.scheduling_throughputs, env),
     )
+    if config.scheduling_throughputs:
+        load_throughputs(config.scheduling_throughputs)  # a file that is missing or malformed fails here
     if config.db:
         database_url(config.db)  # an engine not supported, or a URL that does not parse, fails here
     if config.chunk_bytes + 4096 > config.max_message_bytes:

@@ -115,6 +115,8 @@ class Mesh(Protocol):
     # What decides whether a queued job could start: every live reservation and every device's
     # health, as a value compared with an earlier one (queue.py tries a job again only on a change).
     def pool_state(self) -> Hashable: ...
+    # The devices any reservation holds now: a queue's scheduling round counts the others free.
+    def reserved_device_ids(self) -> frozenset[str]: ...
     # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
     # a key never changes during the job); a worker gets such an input in full once, then by key.
     # `place_outputs`: where outputs go as they arrive (None, or None from it: returned in memory).

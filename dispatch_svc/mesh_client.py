@@ -204,6 +204,11 @@ class GrpcMesh:
         return (tuple((r.job_id, r.device_id, r.memory_bytes) for r in reservations.reservations),
                 tuple(sorted((d.id, d.health) for d in self._list_devices(""))))
 
+    def reserved_device_ids(self) -> frozenset[str]:
+        """The devices any reservation holds now (the queue's scheduling rounds count the others free)."""
+        reservations = self._call("inventory", self.inventory.ListReservations, inv_pb.ListReservationsRequest())
+        return frozenset(r.device_id for r in reservations.reservations)
+
     def release(self, job_id: str) -> None:
         with self._streams_lock:  # the job's shards are over: its streams are closed or closing
             for key in [key for key in self._streams if key[0] == job_id]:

@@ -13,10 +13,14 @@ Every replica runs a `JobQueue` pass every QUEUE_POLL_S, and at once when one of
 first), then the time each was first queued. It fails those past their deadline
 (spec.queue_timeout), and tries to start each of the others: the job is claimed in one statement
 (so one replica starts it), planned afresh on the devices the mesh has now, and either holds its
-devices (it runs) or goes back to the queue, keeping its place. The policy is first fit in
-priority order: a job that does not fit now does not hold back the jobs behind it that do, so the
-pool is never idle while a queued job could use it; a large job's wait is bounded by its
-queue_timeout. A job that asks for more than its owner's quota allows at all never waits: it
+devices (it runs) or goes back to the queue, keeping its place. When a pass has two or more jobs
+to try, a scheduling round (scheduling/rounds.py, ACCELMESH_SCHEDULING_POLICY) first gives each
+a device type and a number of devices by the dispatcher's policy (Gavel's max-min fairness by
+default: each type to the jobs that gain most from it); those jobs are tried first, each planned
+on what it was given only, then the others on what is left. Otherwise, and with the first_fit
+policy, it is first fit in priority order. Either way a job that does not fit now does not hold
+back the jobs behind it that do, so the pool is never idle while a queued job could use it; a
+large job's wait is bounded by its queue_timeout. A job that asks for more than its owner's quota allows at all never waits: it
 fails at once, naming the limit.
 
 A RunJob client of a queued job keeps its call: it is sent the QUEUED events, then the job's
@@ -35,6 +39,8 @@ from accelmesh.runtime.periodic import Periodic
 from dispatch_svc import records as m
 from dispatch_svc.jobs import JobBook
 from dispatch_svc.quotas import OverQuota, Quotas
+from dispatch_svc.scheduling import SolverFailed
+from dispatch_svc.scheduling.rounds import Narrowing, Round, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +99,18 @@ class JobQueue:
     snapshot cannot see: devices freed and taken again between two looks). So a job that waits
     for long is planned again once per change of the pool, not once per pass."""
 
-    def __init__(self, book: JobBook, start: Callable[[str], bool], expire: Callable[[str, str], bool], *,
-                 pool_state: Callable[[], Hashable] = lambda: None, poll_s: float = QUEUE_POLL_S,
-                 clock: Callable[[], float] = time.time):
-        """`start(job_id)` claims and starts a queued job, returning once it holds its devices, is
-        queued again or ended (False: another replica took it first); `expire(job_id, why)` ends
-        one past its deadline (JobRunner.start_queued and .expire_queued)."""
+    def __init__(self, book: JobBook, start: Callable[[str, Narrowing | None], bool],
+                 expire: Callable[[str, str], bool], *, pool_state: Callable[[], Hashable] = lambda: None,
+                 poll_s: float = QUEUE_POLL_S, clock: Callable[[], float] = time.time,
+                 scheduling: Round | None = None):
+        """`start(job_id, narrowing)` claims and starts a queued job, returning once it holds its
+        devices, is queued again or ended (False: another replica took it first); `expire(job_id,
+        why)` ends one past its deadline (JobRunner.start_queued and .expire_queued). `scheduling`:
+        the round that gives each of several jobs tried at once a device type (scheduling/rounds.py);
+        None: first fit in priority order."""
         self._book, self._start, self._expire, self._clock = book, start, expire, clock
         self._pool_state = pool_state
+        self._scheduling = scheduling
         # queued job -> the pool's state when it was last refused here, when, and the number of
         # wakes before its try began (a job that ended during the try counts as a change)
         self._tried: dict[str, tuple[Hashable, float, int]] = {}
@@ -136,7 +146,8 @@ class JobQueue:
         now = self._clock()
         queued = self._book.queued(PASS_JOBS)
         state = self._pool_state() if queued else None
-        for job_id, _owner, _priority, _since, deadline in queued:
+        candidates = []
+        for job_id, _owner, _priority, since, deadline in queued:
             if deadline is not None and deadline <= now:
                 self._expire(job_id, "it waited in the queue past its deadline (spec.queue_timeout)")
                 continue
@@ -144,9 +155,11 @@ class JobQueue:
                 seen, at, wakes = self._tried.get(job_id, (None, None, -1))
                 if wakes == self._wakes and seen == state and now - at < RETRY_S:
                     continue
+            candidates.append((job_id, since))
+        for job_id, narrowing in self._order(candidates):
+            with self._lock:
                 before = self._wakes
-
-            if self._start(job_id):
+            if self._start(job_id, narrowing):
                 tried.append(job_id)
             with self._lock:
                 if job_id in self._tried:  # refused (`note`): a wake during the try means a change
@@ -157,3 +170,21 @@ class JobQueue:
             self._tried = {job_id: seen for job_id, seen in self._tried.items()
                            if job_id in ids or now - seen[1] < RETRY_S}  # noted, about to be queued
         return tried
+
+    def _order(self, candidates: list[tuple[str, float]]) -> list[tuple[str, Narrowing | None]]:
+        """The jobs to try and the device type each may take: the scheduling round's answer for two
+        or more, else the queue's order. A round that fails (the inventory does not answer, the
+        solver gives up) costs nothing but its advice: the jobs are tried unnarrowed, in order."""
+        plain = [(job_id, None) for job_id, _ in candidates]
+        if self._scheduling is None or len(candidates) < 2:
+            return plain
+        waiting = []
+        for job_id, since in candidates:
+            job = self._book.get(job_id)
+            if job.state == m.QUEUED:
+                waiting.append(Waiting(job_id, job.spec, since))
+        try:
+            return self._scheduling.assign(waiting)
+        except (errors.AccelmeshError, SolverFailed) as exc:
+            log.warning("the scheduling round failed (%s); trying the queued jobs in order, unnarrowed", exc)
+            return plain

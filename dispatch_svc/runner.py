@@ -28,6 +28,7 @@ from dispatch_svc.device_queues import Cancelled, DevicePool
 from dispatch_svc.interface import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh
 from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.scheduling.rounds import Narrowing
 from dispatch_svc.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.strategies.context import JobContext, Limits
 from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
@@ -121,13 +122,14 @@ class JobRunner:
         return job, live
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
-            kept: frozenset[int] | None = None) -> None:
+            kept: frozenset[int] | None = None, narrowing: Narrowing | None = None) -> None:
         """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
         caller); the shards' results are collected in a background thread (or here). `kept`: the
         finished shards of a job taken over that its strategy keeps (None: it runs whole). A leased job
         (its book shared by dispatch replicas) stores its inputs as they are read, so another
         replica can take it over (`take_over`). A job that cannot get its devices or its owner's quota
-        (Queued) has its inputs stored whole and waits in the queue: run returns then."""
+        (Queued) has its inputs stored whole and waits in the queue: run returns then. `narrowing`:
+        the device type and count a queue's scheduling round gave it, for this try's planning only."""
         live.span = self._tracer.start_span("dispatch.job", attributes={
             attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
         token = trace.use_span(live.span, end_on_exit=False)
@@ -137,7 +139,7 @@ class JobRunner:
         ctx = None
         try:
             ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
-                             kept=kept, admission=self.admission, metrics=self.metrics)
+                             kept=kept, admission=self.admission, metrics=self.metrics, narrowing=narrowing)
             work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
         except Queued as queued:
             self._queue(job, live, feed, ctx.given_parameters, queued.reason)
@@ -220,10 +222,11 @@ class JobRunner:
         _let_go(live, feed, None)
         self._let_go_of(job, live)
 
-    def start_queued(self, job_id: str) -> bool:
-        """Claim a queued job and start it here from its stored inputs (JobQueue's pass). Returns
-        once it holds its devices, went back to the queue or ended; False if another replica (or a
-        cancel) took it first."""
+    def start_queued(self, job_id: str, narrowing: Narrowing | None = None) -> bool:
+        """Claim a queued job and start it here from its stored inputs (JobQueue's pass), planned
+        within `narrowing` if the pass's scheduling round gave it one. Returns once it holds its
+        devices, went back to the queue or ended; False if another replica (or a cancel) took it
+        first."""
         job = self.book.claim_queued(job_id)
         if job is None:
             return False
@@ -233,7 +236,7 @@ class JobRunner:
 
         def run():
             try:
-                self.run(job, live, StoredFeed(self.book.inputs, job), background=False)
+                self.run(job, live, StoredFeed(self.book.inputs, job), background=False, narrowing=narrowing)
             except Exception:  # noqa: BLE001 - ended and recorded by run
                 pass
         threading.Thread(target=contextvars.copy_context().run, args=(run,), name=f"queued-{job_id}",

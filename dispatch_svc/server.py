@@ -22,6 +22,7 @@ from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.queue import Admission, JobQueue
 from dispatch_svc.quotas import Quotas
 from dispatch_svc.runner import JobRunner
+from dispatch_svc.scheduling.rounds import Round, load_throughputs
 from dispatch_svc.servicer import DispatchServicer
 from dispatch_svc.status_page import StatusPage
 from dispatch_svc.takeover import Takeover
@@ -67,8 +68,10 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
 
     takeover = Takeover(runner).start() if config.lease_s else None
     quotas = runner.admission.quotas
+    table = load_throughputs(config.scheduling_throughputs) if config.scheduling_throughputs else None
+    scheduling = Round(config.scheduling_policy, mesh, throughput, mesh.reserved_device_ids, table)
     queue = JobQueue(book, runner.start_queued, runner.expire_queued, poll_s=config.queue_poll_s,
-                     pool_state=lambda: (mesh.pool_state(), quotas.all())).start()
+                     pool_state=lambda: (mesh.pool_state(), quotas.all()), scheduling=scheduling).start()
     runner.on_ended, runner.on_queued = queue.wake, queue.note
 
     status = None

@@ -198,13 +198,17 @@ class ThroughputModel:
         self._lock = threading.Lock()
         self._fits: dict[tuple[str, str], _Fit] = {}
         self._warm: set[tuple[str, str]] = set()  # (device, artifact) pairs that ran here once
+        # program name -> device type -> the (program ref, target type key) last measured on it (`by_device_type`)
+        self._measured_types: dict[str, dict[str, tuple[str, str]]] = {}
         # pipeline stages: the layer model against what ran; None: not calibrated (config.calibrate_stages)
         self.stages: StageCalibration | None = StageCalibration(smoothing)
 
     def record(self, program_ref: str, target_type: str, rows: int, seconds: float, *,
-               fixed_seconds: float | None = None) -> CostEstimate:
+               fixed_seconds: float | None = None, device_type: str = "") -> CostEstimate:
         """Fold a finished shard in: ``rows`` took ``seconds`` in all, of which ``fixed_seconds``
         (optional) did not depend on its rows; returns the key's new estimate (no prior).
+        ``device_type``: the catalog type of the device it ran on, so the queue's scheduling round
+        finds the program's measured rates by device type (`by_device_type`).
 
         Each shard is one sample of the line, so a tiny shard, whose time is mostly fixed cost,
         sets the intercept instead of dragging the rate down as it would in rows / seconds.
@@ -220,7 +224,16 @@ class ThroughputModel:
         with self._lock:
             fit = self._fits.setdefault(key, _Fit())
             fit.add(float(rows), float(seconds), fixed_seconds, 1.0 - self.smoothing)
+            if device_type:
+                name = program_ref.rsplit("@", 1)[0]
+                self._measured_types.setdefault(name, {})[device_type] = key
             return fit.estimate(None)
+
+    def by_device_type(self, program: str) -> dict[str, tuple[str, str]]:
+        """The (program ref, target type key) last measured for ``program`` (a name, any version)
+        on each device type."""
+        with self._lock:
+            return dict(self._measured_types.get(program, {}))
 
     def warm(self, device_id: str, artifact_key: str) -> bool:
         """Whether `device_id` ran `artifact_key` before (as this dispatcher saw it); the first

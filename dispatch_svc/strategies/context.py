@@ -33,6 +33,7 @@ from dispatch_svc.jobs import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.queue import Admission
+from dispatch_svc.scheduling.rounds import Narrowing
 from dispatch_svc.validation import check_parameters, check_shard_outputs
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,9 @@ class JobContext:
     admission: Admission | None = None
     given_parameters: list[tuple[str, np.ndarray]] | None = None  # the client's, read before it reserved
     metrics: DispatchMetrics = NO_METRICS
+    # What the queue's scheduling round gave a queued job for this try (scheduling/rounds.py): its
+    # planning keeps to those devices; the stored spec is the client's, unchanged.
+    narrowing: Narrowing | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock: _MakespanClock = field(default_factory=_MakespanClock)
 
@@ -280,7 +284,7 @@ class JobContext:
         own = record.own_seconds
         if out.execute_seconds > 0 and self.throughput.warm(device.id, artifact.key):
             self.throughput.record(program.ref, device.target_type, shard.rows, own,
-                                   fixed_seconds=own - out.execute_seconds)
+                                   fixed_seconds=own - out.execute_seconds, device_type=device.spec.type)
         self._ended(started, finished)
         return out
 

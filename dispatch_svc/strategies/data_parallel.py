@@ -29,12 +29,16 @@ MAX_EXECUTABLE_SIZES = 8
 
 
 def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpec,
-         keep: m.Plan | None = None) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
-    """`keep`: the plan a job taken over goes on with; executables are built for its shard sizes."""
+         keep: m.Plan | None = None,
+         only: frozenset[str] | None = None) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
+    """`keep`: the plan a job taken over goes on with; executables are built for its shard sizes.
+    `only`: the devices a queue's scheduling round gave the job (None: all its constraints allow)."""
     program = mesh.describe_program(spec.program, spec.version)
     check_program_kind(program, spec)
     rows = check_inputs(program, spec)
     devices = mesh.candidate_devices(spec.constraints)
+    if only is not None:
+        devices = [d for d in devices if d.id in only]
     if not devices:
         raise errors.FailedPrecondition(
             f"no device can run {program.ref}: the inventory has no healthy device matching the job's "
@@ -62,9 +66,19 @@ def start(ctx: JobContext):
     job = ctx.job
     if ctx.kept is not None:
         return _resume(ctx)
-    program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
+    try:
+        program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec,
+                                                  only=ctx.narrowing.device_ids if ctx.narrowing else None)
+    except errors.FailedPrecondition:
+        if ctx.narrowing is None:
+            raise
+        # The devices the queue's round gave it went meanwhile: it plans on all its constraints allow.
+        ctx.narrowing = None
+        program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
     ctx.book.update(job, plan=job_plan, state=m.COMPILING)
-    ctx.book.emit(job, m.PLANNED, plan=job_plan, message=f"{len(job_plan.shards)} shards on {len(devices)} devices")
+    given = f" ({ctx.narrowing.describe()})" if ctx.narrowing is not None else ""
+    ctx.book.emit(job, m.PLANNED, plan=job_plan,
+                  message=f"{len(job_plan.shards)} shards on {len(devices)} devices{given}")
     ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
     used = {s.device_id for s in job_plan.shards} if job.spec.kind == m.INFERENCE else {d.id for d in devices}
     spares = devices  # retries may go to any candidate: each type has its own build

@@ -20,6 +20,7 @@ from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.queue import Admission, JobQueue
 from dispatch_svc.quotas import Quota, Quotas
 from dispatch_svc.runner import JobRunner
+from dispatch_svc.scheduling.rounds import Round
 
 CLAIM = 16 + 1024  # what an AFFINE job reserves on each device it uses: its parameters and a shard
 ALICE, BOB = "user:alice", "user:bob"
@@ -48,6 +49,10 @@ class PoolMesh(FakeMesh):
     def pool_state(self):
         with self._pool_lock:
             return tuple(sorted((job, tuple(sorted(held.items()))) for job, held in self.holding.items()))
+
+    def reserved_device_ids(self):
+        with self._pool_lock:
+            return frozenset(device for held in self.holding.values() for device in held)
 
     def occupy(self, job_id: str) -> None:
         self.reserve(job_id, [(d.id, self.capacity) for d in self.devices], 60)
@@ -93,12 +98,12 @@ def clock():
     return Clock()
 
 
-def replica(mesh, tmp_path, book_db, clock, lease_s=0.0) -> tuple[JobRunner, JobQueue]:
+def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None) -> tuple[JobRunner, JobQueue]:
     book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=lease_s)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=1024, inflight_bytes=1 << 20,
                        admission=Admission(Quotas(book.engine)), clock=clock)
     queue = JobQueue(book, runner.start_queued, runner.expire_queued, clock=clock,
-                     pool_state=lambda: (mesh.pool_state(), runner.admission.quotas.all()))
+                     pool_state=lambda: (mesh.pool_state(), runner.admission.quotas.all()), scheduling=scheduling)
     runner.on_ended, runner.on_queued = queue.wake, queue.note
     return runner, queue
 
@@ -405,3 +410,43 @@ def test_the_spec_carries_priority_and_queue_timeout_and_refuses_bad_ones_naming
     negative.queue_timeout.seconds = -5
     with pytest.raises(errors.InvalidArgument, match="spec.queue_timeout is -5 s; use 0 s to never queue"):
         tr.spec_from_proto(negative)
+
+
+def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_was_given(mesh, tmp_path, book_db,
+                                                                                        clock):
+    table = {AFFINE.name: {"v100-32gb": 10.0, "a100-80gb": 100.0}}
+    scheduling = Round("max_min_fairness", mesh, ThroughputModel(), mesh.reserved_device_ids, table)
+    runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
+    mesh.occupy("someone-else")
+    jobs = []
+    for name in ("first", "second"):
+        jobs.append(submit(runner, name=name))
+        clock.now += 1
+    assert [j.state for j in jobs] == [m.QUEUED, m.QUEUED]
+    mesh.release("someone-else")
+    assert sorted(queue.run_pass()) == sorted(j.job_id for j in jobs)  # one pass starts both
+    done = [finished(runner, j) for j in jobs]
+    assert [d.state for d in done] == [m.SUCCEEDED, m.SUCCEEDED], [d.error for d in done]
+    for job in done:
+        np.testing.assert_array_equal(y_of(runner, job), 2 * X + BIAS)
+    used = [{s.device_id for s in job.plan.shards} for job in done]
+    assert not used[0] & used[1]  # each kept to the devices the round gave it
+    # The last plan of each: the first, when it was submitted, found the pool full.
+    planned = [[e for e in logged(runner.book, job.job_id) if e.type == m.PLANNED][-1] for job in done]
+    assert all("the queue's max_min_fairness policy gave it" in e.message for e in planned), [e.message for e in planned]
+    assert runner.book.get(jobs[0].job_id).spec == jobs[0].spec  # the narrowing was never stored
+
+
+def test_without_a_round_the_first_queued_job_takes_the_pool_and_the_next_waits(node, mesh, clock):
+    runner, queue = node
+    mesh.occupy("someone-else")
+    jobs = []
+    for name in ("first", "second"):
+        jobs.append(submit(runner, name=name))
+        clock.now += 1
+    mesh.release("someone-else")
+    mesh.held_jobs.add(jobs[0].job_id)
+    assert queue.run_pass() == [j.job_id for j in jobs]
+    assert runner.book.get(jobs[1].job_id).state == m.QUEUED  # first fit: the first took every device
+    mesh.let_go.set()
+    assert finished(runner, jobs[0]).state == m.SUCCEEDED

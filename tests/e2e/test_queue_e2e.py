@@ -59,8 +59,8 @@ def free(mesh: Mesh) -> None:
 class Running:
     """A RunJob call read as far as the test asks."""
 
-    def __init__(self, client: MeshClient, x: np.ndarray, **options):
-        spec = job_spec("identity", {"x": x}, **options)
+    def __init__(self, client: MeshClient, x: np.ndarray, program: str = "identity", **options):
+        spec = job_spec(program, {"x": x}, **options)
         requests = (pb.RunJobRequest(**{field: message}, accept_batches=field == "spec")
                     for field, message in request_parts(spec, {"x": x}, None, client.chunk_bytes))
         self.call = client.stub.RunJob(requests, timeout=4 * WAIT_S)

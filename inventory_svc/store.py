@@ -531,6 +531,7 @@ def _migrate(engine: Engine) -> str:
             f"database {where} cannot be opened ({reason}); point the inventory at a database it may write"
         ) from None
 
+
 def _silent_since(node: NodeRecord, since: float) -> bool:
     """``_LOST_SINCE`` for one node already read."""
     heard = node.registered_at if node.last_seen_at is None else node.last_seen_at

@@ -13,7 +13,7 @@ from accelmesh.security.config import Security, add_security_arguments, security
 from accelmesh.security.identity import Role
 from dispatch_svc.interface import RESERVATION_TTL_S
 from dispatch_svc.planner.placement_types import MAX_LAYERS
-from dispatch_svc.queue import DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
+from dispatch_svc.queue import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
 from dispatch_svc.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
@@ -108,6 +108,7 @@ class DispatchConfig:
     # without a job of this replica ending (another replica's did, a reservation lapsed).
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     queue_poll_s: float = QUEUE_POLL_S
+    max_queued_per_tenant: int = DEFAULT_MAX_QUEUED  # ACCELMESH_MAX_QUEUED_PER_TENANT: one tenant's jobs queued at once
     # ACCELMESH_STATUS_LISTEN: host:port of the read-only status page for browsers (status_page.py); none when empty
     status_listen: str = ""
     # ACCELMESH_SCHEDULING_POLICY: how a queue pass shares the free devices among several queued
@@ -155,6 +156,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         limits=limits_from_env(env),
         queue_timeout_s=env_float("ACCELMESH_QUEUE_TIMEOUT_S", d.queue_timeout_s, env, minimum=1),
         queue_poll_s=env_float("ACCELMESH_QUEUE_POLL_S", d.queue_poll_s, env, minimum=0.05),
+        max_queued_per_tenant=env_int("ACCELMESH_MAX_QUEUED_PER_TENANT", d.max_queued_per_tenant, env, minimum=1),
         status_listen=args.status_listen,
         scheduling_policy=check_policy(env_str("ACCELMESH_SCHEDULING_POLICY", d.scheduling_policy, env)),
         scheduling_throughputs=env_str("ACCELMESH_SCHEDULING_THROUGHPUTS", d.scheduling_throughputs, env),

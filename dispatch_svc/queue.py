@@ -45,6 +45,9 @@ from dispatch_svc.scheduling.rounds import Narrowing, Round, Waiting
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_TIMEOUT_S = 24 * 3600.0  # a job's wait when its spec says nothing (ACCELMESH_QUEUE_TIMEOUT_S)
+# Jobs one tenant may have queued at once (ACCELMESH_MAX_QUEUED_PER_TENANT): each holds its inputs on
+# the dispatch dir's disk while it waits (at most ACCELMESH_MAX_JOB_BYTES each).
+DEFAULT_MAX_QUEUED = 100
 QUEUE_POLL_S = 2.0  # how often a pass runs without a wake-up (another replica's job ended, a reservation lapsed)
 PASS_JOBS = 64  # queued jobs a pass tries at most, from the head
 RETRY_S = 60.0  # a queued job is tried at least this often, changes seen or not
@@ -60,14 +63,21 @@ class Queued(Exception):
 
 class Admission:
     """What JobContext.reserve asks before and after it reserves: the owner's quota, and whether a
-    refusal queues the job or fails it (spec.queue_timeout 0 s: fails, as before queues)."""
+    refusal queues the job or fails it (spec.queue_timeout 0 s: fails, as before queues; and a
+    tenant with `max_queued` jobs queued already: fails, so no tenant fills the dispatch dir's
+    disk with stored inputs)."""
 
-    def __init__(self, quotas: Quotas, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S):
+    def __init__(self, quotas: Quotas, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+                 max_queued: int = DEFAULT_MAX_QUEUED):
         if not queue_timeout_s > 0:
             raise errors.InvalidArgument(f"queue_timeout_s is {queue_timeout_s}; set ACCELMESH_QUEUE_TIMEOUT_S to a "
                                          "number of seconds > 0")
+        if max_queued < 1:
+            raise errors.InvalidArgument(f"max_queued is {max_queued}; set ACCELMESH_MAX_QUEUED_PER_TENANT to a "
+                                         "number of jobs >= 1")
         self.quotas = quotas
         self.queue_timeout_s = queue_timeout_s
+        self.max_queued = max_queued
 
     def admit(self, job: m.JobRecord, claims: Sequence[tuple[str, int]]) -> None:
         """The owner's quota takes the job's claims (recorded as its holding), or Queued."""
@@ -77,9 +87,19 @@ class Admission:
             raise self.refused(job, f"quota: {exc}") from None
 
     def refused(self, job: m.JobRecord, reason: str) -> Exception:
-        """What to raise when the job cannot start now: Queued, or RESOURCE_EXHAUSTED for a job that may not wait."""
+        """What to raise when the job cannot start now: Queued, or RESOURCE_EXHAUSTED for a job that
+        may not wait or whose owner has as many jobs queued as one tenant may. A job that was queued
+        before goes back whatever the count: its place was granted once. Two replicas queueing one
+        tenant's jobs at once may each pass the last place: the bound is soft by that much."""
         if job.spec.queue_timeout_s == 0:
             return errors.ResourceExhausted(f"{reason} (the job was not queued: its spec.queue_timeout is 0 s)")
+        if job.queue is None:
+            waiting = self.quotas.queued_count(job.owner)
+            if waiting >= self.max_queued:
+                return errors.ResourceExhausted(
+                    f"{reason}, and the job was not queued: {job.owner or 'its owner'} has {waiting} jobs queued "
+                    f"already, the most one tenant may (ACCELMESH_MAX_QUEUED_PER_TENANT={self.max_queued}); wait "
+                    "for some of them to start, or cancel some (accelmesh jobs cancel)")
         return Queued(reason)
 
     def deadline(self, job: m.JobRecord, now: float) -> float:

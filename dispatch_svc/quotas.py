@@ -42,6 +42,7 @@ _HOLD = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(
 _USE = sa.select(_J.owner, sa.func.count(), sa.func.coalesce(sa.func.sum(_J.held_devices), 0),
                  sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger)).where(_HOLDING).group_by(_J.owner)
 _QUEUED_BY_OWNER = sa.select(_J.owner, sa.func.count()).where(_J.state == m.QUEUED).group_by(_J.owner)
+_QUEUED_OF_OWNER = sa.select(sa.func.count()).where(_J.state == m.QUEUED, _J.owner == sa.bindparam("owner"))
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,11 @@ class Quotas:
                 _check(quota, tenant, (1, devices, nbytes), (jobs, held_devices, held_bytes))
             connection.execute(_HOLD, {"job": job_id, "devices": devices, "nbytes": nbytes})
         database.transaction(self._engine, work)
+
+    def queued_count(self, tenant: str) -> int:
+        """How many of the tenant's jobs wait in the queue now."""
+        with database.connected(self._engine) as connection:
+            return connection.execute(_QUEUED_OF_OWNER, {"owner": tenant}).scalar_one()
 
     def usage(self, tenant: str | None = None) -> list[Use]:
         """Every tenant with a quota, jobs holding devices or jobs queued (only `tenant`, if given), by name."""

@@ -60,7 +60,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     runner = JobRunner(mesh, book, throughput, max_shard_bytes=config.max_shard_bytes,
                        inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
                        job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"),
-                       admission=Admission(Quotas(book.engine), config.queue_timeout_s))
+                       admission=Admission(Quotas(book.engine), config.queue_timeout_s, config.max_queued_per_tenant))
     runner.metrics = DispatchMetrics(metrics, book, lambda: runner.running)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,

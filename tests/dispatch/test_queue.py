@@ -98,10 +98,10 @@ def clock():
     return Clock()
 
 
-def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None) -> tuple[JobRunner, JobQueue]:
+def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None, max_queued=100) -> tuple[JobRunner, JobQueue]:
     book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=lease_s)
     runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=1024, inflight_bytes=1 << 20,
-                       admission=Admission(Quotas(book.engine)), clock=clock)
+                       admission=Admission(Quotas(book.engine), max_queued=max_queued), clock=clock)
     queue = JobQueue(book, runner.start_queued, runner.expire_queued, clock=clock,
                      pool_state=lambda: (mesh.pool_state(), runner.admission.quotas.all()), scheduling=scheduling)
     runner.on_ended, runner.on_queued = queue.wake, queue.note
@@ -320,6 +320,26 @@ def test_a_job_that_may_not_wait_fails_at_once_as_before_queues(node, mesh):
     assert job.state == m.FAILED
     assert "free after other jobs' reservations" in job.error and "spec.queue_timeout is 0 s" in job.error
     assert not any(runner.book.inputs.entries(job.job_id))
+
+
+def test_a_tenant_with_as_many_jobs_queued_as_one_may_is_refused_the_next_and_another_tenant_is_not(
+        mesh, tmp_path, book_db, clock):
+    runner, queue = replica(mesh, tmp_path, book_db, clock, max_queued=2)
+    mesh.occupy("someone-else")
+    waiting = [submit(runner, owner=ALICE) for _ in range(2)]
+    assert [j.state for j in waiting] == [m.QUEUED, m.QUEUED]
+    with pytest.raises(errors.ResourceExhausted, match=r"user:alice has 2 jobs queued already, the most one tenant "
+                                                         r"may \(ACCELMESH_MAX_QUEUED_PER_TENANT=2\)"):
+        submit(runner, owner=ALICE)
+    refused = next(j for j in runner.book.list(10) if j.job_id not in {w.job_id for w in waiting} and j.owner == ALICE)
+    assert refused.state == m.FAILED and "devices:" in refused.error  # why it could not start, too
+    assert not any(runner.book.inputs.entries(refused.job_id))  # nothing of it stored
+    assert submit(runner, owner=BOB).state == m.QUEUED  # bob's own count
+    mesh.release("someone-else")
+    mesh.capacity = CLAIM * 10  # room for all: one pass starts every queued job
+    queue.run_pass()
+    assert [finished(runner, job).state for job in waiting] == [m.SUCCEEDED, m.SUCCEEDED]
+    runner.book.close()
 
 
 def test_a_queued_job_can_be_cancelled_and_is_never_started(node, mesh):

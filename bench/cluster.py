@@ -20,7 +20,10 @@ Prints one JSON document on stdout (progress on stderr); --out writes it to FILE
     such solo finish and Gavel's min-total-duration LP (every job there from the start, its time
     split among types at will). Over a sweep of arrival rates (the same jobs, closer together),
     and once with the first jobs of the trace all submitted at time 0 (Gavel's static traces,
-    where makespan means most).
+    where makespan means most). Each trace runs twice: with Gavel's preemptive rounds
+    (`policies`), and as the dispatcher's queue runs the policy (`queue`): a job keeps the
+    devices it was given until it ends, and each round divides the free devices among the
+    waiting jobs (dispatch_svc/scheduling/rounds.py).
 (b) Decision time at cluster scale: 1,000 queued jobs (the same generator) over the Alibaba PAI
     cluster's 6,742 GPUs (../shared/data/pai_machine_spec.csv), one decision of each policy with
     full input checks, median of a few, against FIFO's (ratio). Gavel measured only K80, P100 and
@@ -51,7 +54,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from dispatch_svc.scheduling import (
-    FIFO, MAX_MIN_FAIRNESS, POLICIES, Job, assign_by_shares, build_problem, max_min_shares,
+    FIFO, MAX_MIN_FAIRNESS, POLICIES, Assignment, Job, assign_by_shares, build_problem, max_min_shares,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -147,10 +150,15 @@ class _Running:
     received: Counter = field(default_factory=Counter)
 
 
-def simulate(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, policy: str) -> dict:
-    """Rounds of ROUND_S until every job has finished; completion time of each job."""
+def simulate(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, policy: str,
+             preemptive: bool = True) -> dict:
+    """Rounds of ROUND_S until every job has finished; completion time of each job. `preemptive`:
+    each round reallocates the whole pool (Gavel); else a job keeps the devices it was given until
+    it ends and each round divides the free devices among the waiting jobs (the dispatcher's queue,
+    dispatch_svc/scheduling/rounds.py)."""
     pending = sorted(trace, key=lambda j: j.arrival_s)
     active: dict[str, _Running] = {}
+    held: dict[str, Assignment] = {}  # not preemptive: the running jobs' devices
     done: dict[str, float] = {}
     now, next_arrival, decisions, solves = 0.0, 0, 0, 0
     lp_key, fair = None, None
@@ -161,24 +169,33 @@ def simulate(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, pol
             job = pending[next_arrival]
             active[job.id] = _Running(job, job.steps)
             next_arrival += 1
+        free = dict(pool)
+        for assignment in held.values():
+            free[assignment.device_type] -= assignment.count
         jobs = [Job(r.job.id, r.job.key, r.job.scale_factor, 1.0, r.job.arrival_s, r.remaining, r.seen,
-                    dict(r.received)) for r in active.values()]
-        if policy == MAX_MIN_FAIRNESS:
+                    dict(r.received)) for r in active.values() if r.job.id not in held]
+        if not jobs:
+            given = {}
+        elif policy == MAX_MIN_FAIRNESS:
             # The LP's shares depend only on which jobs there are: solved again when that changes,
             # as Gavel recomputes its allocation on arrivals and completions.
-            problem = build_problem(jobs, pool, throughputs)
-            if problem.ids != lp_key:
-                lp_key, fair, solves = problem.ids, max_min_shares(problem), solves + 1
-            allocation = assign_by_shares(problem, fair)
+            problem = build_problem(jobs, free, throughputs)
+            if (problem.ids, tuple(problem.counts)) != lp_key:
+                lp_key, fair, solves = (problem.ids, tuple(problem.counts)), max_min_shares(problem), solves + 1
+            given = assign_by_shares(problem, fair).assigned()
         else:
-            allocation = POLICIES[policy](jobs, pool, throughputs)
+            given = POLICIES[policy](jobs, free, throughputs).assigned()
         decisions += 1
-        for job_id, assignment in allocation.assigned().items():
+        if not preemptive:
+            held.update(given)
+            given = dict(held)
+        for job_id, assignment in given.items():
             running = active[job_id]
             rate = throughputs[running.job.key][assignment.device_type]
             if running.remaining <= rate * ROUND_S:
                 done[job_id] = now + running.remaining / rate
                 del active[job_id]
+                held.pop(job_id, None)
             else:
                 running.remaining -= rate * ROUND_S
                 running.received[assignment.device_type] += 1
@@ -235,13 +252,26 @@ def makespan_lp_s(trace: list[TraceJob], pool: dict[str, int], throughputs: dict
 
 
 def compare_policies(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, label: str) -> dict:
-    """Every policy over one trace: JCT, makespan, slowdowns, and their ratios to FIFO and the bounds."""
+    """Every policy over one trace, with Gavel's preemptive rounds (`policies`) and as the
+    dispatcher's queue runs it, no job preempted (`queue`): JCT, makespan, slowdowns, and their
+    ratios to FIFO's in the same mode and to the bounds."""
     bound = lower_bounds(trace, pool, throughputs)
+    return {
+        "offered_load": None if bound["offered_load"] is None else round(bound["offered_load"], 3),
+        "lower_bound": {"avg_jct_h": round(bound["avg_jct_s"] / 3600, 3),
+                        "makespan_h": round(bound["makespan_s"] / 3600, 3)},
+        "policies": _run_policies(trace, pool, throughputs, label, bound, preemptive=True),
+        "queue": _run_policies(trace, pool, throughputs, f"{label}, not preempted", bound, preemptive=False),
+    }
+
+
+def _run_policies(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, label: str, bound: dict, *,
+                  preemptive: bool) -> dict:
     start = min(j.arrival_s for j in trace)
     raw, results = {}, {}
     for policy in POLICIES:
         began = time.perf_counter()
-        run = simulate(trace, pool, throughputs, policy)
+        run = simulate(trace, pool, throughputs, policy, preemptive)
         jct = [run["completion_s"][j.id] - j.arrival_s for j in trace]
         slowdown = [t / a for t, a in zip(jct, bound["alone_s"])]
         raw[policy] = (statistics.fmean(jct), max(run["completion_s"].values()) - start)
@@ -259,12 +289,7 @@ def compare_policies(trace: list[TraceJob], pool: dict[str, int], throughputs: d
             "ratio_avg_jct_to_bound": ratio(jct_s, bound["avg_jct_s"]),
             "ratio_makespan_to_bound": ratio(makespan_s, bound["makespan_s"]),
         })
-    return {
-        "offered_load": None if bound["offered_load"] is None else round(bound["offered_load"], 3),
-        "lower_bound": {"avg_jct_h": round(bound["avg_jct_s"] / 3600, 3),
-                        "makespan_h": round(bound["makespan_s"] / 3600, 3)},
-        "policies": results,
-    }
+    return results
 
 
 def scale_factor_probabilities() -> dict[str, float]:

@@ -112,7 +112,7 @@ class DispatchConfig:
     # ACCELMESH_STATUS_LISTEN: host:port of the read-only status page for browsers (status_page.py); none when empty
     status_listen: str = ""
     # ACCELMESH_SCHEDULING_POLICY: how a queue pass shares the free devices among several queued
-    # jobs (scheduling/rounds.py): max_min_fairness, min_total_time, fifo, or first_fit (no rounds);
+    # jobs (scheduling/rounds.py): min_total_time, max_min_fairness, fifo, or first_fit (no rounds);
     # ACCELMESH_SCHEDULING_THROUGHPUTS: a TOML file of programs' rows/s per device type, profiled
     # figures the rounds prefer to measured and catalog rates; none when empty
     scheduling_policy: str = DEFAULT_POLICY

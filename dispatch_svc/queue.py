@@ -15,8 +15,8 @@ first), then the time each was first queued. It fails those past their deadline
 (so one replica starts it), planned afresh on the devices the mesh has now, and either holds its
 devices (it runs) or goes back to the queue, keeping its place. When a pass has two or more jobs
 to try, a scheduling round (scheduling/rounds.py, ACCELMESH_SCHEDULING_POLICY) first gives each
-a device type and a number of devices by the dispatcher's policy (Gavel's max-min fairness by
-default: each type to the jobs that gain most from it); those jobs are tried first, each planned
+a device type and a number of devices by the dispatcher's policy (by default each type to the
+jobs it speeds up most); those jobs are tried first, each planned
 on what it was given only, then the others on what is left. Otherwise, and with the first_fit
 policy, it is first fit in priority order. Either way a job that does not fit now does not hold
 back the jobs behind it that do, so the pool is never idle while a queued job could use it; a

@@ -60,6 +60,9 @@ def test_quick_run_on_a_synthetic_table_reports_every_policy_against_fifo_and_th
             # Lower bounds hold: no schedule finishes a job before it could alone on its best type.
             assert figures["ratio_avg_jct_to_bound"] >= 1 and figures["ratio_makespan_to_bound"] >= 1
         assert case["policies"]["fifo"]["ratio_avg_jct_to_fifo"] == 1.0
+        # The same policies as the queue runs them, nothing preempted: ratios to FIFO's without preemption.
+        assert set(case["queue"]) == set(case["policies"]) and case["queue"]["fifo"]["ratio_avg_jct_to_fifo"] == 1.0
+        assert all(f["ratio_avg_jct_to_bound"] >= 1 for f in case["queue"].values())
     decision = result["decision_time"]
     assert decision["devices"] == 14 and decision["devices_by_type"] == {"MISC": 2, "T4": 4, "V100": 8}
     assert decision["jobs"] == cluster.MODES["quick"]["decision_jobs"]
@@ -113,3 +116,14 @@ def test_an_idle_pool_skips_to_the_round_after_the_next_arrival():
     run = cluster.simulate(trace, {"a": 1}, {"t": {"a": 1.0}}, "max_min_fairness")
     assert run["completion_s"] == {"job-0": 100.0, "job-1": math.ceil(5000 / 360) * 360 + 100.0}
     assert run["rounds"] == 2 and run["lp_solves"] == 2
+
+
+def test_without_preemption_a_running_job_keeps_its_device_until_it_ends():
+    # One device at 1 step/s: under max-min fairness's rounds two jobs share it round by round, so
+    # the long one that came first finishes last; not preempted, it holds the device to its end.
+    trace = [job(0, 0.0, 1080.0), job(1, 0.0, 360.0)]
+    table = {"t": {"a": 1.0}}
+    shared = cluster.simulate(trace, {"a": 1}, table, "max_min_fairness")["completion_s"]
+    assert shared["job-0"] == 1440.0 and shared["job-1"] < shared["job-0"]
+    held = cluster.simulate(trace, {"a": 1}, table, "max_min_fairness", preemptive=False)["completion_s"]
+    assert held == {"job-0": 1080.0, "job-1": 1440.0}

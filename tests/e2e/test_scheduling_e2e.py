@@ -1,11 +1,11 @@
 """The queue's scheduling round on a real mesh (an inventory, a compile service and a worker with
 two emulated V100s and an emulated A100 as processes, the dispatcher in this process): two jobs
-queued while the pool is full start together once it frees up, each on the devices Gavel's
-max-min fairness gives it. The operator's throughput table (ACCELMESH_SCHEDULING_THROUGHPUTS)
-says that `mlp_classifier` runs 10x faster on an A100 and `identity` (a copy) no faster: the A100
-goes to the job that gains from it although the other came first, where FIFO would hand it to the
-first, equal rates going to the first type by name (tests/dispatch/test_scheduling_rounds.py
-checks the policies on the same inputs)."""
+queued while the pool is full start together once it frees up, each on the devices the default
+policy (min_total_time: each type to the jobs it speeds up most) gives it. The operator's
+throughput table (ACCELMESH_SCHEDULING_THROUGHPUTS) says that `mlp_classifier` runs 10x faster on
+an A100 and `identity` (a copy) no faster: the A100 goes to the job that gains from it although
+the other came first, where FIFO would hand it to the first, equal rates going to the first type
+by name (tests/dispatch/test_scheduling_rounds.py checks the policies on the same inputs)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ TABLE = f"""
 """
 
 
-def test_two_queued_jobs_start_together_each_on_the_type_max_min_fairness_gives_it(tmp_path):
+def test_two_queued_jobs_start_together_each_on_the_type_the_default_policy_gives_it(tmp_path):
     table = tmp_path / "throughputs.toml"
     table.write_text(TABLE)
     with small_mesh(tmp_path / "mesh", emulate=(V100, V100, A100), queue_poll_s=0.1,
@@ -61,9 +61,9 @@ def test_two_queued_jobs_start_together_each_on_the_type_max_min_fairness_gives_
             assert call.job.state == job_pb.JOB_STATE_SUCCEEDED, call.job.error
             placed[program] = sorted({devices[s.device_id].type for s in call.job.shards})
             plans[program] = [e.message for e in call.events if e.type == job_pb.JOB_EVENT_TYPE_PLANNED][-1]
-            assert "the queue's max_min_fairness policy gave it" in plans[program], plans
+            assert "the queue's min_total_time policy gave it" in plans[program], plans
         assert placed == {"identity": [V100], "mlp_classifier": [A100]}, (placed, plans)
         np.testing.assert_array_equal(calls["identity"].results.results()["y"], inputs["identity"])
         assert calls["mlp_classifier"].results.results()["logits"].shape[0] == 64
-        print(json.dumps({"policy": "max_min_fairness", "placed": placed, "plans": plans}))
+        print(json.dumps({"policy": "min_total_time", "placed": placed, "plans": plans}))
 

@@ -38,6 +38,8 @@ REPLICATED = ("inventory", "compile", "dispatch")
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet")
 NAME = "app.kubernetes.io/name"
 CLIENT_LABEL = {"accelmesh.io/client": "true"}
+SCRAPER_LABEL = {"accelmesh.io/metrics-scraper": "true"}
+METRICS_PORT = 9464
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
 IMAGE_UID = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])
 IMAGE_HOME = re.search(r"useradd .*--home-dir (\S+)", DOCKERFILE)[1]
@@ -161,6 +163,7 @@ def sources(overlay: str) -> dict[str, Pod]:
     return {**mesh_pods(overlay),
             "client": Pod("client", ELSEWHERE, CLIENT_LABEL),
             "client-here": Pod("client-here", NAMESPACE, CLIENT_LABEL),
+            "scraper": Pod("scraper", ELSEWHERE, SCRAPER_LABEL),  # Prometheus, in its own namespace
             "stranger": Pod("stranger", ELSEWHERE, {"app": "other"}),
             "stranger-here": Pod("stranger-here", NAMESPACE, {"app": "other"})}
 
@@ -218,6 +221,7 @@ REACHABLE = {
     ("postgres", 5432): {"inventory", "dispatch"},
     **{(name, 8081): EVERYONE for name in MODULES},
     ("otel-collector", 13133): EVERYONE,
+    **{(name, METRICS_PORT): {"scraper"} for name in MODULES},  # /metrics: Prometheus alone
 }
 
 
@@ -487,3 +491,18 @@ def test_every_mesh_pod_mounts_the_certificate_cert_manager_issues_for_it(overla
         certificate = env(container)["ACCELMESH_CERT_FILE"]["value"]
         _, volume = volume_at(workloads(overlay)[service], container, certificate)
         assert volume["secret"]["secretName"] == f"accelmesh-{service}-tls" and volume["secret"]["secretName"] in issued
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_mesh_process_serves_metrics_on_the_port_the_scraper_is_admitted_to(overlay):
+    shared = of_kind(overlay, "ConfigMap")["accelmesh-env"]["data"]
+    for service in MODULES:
+        container = mesh_container(overlay, service)
+        given = {**{k: v for ref in container.get("envFrom", [])
+                    for k, v in of_kind(overlay, "ConfigMap")[ref["configMapRef"]["name"]]["data"].items()},
+                 **{e["name"]: e.get("value") for e in container.get("env", [])}}
+        assert given["ACCELMESH_METRICS_LISTEN"] == shared["ACCELMESH_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}"
+        assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == METRICS_PORT
+    # The scraper's certificate is of the client role: transport only, no RPC of any service.
+    scraper = of_kind(overlay, "Certificate")["accelmesh-metrics-scraper"]["spec"]
+    assert scraper["uris"] == ["spiffe://accelmesh/client/prometheus"]

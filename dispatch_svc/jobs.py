@@ -577,14 +577,16 @@ class JobBook:
         return m.JobRecord(job_id=job_id, spec=m.JobSpec(program=program or ""), created=created, state=state,
                            error=why, expires=expires, owner=owner)
 
-    def list(self, limit: int, owner: str | None = None, after: tuple[float, str] | None = None) -> list[m.JobRecord]:
+    def list(self, limit: int, owner: str | None = None, after: tuple[float, str] | None = None,
+             states: frozenset[str] | None = None) -> list[m.JobRecord]:
         """The newest ``limit`` jobs, as `listing` reads them."""
-        return list(self.listing(limit, owner, after))
+        return list(self.listing(limit, owner, after, states))
 
-    def listing(self, limit: int, owner: str | None = None,
-                after: tuple[float, str] | None = None) -> Iterator[m.JobRecord]:
-        """The newest ``limit`` jobs, newest first; with ``owner``, only that owner's; with ``after``
-        (a listed job's created time and id), those listed after it. Read LISTING_READ_ROWS rows at a
+    def listing(self, limit: int, owner: str | None = None, after: tuple[float, str] | None = None,
+                states: frozenset[str] | None = None) -> Iterator[m.JobRecord]:
+        """The newest ``limit`` jobs, newest first; with ``owner``, only that owner's; with
+        ``states``, only those in them (as the book has them: a job ending meanwhile is listed as it
+        ended); with ``after`` (a listed job's created time and id), those listed after it. Read LISTING_READ_ROWS rows at a
         time and parsed one by one as the caller takes them, so a caller that stops early (ListJobs
         at its message budget) never reads the rest, and a page of a thousand jobs is never in
         memory as records at once. A record over LISTING_TRIM_CHARS is read from its summary (no
@@ -594,6 +596,8 @@ class JobBook:
             query = _LISTING.limit(min(limit, LISTING_READ_ROWS))
             if owner is not None:
                 query = query.where(_J.owner == owner)
+            if states is not None:
+                query = query.where(_J.state.in_(sorted(states)))
             if after is not None:
                 created, job_id = after
                 query = query.where(sa.or_(_J.created < created, sa.and_(_J.created == created, _J.job_id < job_id)))

@@ -177,7 +177,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         principal = self._auth.principal(context)
         limit = min(request.page_size or DEFAULT_LIST, MAX_LIST)
         jobs = self.book.listing(limit, None if sees_everything(principal) else principal.key,
-                                 after=_page_after(request.page_token))
+                                 after=_page_after(request.page_token), states=_states(request.states))
         response, size, last = pb.ListJobsResponse(), 0, None
         with contextlib.closing(jobs):
             for job in jobs:
@@ -250,6 +250,25 @@ def _header(entry) -> common_pb2.TensorHeader:
 def _page_token(job: m.JobRecord) -> str:
     """Where the next page starts (AIP-158): after this job, in the listing's order."""
     return base64.urlsafe_b64encode(json.dumps([job.created, job.job_id]).encode()).decode()
+
+
+def _states(values) -> frozenset[str] | None:
+    """ListJobsRequest.states as the book's states; None (every state) when empty."""
+    if not values:
+        return None
+    states = set()
+    for index, value in enumerate(values):
+        state = tr.STATE_FROM_PROTO.get(value)
+        if state is None:
+            known = ", ".join(job_pb.JobState.Name(v) for v in tr.STATE_FROM_PROTO)
+            raise errors.InvalidArgument(f"states[{index}] is {value} ({_state_name(value)}); name one of {known}",
+                                         field=f"states[{index}]")
+        states.add(state)
+    return frozenset(states)
+
+
+def _state_name(value: int) -> str:
+    return job_pb.JobState.Name(value) if value in job_pb.JobState.values() else "not a JobState"
 
 
 def _page_after(token: str) -> tuple[float, str] | None:

@@ -168,11 +168,14 @@ def cmd_run(args) -> int:
 # --- jobs ----------------------------------------------------------------------------------------------
 
 def list_jobs(client: MeshClient, states: frozenset[int] | None, limit: int) -> tuple[list, bool]:
-    """Up to `limit` jobs in `states` (None: any), newest first; and whether more may follow."""
+    """Up to `limit` jobs in `states` (None: any), newest first; and whether more may follow. The
+    dispatcher filters by state; the filter here as well keeps the answer right from a dispatcher
+    older than ListJobsRequest.states, which lists every state."""
     shown, token = [], ""
-    page_size = min(limit if states is None else MAX_PAGE, MAX_PAGE)
+    page_size = min(limit, MAX_PAGE)
     while True:
-        page = client.stub.ListJobs(pb.ListJobsRequest(page_size=page_size, page_token=token))
+        page = client.stub.ListJobs(pb.ListJobsRequest(page_size=page_size, page_token=token,
+                                                       states=sorted(states or ())))
         for i, job in enumerate(page.jobs):
             if states is None or job.state in states:
                 shown.append(job)

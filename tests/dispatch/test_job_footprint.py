@@ -215,6 +215,38 @@ def test_pages_of_a_listing_follow_each_other_without_gaps_or_repeats(tmp_path):
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in error.details()
 
 
+def test_a_listing_by_state_pages_through_those_jobs_alone_and_names_a_bad_state(tmp_path):
+    with serving(tmp_path) as d:
+        x = X[:8]
+
+        def run(name):
+            return submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=name), {"x": x}, None, 1 << 16)).job_id
+        good = [run(f"good-{i}") for i in range(3)]
+        assert d.runner.wait_idle(WAIT_S)
+        d.mesh.fail = {device.id: 100 for device in d.mesh.devices}  # every attempt fails: the job does
+        bad = run("bad")
+        assert d.runner.wait_idle(WAIT_S)
+
+        def listed(states, page_size):
+            seen, token = [], ""
+            while True:
+                page = d.stub.ListJobs(pb.ListJobsRequest(page_size=page_size, page_token=token, states=states),
+                                       timeout=WAIT_S)
+                seen += [j.job_id for j in page.jobs]
+                token = page.next_page_token
+                if not token:
+                    return seen
+        assert listed([job_pb.JOB_STATE_SUCCEEDED], 2) == good[::-1]
+        assert listed([job_pb.JOB_STATE_FAILED], 2) == [bad]
+        assert listed([job_pb.JOB_STATE_FAILED, job_pb.JOB_STATE_SUCCEEDED], 50) == [bad, *good[::-1]]
+        assert listed([job_pb.JOB_STATE_QUEUED, job_pb.JOB_STATE_RUNNING], 50) == []
+        assert listed([], 50) == [bad, *good[::-1]]  # no states: every job
+        for states, named in (([job_pb.JOB_STATE_UNSPECIFIED], "JOB_STATE_UNSPECIFIED"), ([1, 99], "not a JobState")):
+            error = rpc_error(d.stub.ListJobs, pb.ListJobsRequest(states=states), timeout=WAIT_S)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"states[{len(states) - 1}] is {states[-1]} ({named}); name one of JOB_STATE_" in error.details()
+
+
 def test_a_retried_submit_with_its_request_id_gets_the_first_job_which_runs_once(tmp_path):
     with serving(tmp_path) as d:
         x = X[:64]

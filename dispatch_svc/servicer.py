@@ -131,7 +131,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             if piece is delivery.IDLE:
                 yield FLUSH
             elif isinstance(piece, delivery.EventOut):
-                yield pb.RunJobResponse(event=tr.event_to_proto(piece.event))
+                yield pb.RunJobResponse(event=tr.event_to_proto(piece.event, job.job_id))
             elif isinstance(piece, delivery.JobOut):
                 yield pb.RunJobResponse(job=tr.job_to_proto(piece.job))
             elif isinstance(piece, delivery.TensorOut):
@@ -166,7 +166,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         for event in self.book.events(request.job_id, request.from_index):
             if not context.is_active():
                 return
-            yield pb.WatchJobResponse(event=tr.event_to_proto(event))
+            yield pb.WatchJobResponse(event=tr.event_to_proto(event, request.job_id))
 
     def GetJob(self, request, context):
         return pb.GetJobResponse(job=tr.job_to_proto(self._job(request.job_id, context)))

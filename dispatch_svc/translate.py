@@ -224,9 +224,9 @@ def shard_to_proto(s: m.ShardRecord) -> job_pb.ShardRecord:
     )
 
 
-def event_to_proto(e: m.Event) -> job_pb.JobEvent:
+def event_to_proto(e: m.Event, job_id: str) -> job_pb.JobEvent:
     msg = job_pb.JobEvent(index=e.index, type=EVENT_TO_PROTO[e.type], time=timestamp(e.time), progress=e.progress,
-                          message=e.message, step=e.step, loss=e.loss)
+                          message=e.message, step=e.step, loss=e.loss, job_id=job_id)
     if e.plan is not None:
         msg.plan.CopyFrom(plan_to_proto(e.plan))
     if e.shard is not None:

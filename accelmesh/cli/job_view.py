@@ -162,6 +162,10 @@ class RunProgress:
         else:
             print(f"{_percent(event.progress):>4} {self._count()}{describe(event)}", file=self._out, flush=True)
 
+    def say(self, line: str) -> None:
+        """A line of its own, above the bar on a terminal."""
+        print(f"\r\x1b[K{line}" if self._tty and self._drawn else line, file=self._out, flush=True)
+
     def close(self) -> None:
         if self._drawn:
             print(file=self._out, flush=True)

@@ -117,8 +117,10 @@ def _find_job(client: MeshClient, request_id: str) -> str | None:
     return None
 
 
-def _interrupted(client: MeshClient, request_id: str) -> int:
-    job_id = _find_job(client, request_id)
+def _interrupted(client: MeshClient, request_id: str, job_id: str) -> int:
+    """`job_id`: as the job's first event named it ("" before one came, or from a dispatcher that
+    does not name it: then found by the run's request id)."""
+    job_id = job_id or _find_job(client, request_id)
     if job_id is None:
         print("accelmesh: interrupted before the dispatcher had made the job; closing the call stops it",
               file=sys.stderr, flush=True)
@@ -145,6 +147,14 @@ def cmd_run(args) -> int:
                    queue_timeout_s=args.queue_timeout, request_id=request_id)
     with MeshClient(args.dispatch) as client:
         progress = job_view.RunProgress()
+        named = ""
+
+        def on_event(event) -> None:
+            nonlocal named
+            if event.job_id and not named:
+                named = event.job_id
+                progress.say(f"job {named}")  # for `accelmesh jobs watch` elsewhere, before it ends
+            progress.event(event)
         try:
             if args.detach:
                 job_id = client.submit(args.program, inputs, **options)
@@ -152,10 +162,10 @@ def cmd_run(args) -> int:
                 print(f"submitted; follow it with `accelmesh jobs watch {job_id}`, collect it with "
                       f"`accelmesh jobs fetch {job_id}`", file=sys.stderr)
                 return 0
-            result = client.run(args.program, inputs, on_event=progress.event, **options)
+            result = client.run(args.program, inputs, on_event=on_event, **options)
         except KeyboardInterrupt:
             progress.close()
-            return _interrupted(client, request_id)
+            return _interrupted(client, request_id, named)
         finally:
             progress.close()
     job = result.job

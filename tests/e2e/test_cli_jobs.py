@@ -297,6 +297,7 @@ def test_ctrl_c_on_run_cancels_its_job_and_exits_130(mesh, tmp_path):
     rest = list(iter(lambda: lines.get(timeout=WAIT_S), None))
     job = job_named(mesh, "cli-interrupted")
     assert job.state == job_pb.JOB_STATE_CANCELLED and job.error == "cancelled by CancelJob"
+    assert f"job {job.job_id}\n" in seen  # named from its first event, before it waited
     assert rest == [f"accelmesh: interrupted: cancelled job {job.job_id} (now cancelled)\n"]
     assert not (tmp_path / "results").exists()
 

@@ -69,6 +69,8 @@ def test_inference_across_mixed_devices_matches_one_device(client, mesh):
     types = [e.type for e in result.events]
     assert types[0] == job_pb.JOB_EVENT_TYPE_PLANNED and types[-1] == job_pb.JOB_EVENT_TYPE_SUCCEEDED
     assert types.count(job_pb.JOB_EVENT_TYPE_SHARD_FINISHED) == len(shards)
+    assert {e.job_id for e in result.events} == {result.job.job_id}  # RunJob's events name their job
+    assert {e.job_id for e in client.watch(result.job.job_id)} == {result.job.job_id}  # and WatchJob's
     assert reservations(mesh) == []
 
 

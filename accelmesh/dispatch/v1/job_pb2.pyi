@@ -127,7 +127,7 @@ class JobSpec(_message.Message):
     def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss", "queue")
+    __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss", "queue", "job_id")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class JobEvent(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     index: int
     type: JobEventType
     time: _timestamp_pb2.Timestamp
@@ -148,7 +149,8 @@ class JobEvent(_message.Message):
     step: int
     loss: float
     queue: QueueStatus
-    def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[JobEventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shard: _Optional[_Union[ShardRecord, _Mapping]] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...
+    job_id: str
+    def __init__(self, index: _Optional[int] = ..., type: _Optional[_Union[JobEventType, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shard: _Optional[_Union[ShardRecord, _Mapping]] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("position", "reason", "enqueue_time", "deadline")

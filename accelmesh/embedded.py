@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import ServiceProcess, start_service
 from accelmesh.security.config import INSECURE, Security
 from accelmesh.security.credentials import MeshCredentials
@@ -107,6 +110,19 @@ def start_dispatch(data_dir: Path, inventory: str, compile_address: str, credent
                          env={**service_env(credentials, Role.DISPATCH), **(env or {})})
 
 
+def forget_earlier_workers(mesh: EmbeddedMesh) -> list[str]:
+    """Remove the nodes an earlier run on this data dir registered: each start's worker listens on a
+    new port, so it is a new node, and the last one's, gone with its run, would be polled as lost
+    until the inventory forgets it (an hour). Called before this run's worker registers, so every
+    node the inventory has then is an earlier run's."""
+    with open_channel(mesh.inventory.address, security=mesh.client) as channel:
+        stub = inventory_service_pb2_grpc.InventoryServiceStub(channel)
+        nodes = [n.address for n in stub.ListNodes(inv_pb.ListNodesRequest()).nodes]
+        for address in nodes:
+            stub.RemoveNode(inv_pb.RemoveNodeRequest(address=address, force=True))
+    return nodes
+
+
 def start_embedded_mesh(
     data_dir: str | Path = DEFAULT_DATA_DIR,
     *,
@@ -129,6 +145,7 @@ def start_embedded_mesh(
                                 lost_after_polls=lost_after_polls, echo=echo)
     mesh = EmbeddedMesh(data_dir, inventory, credentials)
     try:
+        forget_earlier_workers(mesh)
         mesh.compile = start_compile(data_dir, credentials, listen=compile_listen, echo=echo)
         mesh.workers.append(start_worker(inventory.address, mesh.compile.address, credentials, devices=devices,
                                          emulate=emulate, echo=echo, artifact_dir=data_dir / "worker-artifacts",

@@ -201,6 +201,18 @@ def test_an_insecure_mesh_runs_a_job_in_plaintext(tmp_path):
             assert client.run("mlp_classifier", {"x": x}).job.state == job_pb.JOB_STATE_SUCCEEDED
 
 
+def test_each_start_on_one_data_dir_forgets_the_workers_of_earlier_runs(tmp_path):
+    """Each `accelmesh up` starts its worker on a new port, so a new node: the last run's, gone with
+    it, is removed at the start instead of being polled as lost until the inventory forgets it."""
+    with start_embedded_mesh(tmp_path, devices=1, emulate=("v100-32gb",), nvml=False) as first:
+        earlier = first.workers[0].address
+    with start_embedded_mesh(tmp_path, devices=1, emulate=("v100-32gb",), nvml=False) as second:
+        with open_channel(second.inventory.address, security=second.client) as channel:
+            nodes = inventory_service_pb2_grpc.InventoryServiceStub(channel).ListNodes(pb.ListNodesRequest()).nodes
+        assert [n.address for n in nodes] == [second.workers[0].address]
+        assert second.workers[0].address != earlier
+
+
 @pytest.mark.parametrize("module, args, env, words", [
     # A database that cannot be reached: named, without its password.
     ("inventory_svc", ["--db", "postgresql://u:s3cret@/x?host=/nonexistent"], {}, "postgresql://u:***@/x"),

@@ -163,8 +163,9 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         if request.from_index < 0:
             raise errors.InvalidArgument(f"from_index is {request.from_index}; use 0 for the whole log")
         self._job(request.job_id, context)
-        for event in self.book.events(request.job_id, request.from_index):
-            if not context.is_active():
+        so_far = object()  # `events` says it would wait for the next event: the log so far is sent
+        for event in self.book.events(request.job_id, request.from_index, idle=so_far if request.log_so_far else None):
+            if event is so_far or not context.is_active():
                 return
             yield pb.WatchJobResponse(event=tr.event_to_proto(event, request.job_id))
 

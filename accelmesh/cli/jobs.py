@@ -17,7 +17,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import grpc
 import numpy as np
 from google.protobuf import json_format
 
@@ -34,7 +33,6 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ct
 DEFAULT_LIST_LIMIT = 50
 MAX_PAGE = 1000  # ListJobs reads a larger page_size as this
 SEARCH_PAGES = 5  # Ctrl-C looks this many pages of 100 (newest first) for the job `run` made
-LOG_WAIT_S = 2.0  # `jobs logs` of a running job: how long the log is read before it is taken as complete
 
 
 # --- arguments -------------------------------------------------------------------------------------
@@ -255,16 +253,12 @@ def cmd_cancel(args) -> int:
 
 def cmd_logs(args) -> int:
     with MeshClient(args.dispatch) as client:
-        live = client.get(args.job_id).state not in job_view.FINAL_STATES
-        # WatchJob follows a running job to its end; its log so far is what arrives within LOG_WAIT_S.
-        call = client.stub.WatchJob(pb.WatchJobRequest(job_id=args.job_id, from_index=args.from_index),
-                                    timeout=LOG_WAIT_S if live else None)
-        try:
-            for response in call:
-                print(job_view.format_event(response.event))
-        except grpc.RpcError as exc:
-            if not (live and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise
+        ended = False
+        for response in client.stub.WatchJob(pb.WatchJobRequest(job_id=args.job_id, from_index=args.from_index,
+                                                                log_so_far=True)):
+            print(job_view.format_event(response.event))
+            ended = response.event.type in job_view.FINAL_EVENTS
+        if not ended and client.get(args.job_id).state not in job_view.FINAL_STATES:
             print(f"(job {args.job_id} has not ended: its log goes on; `accelmesh jobs watch {args.job_id}` "
                   "follows it)", file=sys.stderr)
     return 0

@@ -127,6 +127,7 @@ def test_run_writes_each_result_under_results_and_the_job_id_and_exits_0(mesh, c
     # stderr is not a terminal here: one plain line per notable event, in order, and no bar.
     lines = err.splitlines()
     assert "\r" not in err and "\x1b" not in err
+    assert lines.pop(0) == f"job {job.job_id}"  # named at its first event: watch it elsewhere meanwhile
     assert lines[0].split()[1:2] == ["[shards"] and "shards on 1 devices" in lines[0]
     assert any("[shards 1/1]" in line and "shard 0 done on" in line for line in lines)
     assert lines[-1].startswith("100% ") and lines[-1].endswith("done")
@@ -256,6 +257,9 @@ def test_a_queued_job_is_listed_with_its_place_and_cancelled(mesh, capsys, tmp_p
         assert row[3] == "queued" and row[-1] == "#1"
         out = cli(mesh, capsys, "jobs", "get", job_id)[1]
         assert "state      queued, 0% done" in out and "queue      position 1: devices:" in out and mesh.device in out
+        code, out, err = cli(mesh, capsys, "jobs", "logs", job_id)  # the log so far, at once: it has not ended
+        assert code == 0 and [line.split()[3] for line in out.splitlines()] == ["planned", "compiled", "queued"]
+        assert f"(job {job_id} has not ended: its log goes on" in err
 
         code, out, err = cli(mesh, capsys, "jobs", "cancel", job_id)
         assert code == 0, err
@@ -393,3 +397,18 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_with_the_queue_above_i
     last = text.rstrip("\n").rsplit("\r\x1b[K", 1)[1]
     assert last == f"[{'#' * 30}] 100% [shards 2/2] done"
     assert "[###############...............]  50% [shards 1/2] shard 0 done on d" in text
+
+
+def test_a_line_said_on_a_terminal_goes_above_the_bar():
+    out = io.StringIO()
+    progress = RunProgress(out, tty=True)
+    progress.say("job j1")  # before any bar: a plain line
+    events = _events()
+    progress.event(events[0])
+    progress.say("job j1 again")  # over the bar: the bar's line cleared first, the bar drawn again next
+    for event in events[1:]:
+        progress.event(event)
+    progress.close()
+    text = out.getvalue()
+    assert text.startswith("job j1\n") and "\r\x1b[Kjob j1 again\n" in text
+    assert text.rstrip("\n").rsplit("\r\x1b[K", 1)[1] == f"[{'#' * 30}] 100% [shards 2/2] done"

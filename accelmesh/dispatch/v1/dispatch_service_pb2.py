@@ -27,7 +27,7 @@ from accelmesh.dispatch.v1 import job_pb2 as accelmesh_dot_dispatch_dot_v1_dot_j
 from accelmesh.dispatch.v1 import plan_pb2 as accelmesh_dot_dispatch_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a\x1f\x61\x63\x63\x65lmesh/dispatch/v1/job.proto\x1a accelmesh/dispatch/v1/plan.proto\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x88\x02\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\x05 \x01(\x08\x42\x06\n\x04part\"\x9a\x02\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x12;\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32*.accelmesh.dispatch.v1.RunJobResponseBatchH\x00\x42\x06\n\x04part\"K\n\x13RunJobResponseBatch\x12\x34\n\x05parts\x18\x01 \x03(\x0b\x32%.accelmesh.dispatch.v1.RunJobResponse\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"5\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"i\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12/\n\x06states\x18\x03 \x03(\x0e\x32\x1f.accelmesh.dispatch.v1.JobState\"U\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xc5\x01\n\x05Quota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\x08max_jobs\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0bmax_devices\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1d\n\x10max_memory_bytes\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x19\n\x0cmax_priority\x18\x05 \x01(\x05H\x03\x88\x01\x01\x42\x0b\n\t_max_jobsB\x0e\n\x0c_max_devicesB\x13\n\x11_max_memory_bytesB\x0f\n\r_max_priority\"N\n\x0fSetQuotaRequest\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\x12\x0e\n\x06remove\x18\x02 \x01(\x08\"?\n\x10SetQuotaResponse\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\"\x13\n\x11ListQuotasRequest\"\x8c\x01\n\x08QuotaUse\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04jobs\x18\x03 \x01(\x05\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06queued\x18\x06 \x01(\x05\"E\n\x12ListQuotasResponse\x12/\n\x06quotas\x18\x01 \x03(\x0b\x32\x1f.accelmesh.dispatch.v1.QuotaUse2\xc3\x07\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x12[\n\x08SetQuota\x12&.accelmesh.dispatch.v1.SetQuotaRequest\x1a\'.accelmesh.dispatch.v1.SetQuotaResponse\x12\x61\n\nListQuotas\x12(.accelmesh.dispatch.v1.ListQuotasRequest\x1a).accelmesh.dispatch.v1.ListQuotasResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,accelmesh/dispatch/v1/dispatch_service.proto\x12\x15\x61\x63\x63\x65lmesh.dispatch.v1\x1a accelmesh/common/v1/common.proto\x1a\x1f\x61\x63\x63\x65lmesh/dispatch/v1/job.proto\x1a accelmesh/dispatch/v1/plan.proto\"M\n\nInputBlock\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12,\n\x07tensors\x18\x02 \x03(\x0b\x32\x1b.accelmesh.common.v1.Tensor\"\xf3\x01\n\x10SubmitJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x42\x06\n\x04part\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x88\x02\n\rRunJobRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpecH\x00\x12\x36\n\tparameter\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12;\n\x0fparameter_chunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x32\n\x05\x62lock\x18\x04 \x01(\x0b\x32!.accelmesh.dispatch.v1.InputBlockH\x00\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\x05 \x01(\x08\x42\x06\n\x04part\"\x9a\x02\n\x0eRunJobResponse\x12\x30\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEventH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12)\n\x03job\x18\x04 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.JobH\x00\x12;\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32*.accelmesh.dispatch.v1.RunJobResponseBatchH\x00\x42\x06\n\x04part\"K\n\x13RunJobResponseBatch\x12\x34\n\x05parts\x18\x01 \x03(\x0b\x32%.accelmesh.dispatch.v1.RunJobResponse\">\n\x0ePlanJobRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.accelmesh.dispatch.v1.JobSpec\"<\n\x0fPlanJobResponse\x12)\n\x04plan\x18\x01 \x01(\x0b\x32\x1b.accelmesh.dispatch.v1.Plan\"I\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x03\x12\x12\n\nlog_so_far\x18\x03 \x01(\x08\"B\n\x10WatchJobResponse\x12.\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1f.accelmesh.dispatch.v1.JobEvent\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x0eGetJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"i\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12/\n\x06states\x18\x03 \x03(\x0e\x32\x1f.accelmesh.dispatch.v1.JobState\"U\n\x10ListJobsResponse\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"<\n\x11\x43\x61ncelJobResponse\x12\'\n\x03job\x18\x01 \x01(\x0b\x32\x1a.accelmesh.dispatch.v1.Job\"$\n\x12\x46\x65tchResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x85\x01\n\x13\x46\x65tchResultResponse\x12\x33\n\x06tensor\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xc5\x01\n\x05Quota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\x08max_jobs\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0bmax_devices\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1d\n\x10max_memory_bytes\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12\x19\n\x0cmax_priority\x18\x05 \x01(\x05H\x03\x88\x01\x01\x42\x0b\n\t_max_jobsB\x0e\n\x0c_max_devicesB\x13\n\x11_max_memory_bytesB\x0f\n\r_max_priority\"N\n\x0fSetQuotaRequest\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\x12\x0e\n\x06remove\x18\x02 \x01(\x08\"?\n\x10SetQuotaResponse\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\"\x13\n\x11ListQuotasRequest\"\x8c\x01\n\x08QuotaUse\x12+\n\x05quota\x18\x01 \x01(\x0b\x32\x1c.accelmesh.dispatch.v1.Quota\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04jobs\x18\x03 \x01(\x05\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06queued\x18\x06 \x01(\x05\"E\n\x12ListQuotasResponse\x12/\n\x06quotas\x18\x01 \x03(\x0b\x32\x1f.accelmesh.dispatch.v1.QuotaUse2\xc3\x07\n\x0f\x44ispatchService\x12X\n\x07PlanJob\x12%.accelmesh.dispatch.v1.PlanJobRequest\x1a&.accelmesh.dispatch.v1.PlanJobResponse\x12`\n\tSubmitJob\x12\'.accelmesh.dispatch.v1.SubmitJobRequest\x1a(.accelmesh.dispatch.v1.SubmitJobResponse(\x01\x12Y\n\x06RunJob\x12$.accelmesh.dispatch.v1.RunJobRequest\x1a%.accelmesh.dispatch.v1.RunJobResponse(\x01\x30\x01\x12]\n\x08WatchJob\x12&.accelmesh.dispatch.v1.WatchJobRequest\x1a\'.accelmesh.dispatch.v1.WatchJobResponse0\x01\x12U\n\x06GetJob\x12$.accelmesh.dispatch.v1.GetJobRequest\x1a%.accelmesh.dispatch.v1.GetJobResponse\x12[\n\x08ListJobs\x12&.accelmesh.dispatch.v1.ListJobsRequest\x1a\'.accelmesh.dispatch.v1.ListJobsResponse\x12^\n\tCancelJob\x12\'.accelmesh.dispatch.v1.CancelJobRequest\x1a(.accelmesh.dispatch.v1.CancelJobResponse\x12\x66\n\x0b\x46\x65tchResult\x12).accelmesh.dispatch.v1.FetchResultRequest\x1a*.accelmesh.dispatch.v1.FetchResultResponse0\x01\x12[\n\x08SetQuota\x12&.accelmesh.dispatch.v1.SetQuotaRequest\x1a\'.accelmesh.dispatch.v1.SetQuotaResponse\x12\x61\n\nListQuotas\x12(.accelmesh.dispatch.v1.ListQuotasRequest\x1a).accelmesh.dispatch.v1.ListQuotasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,37 +51,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANJOBRESPONSE']._serialized_start=1227
   _globals['_PLANJOBRESPONSE']._serialized_end=1287
   _globals['_WATCHJOBREQUEST']._serialized_start=1289
-  _globals['_WATCHJOBREQUEST']._serialized_end=1342
-  _globals['_WATCHJOBRESPONSE']._serialized_start=1344
-  _globals['_WATCHJOBRESPONSE']._serialized_end=1410
-  _globals['_GETJOBREQUEST']._serialized_start=1412
-  _globals['_GETJOBREQUEST']._serialized_end=1443
-  _globals['_GETJOBRESPONSE']._serialized_start=1445
-  _globals['_GETJOBRESPONSE']._serialized_end=1502
-  _globals['_LISTJOBSREQUEST']._serialized_start=1504
-  _globals['_LISTJOBSREQUEST']._serialized_end=1609
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1611
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1696
-  _globals['_CANCELJOBREQUEST']._serialized_start=1698
-  _globals['_CANCELJOBREQUEST']._serialized_end=1732
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1734
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1794
-  _globals['_FETCHRESULTREQUEST']._serialized_start=1796
-  _globals['_FETCHRESULTREQUEST']._serialized_end=1832
-  _globals['_FETCHRESULTRESPONSE']._serialized_start=1835
-  _globals['_FETCHRESULTRESPONSE']._serialized_end=1968
-  _globals['_QUOTA']._serialized_start=1971
-  _globals['_QUOTA']._serialized_end=2168
-  _globals['_SETQUOTAREQUEST']._serialized_start=2170
-  _globals['_SETQUOTAREQUEST']._serialized_end=2248
-  _globals['_SETQUOTARESPONSE']._serialized_start=2250
-  _globals['_SETQUOTARESPONSE']._serialized_end=2313
-  _globals['_LISTQUOTASREQUEST']._serialized_start=2315
-  _globals['_LISTQUOTASREQUEST']._serialized_end=2334
-  _globals['_QUOTAUSE']._serialized_start=2337
-  _globals['_QUOTAUSE']._serialized_end=2477
-  _globals['_LISTQUOTASRESPONSE']._serialized_start=2479
-  _globals['_LISTQUOTASRESPONSE']._serialized_end=2548
-  _globals['_DISPATCHSERVICE']._serialized_start=2551
-  _globals['_DISPATCHSERVICE']._serialized_end=3514
+  _globals['_WATCHJOBREQUEST']._serialized_end=1362
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1364
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1430
+  _globals['_GETJOBREQUEST']._serialized_start=1432
+  _globals['_GETJOBREQUEST']._serialized_end=1463
+  _globals['_GETJOBRESPONSE']._serialized_start=1465
+  _globals['_GETJOBRESPONSE']._serialized_end=1522
+  _globals['_LISTJOBSREQUEST']._serialized_start=1524
+  _globals['_LISTJOBSREQUEST']._serialized_end=1629
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1631
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1716
+  _globals['_CANCELJOBREQUEST']._serialized_start=1718
+  _globals['_CANCELJOBREQUEST']._serialized_end=1752
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1754
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1814
+  _globals['_FETCHRESULTREQUEST']._serialized_start=1816
+  _globals['_FETCHRESULTREQUEST']._serialized_end=1852
+  _globals['_FETCHRESULTRESPONSE']._serialized_start=1855
+  _globals['_FETCHRESULTRESPONSE']._serialized_end=1988
+  _globals['_QUOTA']._serialized_start=1991
+  _globals['_QUOTA']._serialized_end=2188
+  _globals['_SETQUOTAREQUEST']._serialized_start=2190
+  _globals['_SETQUOTAREQUEST']._serialized_end=2268
+  _globals['_SETQUOTARESPONSE']._serialized_start=2270
+  _globals['_SETQUOTARESPONSE']._serialized_end=2333
+  _globals['_LISTQUOTASREQUEST']._serialized_start=2335
+  _globals['_LISTQUOTASREQUEST']._serialized_end=2354
+  _globals['_QUOTAUSE']._serialized_start=2357
+  _globals['_QUOTAUSE']._serialized_end=2497
+  _globals['_LISTQUOTASRESPONSE']._serialized_start=2499
+  _globals['_LISTQUOTASRESPONSE']._serialized_end=2568
+  _globals['_DISPATCHSERVICE']._serialized_start=2571
+  _globals['_DISPATCHSERVICE']._serialized_end=3534
 # @@protoc_insertion_point(module_scope)

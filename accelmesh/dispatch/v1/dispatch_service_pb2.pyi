@@ -82,12 +82,14 @@ class PlanJobResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
-    __slots__ = ("job_id", "from_index")
+    __slots__ = ("job_id", "from_index", "log_so_far")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOG_SO_FAR_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     from_index: int
-    def __init__(self, job_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
+    log_so_far: bool
+    def __init__(self, job_id: _Optional[str] = ..., from_index: _Optional[int] = ..., log_so_far: _Optional[bool] = ...) -> None: ...
 
 class WatchJobResponse(_message.Message):
     __slots__ = ("event",)

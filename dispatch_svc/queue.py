@@ -15,13 +15,14 @@ first), then the time each was first queued. It fails those past their deadline
 (so one replica starts it), planned afresh on the devices the mesh has now, and either holds its
 devices (it runs) or goes back to the queue, keeping its place. When a pass has two or more jobs
 to try, a scheduling round (scheduling/rounds.py, ACCELMESH_SCHEDULING_POLICY) first gives each
-a device type and a number of devices by the dispatcher's policy (by default each type to the
-jobs it speeds up most); those jobs are tried first, each planned
-on what it was given only, then the others on what is left. Otherwise, and with the first_fit
-policy, it is first fit in priority order. Either way a job that does not fit now does not hold
-back the jobs behind it that do, so the pool is never idle while a queued job could use it; a
-large job's wait is bounded by its queue_timeout. A job that asks for more than its owner's quota allows at all never waits: it
-fails at once, naming the limit.
+free devices of a type by the dispatcher's policy (by default each type to the jobs it speeds up
+most); those jobs are tried first, each planned on what it was given only, then the others on
+what is left. Otherwise, and with the first_fit policy, it is first fit in priority order.
+Either way a job that does not fit now does not hold back the jobs behind it that do, so the pool
+is never idle while a queued job could use it; a large job's wait is bounded by its
+queue_timeout. A job that asks for more than its owner's quota allows at all never waits: it
+fails at once, naming the limit. One tenant may have ACCELMESH_MAX_QUEUED_PER_TENANT jobs
+waiting; the next is refused before its inputs are stored.
 
 A RunJob client of a queued job keeps its call: it is sent the QUEUED events, then the job's
 events and results once it runs, wherever it runs. Its disconnect cancels the job, queued or not.
@@ -198,12 +199,12 @@ class JobQueue:
         plain = [(job_id, None) for job_id, _ in candidates]
         if self._scheduling is None or len(candidates) < 2:
             return plain
-        waiting = []
-        for job_id, since in candidates:
-            job = self._book.get(job_id)
-            if job.state == m.QUEUED:
-                waiting.append(Waiting(job_id, job.spec, since))
         try:
+            waiting = []
+            for job_id, since in candidates:
+                job = self._book.get(job_id)  # NotFound: its results expired meanwhile
+                if job.state == m.QUEUED:
+                    waiting.append(Waiting(job_id, job.spec, since))
             return self._scheduling.assign(waiting)
         except (errors.AccelmeshError, SolverFailed) as exc:
             log.warning("the scheduling round failed (%s); trying the queued jobs in order, unnarrowed", exc)

@@ -470,3 +470,30 @@ def test_without_a_round_the_first_queued_job_takes_the_pool_and_the_next_waits(
     assert runner.book.get(jobs[1].job_id).state == m.QUEUED  # first fit: the first took every device
     mesh.let_go.set()
     assert finished(runner, jobs[0]).state == m.SUCCEEDED
+
+
+class InventoryDown:
+    """What a scheduling round reads the devices from, not answering."""
+
+    def candidate_devices(self, constraints):
+        raise errors.Unavailable("inventory: connection refused")
+
+
+def test_a_round_that_fails_costs_only_its_advice_the_jobs_start_unnarrowed_in_order(mesh, tmp_path, book_db, clock,
+                                                                                      caplog):
+    scheduling = Round("min_total_time", InventoryDown(), ThroughputModel(), mesh.reserved_device_ids)
+    runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
+    mesh.occupy("someone-else")
+    jobs = []
+    for name in ("first", "second"):
+        jobs.append(submit(runner, name=name))
+        clock.now += 1
+    mesh.release("someone-else")
+    mesh.capacity = CLAIM * 10  # room for both on every device
+    assert queue.run_pass() == [j.job_id for j in jobs]
+    assert "the scheduling round failed (inventory: connection refused)" in caplog.text
+    for job in jobs:
+        assert finished(runner, job).state == m.SUCCEEDED
+        plan = [e for e in logged(runner.book, job.job_id) if e.type == m.PLANNED][-1]
+        assert "policy gave it" not in plan.message
+    runner.book.close()

@@ -432,17 +432,24 @@ def test_the_spec_carries_priority_and_queue_timeout_and_refuses_bad_ones_naming
         tr.spec_from_proto(negative)
 
 
-def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_was_given(mesh, tmp_path, book_db,
-                                                                                        clock):
-    table = {AFFINE.name: {"v100-32gb": 10.0, "a100-80gb": 100.0}}
-    scheduling = Round("max_min_fairness", mesh, ThroughputModel(), mesh.reserved_device_ids, table)
-    runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
+def two_queued(runner: JobRunner, mesh: PoolMesh, clock: Clock) -> list[m.JobRecord]:
+    """"first", then "second" a second later, both queued behind a reservation of the whole pool
+    (the test releases it)."""
     mesh.occupy("someone-else")
     jobs = []
     for name in ("first", "second"):
         jobs.append(submit(runner, name=name))
         clock.now += 1
     assert [j.state for j in jobs] == [m.QUEUED, m.QUEUED]
+    return jobs
+
+
+def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_was_given(mesh, tmp_path, book_db,
+                                                                                        clock):
+    table = {AFFINE.name: {"v100-32gb": 10.0, "a100-80gb": 100.0}}
+    scheduling = Round("max_min_fairness", mesh, ThroughputModel(), mesh.reserved_device_ids, table)
+    runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
+    jobs = two_queued(runner, mesh, clock)
     mesh.release("someone-else")
     assert sorted(queue.run_pass()) == sorted(j.job_id for j in jobs)  # one pass starts both
     done = [finished(runner, j) for j in jobs]
@@ -459,11 +466,7 @@ def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_w
 
 def test_without_a_round_the_first_queued_job_takes_the_pool_and_the_next_waits(node, mesh, clock):
     runner, queue = node
-    mesh.occupy("someone-else")
-    jobs = []
-    for name in ("first", "second"):
-        jobs.append(submit(runner, name=name))
-        clock.now += 1
+    jobs = two_queued(runner, mesh, clock)
     mesh.release("someone-else")
     mesh.held_jobs.add(jobs[0].job_id)
     assert queue.run_pass() == [j.job_id for j in jobs]
@@ -483,11 +486,7 @@ def test_a_round_that_fails_costs_only_its_advice_the_jobs_start_unnarrowed_in_o
                                                                                       caplog):
     scheduling = Round("min_total_time", InventoryDown(), ThroughputModel(), mesh.reserved_device_ids)
     runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
-    mesh.occupy("someone-else")
-    jobs = []
-    for name in ("first", "second"):
-        jobs.append(submit(runner, name=name))
-        clock.now += 1
+    jobs = two_queued(runner, mesh, clock)
     mesh.release("someone-else")
     mesh.capacity = CLAIM * 10  # room for both on every device
     assert queue.run_pass() == [j.job_id for j in jobs]

@@ -32,9 +32,12 @@ PLAIN_CPU = DeviceSpec(id="127.0.0.1/cpu:0", node_ip="127.0.0.1", local_index=0,
 
 
 def reference_outputs(compile_address: str, program: str, inputs: Sequence[np.ndarray], *,
-                      parameter_seed: int = 0, security: Security | None = None) -> list[np.ndarray]:
+                      parameter_seed: int = 0, security: Security | None = None,
+                      chunk_rows: int | None = None) -> list[np.ndarray]:
     """`program`'s outputs for `inputs` (data inputs in the program's order), with the initial
-    parameters of `parameter_seed`, computed in fp32 on this machine."""
+    parameters of `parameter_seed`, computed in fp32 on this machine. `chunk_rows`: run that many
+    rows at a time and join the outputs row-wise, so the memory the run takes is a chunk's (for a
+    program whose every output is per row, as an inference model's is)."""
     with open_channel(compile_address, security=security) as channel:
         stub = compile_service_pb2_grpc.CompileServiceStub(channel)
         response = stub.Compile(pb.CompileRequest(program=program, targets=[device_to_proto(PLAIN_CPU)]),
@@ -49,5 +52,10 @@ def reference_outputs(compile_address: str, program: str, inputs: Sequence[np.nd
             raise errors.Unavailable(f"artifact {build.portable.key} does not hash to the digest Compile announced")
         parameters = TensorCollector("parameter").collect(stub.FetchParameters(pb.FetchParametersRequest(
             program=response.program, version=response.version, seed=parameter_seed), timeout=CALL_TIMEOUT_S))
-    outputs = run_portable(load_portable(data), BuildOptions(), *parameters.values(), *inputs)
-    return [np.asarray(output) for output in outputs]
+    artifact, values = load_portable(data), list(parameters.values())
+    rows = len(inputs[0]) if inputs else 0
+    step = chunk_rows or rows or 1
+    parts = [[np.asarray(o) for o in run_portable(artifact, BuildOptions(), *values,
+                                                 *(x[start:start + step] for x in inputs))]
+             for start in range(0, max(rows, 1), step)]
+    return parts[0] if len(parts) == 1 else [np.concatenate(column) for column in zip(*parts)]

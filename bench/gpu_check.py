@@ -95,6 +95,9 @@ from worker_svc.probes.registry import NodeContext
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = "transformer_encoder"
 PARAMETER_SEED = 0
+# The CPU reference runs this many token sequences at a time: its memory is a chunk's activations
+# (262,144 rows at once took more than the GPU machine's memory and were killed, 2026-12-04).
+REFERENCE_CHUNK_ROWS = 8192
 NODE_IP = "127.0.0.1"  # the worker listens on loopback, so its device ids carry this address
 # The fake GPUs' node (TEST-NET-1, never dialled): their ids must not meet the emulated device's.
 FAKE_NODE_IP = "192.0.2.1"
@@ -488,7 +491,7 @@ def check_steps(result: dict, settings: Settings, probed: list[ProbedGpu], mesh:
     progress("(c) the CPU fp32 reference in this process")
     reference_started = time.perf_counter()
     (reference,) = reference_outputs(mesh.compile.address, PROGRAM, [tokens], parameter_seed=PARAMETER_SEED,
-                                     security=mesh.client)
+                                     security=mesh.client, chunk_rows=REFERENCE_CHUNK_ROWS)
     tolerance = job_build.rule.build.tolerance
     checked = [compare(outputs, reference, tolerance) if outputs is not None else {"ok": False, "error": "no outputs"}
                for _, outputs in runs]

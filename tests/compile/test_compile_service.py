@@ -312,12 +312,16 @@ def test_a_reference_run_is_the_programs_fp32_answer_on_any_cpu(compile_config, 
     try:
         x = np.random.default_rng(seed).normal(size=(24, 64)).astype(np.float32)
         (got,) = reference_outputs(f"127.0.0.1:{server.port}", "mlp_classifier", [x], parameter_seed=seed)
+        # In chunks of rows (the last one short), joined: the same rows, in order.
+        (chunked,) = reference_outputs(f"127.0.0.1:{server.port}", "mlp_classifier", [x], parameter_seed=seed,
+                                       chunk_rows=10)
     finally:
         server.stop(0)
     program = default_registry().get("mlp_classifier")
     (want,) = jax.jit(program.fn)(*program.init_params(seed), x)
-    assert got.shape == (24, 10) and got.dtype == np.float32
+    assert got.shape == chunked.shape == (24, 10) and got.dtype == chunked.dtype == np.float32
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chunked, np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_a_reference_is_refused_when_the_rules_give_a_plain_cpu_no_fp32_build(tmp_path, compile_config):

@@ -264,8 +264,9 @@ class DevicePool:
                     f"shard {index} failed the same way on every device tried ({', '.join(devices)}): "
                     f"{causes[0][1]}; retrying will not help"))
                 return
+            failures = pending.failures or [f"{device}: {cause}" for device, (_, cause) in zip(devices, causes)]
             self._fail(pending, errors.Unavailable(
-                f"shard {index} could not run: {'; '.join(pending.failures) or 'no device left'}"
+                f"shard {index} could not run: {'; '.join(failures) or 'no device left'}"
                 + ("" if target else "; no other device can take it")
             ))
             return

@@ -4,20 +4,21 @@ each device type.
 
 A queue pass (queue.py) that has two or more jobs to try asks `Round.assign` first. The round sees
 the pool as the inventory has it now: every healthy device that no reservation holds, counted by
-type; and for each job, the device types its own constraints allow. It builds one policy problem
-(problem.py): job type = the job's program, priority = spec.priority + 1 (the policies want a
-weight > 0), arrival = when it was first queued, scale_factor = spec.constraints.max_devices
-(1 when the job sets none: it can run on one device and uses more when it gets them). The
-policy's Allocation becomes a `Narrowing` per job: the free devices it may plan on. They are
-scale_factor devices of the type the policy gave it, the other free devices of that type shared
-out among the jobs given it (in the policy's order), and every free device of a type the policy
-gave no job, to the first job in that order that can run on it (so no device stays idle that a
-queued job could use). The job's stored spec is not changed: the narrowing is a hint to this one
-try of planning (data_parallel.start), and a job that goes back to the queue is narrowed afresh
-at its next try; a job whose devices were taken meanwhile plans on all its constraints allow. Jobs the round gives nothing are tried after the others, unnarrowed, on what is left
-(first fit, so no device stays idle while a queued job could use it). No job is preempted: a
-running job keeps its devices until it ends, and the policy only decides which waiting job gets
-which of the free devices.
+type; and for each job, the devices its own constraints allow. It builds one policy problem
+(problem.py) with a row per job (its program's rates on the types it may use: two jobs of one
+program may allow different types), priority = spec.priority + 1 (the policies want a weight
+> 0), arrival = when it was first queued, scale_factor = spec.constraints.max_devices (1 when the
+job sets none: it can run on one device and uses more when it gets them). The policy's
+Allocation becomes a `Narrowing` per job: the free devices it may plan on. They are scale_factor
+devices of the type the policy gave it, the other free devices of that type shared out among the
+jobs given it (in the policy's order), and every free device of a type the policy gave no job, to
+the first job in that order that can run on it. The job's stored spec is not changed: the
+narrowing is a hint to this one try of planning (data_parallel.start), and a job that goes back
+to the queue is narrowed afresh at its next try; a job whose devices were taken meanwhile plans
+on all its constraints allow. Jobs the round gives nothing are tried after the others,
+unnarrowed, on what is left (first fit, so no device stays idle while a queued job could use
+it). No job is preempted: a running job keeps its devices until it ends, and the policy only
+decides which waiting job gets which of the free devices (bench/cluster.py's `queue` runs).
 
 Throughputs, rows per second of one device, by what is known best:
 1. the operator's table (ACCELMESH_SCHEDULING_THROUGHPUTS, a TOML file: a table per program name,
@@ -32,9 +33,9 @@ Throughputs, rows per second of one device, by what is known best:
 
 `min_total_time` (the default) gives each type to the jobs it speeds up most, `max_min_fairness`
 is Gavel's heterogeneity-aware max-min fairness, `fifo` the baseline (each job its fastest type,
-by priority then arrival);
-`first_fit` (ACCELMESH_SCHEDULING_POLICY=first_fit) turns rounds off: every job is tried on every
-device its constraints allow, in priority order, as a pass does for a lone job.
+by priority then arrival); `first_fit` (ACCELMESH_SCHEDULING_POLICY=first_fit) turns rounds off:
+every job is tried on every device its constraints allow, in priority order, as a pass does for
+a lone job.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ import atexit
 import contextlib
 import os
 import shutil
+import ssl
 import tempfile
+import urllib.request
 
 import grpc
 import pytest
@@ -250,3 +252,45 @@ def small_mesh(root, *, emulate=("v100-32gb",), **dispatch_options):
     finally:
         for process in reversed(processes):
             process.terminate()
+
+
+# -- metrics, read as Prometheus reads them ------------------------------------------------------
+
+SCRAPE_TIMEOUT_S = 60.0
+
+
+def scraper_context() -> ssl.SSLContext:
+    """What Prometheus is given: the mesh CA and a certificate of its own from it."""
+    tls = CREDENTIALS.issue(Role.OPERATOR, "prometheus").tls
+    context = ssl.create_default_context(cafile=str(tls.ca_file))
+    context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    return context
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample as "name{labels}" -> value (labels as Prometheus prints them)."""
+    with urllib.request.urlopen(url, context=scraper_context(), timeout=SCRAPE_TIMEOUT_S) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+_NO_DEFAULT = object()
+
+
+def value(samples: dict[str, float], name: str, default=_NO_DEFAULT, **labels) -> float:
+    """The sum of `name`'s samples whose labels include `labels`; `default` when there is none (a
+    counter not counted yet), else an assertion error."""
+    total, found = 0.0, False
+    for key, sample in samples.items():
+        series, _, rest = key.partition("{")
+        if series == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total, found = total + sample, True
+    if not found and default is not _NO_DEFAULT:
+        return default
+    assert found, f"no {name} {labels} in the scrape"
+    return total

@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS
+from conftest import CREDENTIALS, scrape, value
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -41,6 +41,8 @@ LOST_WINDOW_S = LOST_AFTER * (POLL_INTERVAL_S + POLL_TIMEOUT_S) + POLL_INTERVAL_
 DISPATCH_ENV = {"ACCELMESH_MAX_SHARD_BYTES": str(4096)}
 TOKENS = np.random.default_rng(7).integers(0, 512, size=(4096, 32), dtype=np.int32)
 JOB_ROWS = 512
+# Each worker serves /metrics on its own loopback address, this port (the tests read its shard count).
+METRICS_PORT = 9464
 
 
 @functools.cache
@@ -53,7 +55,14 @@ def node_certificate(ip: str) -> dict[str, str]:
 def start_node(mesh: EmbeddedMesh, ip: str, port: int | str = 0):
     return start_worker(mesh.inventory.address, mesh.compile.address, mesh.credentials, devices=len(EMULATE),
                         emulate=EMULATE, listen=f"{ip}:{port}", artifact_dir=mesh.data_dir / "worker-artifacts",
-                        name=f"worker-{ip}", env=node_certificate(ip))
+                        name=f"worker-{ip}",
+                        env={**node_certificate(ip), "ACCELMESH_METRICS_LISTEN": f"{ip}:{METRICS_PORT}"})
+
+
+def shards_run(mesh: EmbeddedMesh) -> float:
+    """The shards both workers have run so far, as their /metrics count them."""
+    return sum(value(scrape(f"https://{ip}:{METRICS_PORT}/metrics"), "accelmesh_worker_shards_total",
+                     default=0.0) for ip in NODE_IPS)
 
 
 def port_of(process) -> str:

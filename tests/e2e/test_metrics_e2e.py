@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub
+from conftest import CREDENTIALS, mesh_stub, scrape, scraper_context, value
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -73,37 +73,6 @@ def mesh(tmp_path_factory):
         for process in reversed(processes):
             process.terminate()
         inventory_server.stop(0)
-
-
-def scraper_context() -> ssl.SSLContext:
-    """What Prometheus is given: the mesh CA and a certificate of its own from it."""
-    tls = CREDENTIALS.issue(Role.OPERATOR, "prometheus").tls
-    context = ssl.create_default_context(cafile=str(tls.ca_file))
-    context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-    return context
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Every sample as "name{labels}" -> value (labels as Prometheus prints them)."""
-    with urllib.request.urlopen(url, context=scraper_context(), timeout=WAIT_S) as response:
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            samples[key] = float(value)
-    return samples
-
-
-def value(samples: dict[str, float], name: str, **labels) -> float:
-    """The sum of `name`'s samples whose labels include `labels`."""
-    total, found = 0.0, False
-    for key, sample in samples.items():
-        series, _, rest = key.partition("{")
-        if series == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total, found = total + sample, True
-    assert found, f"no {name} {labels} in the scrape"
-    return total
 
 
 @dataclasses.dataclass

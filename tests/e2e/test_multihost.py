@@ -153,7 +153,9 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
     _, hosts, mesh = lab
     cut = hosts.host(1)
     cut_address = mesh.workers[cut.index].address
-    x = np.random.default_rng(12).standard_normal((100_000, 64)).astype(np.float32)
+    # 391 shards, 98 a device: enough that the cut host still has shards to run when the test, reading
+    # the job's events, cuts it (with 98 shards in all, a fast machine had finished that host's share).
+    x = np.random.default_rng(12).standard_normal((400_000, 64)).astype(np.float32)
     marks: dict[str, float] = {}
     events = []
     watcher = None
@@ -202,7 +204,9 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
             assert final.type == job_pb.JOB_EVENT_TYPE_SUCCEEDED, final.message
             job = client.get(job_id)
             logits = client.fetch_result(job_id)["logits"]
-        np.testing.assert_allclose(logits, reference(x), rtol=1e-5, atol=1e-6)
+        # fp32 sums round differently at different shard sizes (XLA on the CPU): among 4,000,000
+        # logits of magnitude ~3, a few differ by 1e-6 or so from the one-device run.
+        np.testing.assert_allclose(logits, reference(x), rtol=1e-5, atol=1e-5)
         retried = [s for s in job.shards if s.attempts > 1]
         assert retried, "no shard was in flight on the cut host"
         for shard in retried:

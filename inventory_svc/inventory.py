@@ -172,7 +172,8 @@ class Inventory:
         return forgotten
 
     def _publish_removed(self, removed: RemovedNode, now: float) -> None:
-        self.hub.publish([ev.DeviceEvent(ev.REMOVED, record.id, now, record) for record in removed.devices])
+        last_known = {record.id: record for record in removed.devices}
+        self._publish([(ev.REMOVED, device_id) for device_id in last_known], now, last_known.get)
 
     def _check_ids_are_free(self, address: str, description: NodeDescription) -> None:
         for spec in description.devices:

@@ -53,7 +53,7 @@ from dispatch_svc import records as m
 from dispatch_svc.interface import JobDevice, Mesh
 from dispatch_svc.planner import Target, ThroughputModel
 from dispatch_svc.scheduling.policy import POLICIES
-from dispatch_svc.scheduling.problem import Job, Throughputs
+from dispatch_svc.scheduling.problem import Job
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +147,15 @@ class Round:
             if job.spec.constraints not in allowed:
                 allowed[job.spec.constraints] = [d for d in self._mesh.candidate_devices(job.spec.constraints)
                                                  if d.id not in busy]
+        # Every free device some job may use, once, by id; their types make the pool.
+        free = sorted({d.id: d for devices in allowed.values() for d in devices}.values(), key=lambda d: d.id)
         pool: dict[str, int] = {}
-        specimen: dict[str, JobDevice] = {}
-        for devices in allowed.values():
-            for d in devices:
-                specimen.setdefault(d.spec.type, d)
-        for d in {d.id: d for devices in allowed.values() for d in devices}.values():
+        free_ids: dict[str, list[str]] = {}
+        specimen: dict[str, JobDevice] = {}  # a device of each type: its catalog figures price the type
+        for d in free:
             pool[d.spec.type] = pool.get(d.spec.type, 0) + 1
+            free_ids.setdefault(d.spec.type, []).append(d.id)
+            specimen.setdefault(d.spec.type, d)
         table: dict[str, dict[str, float]] = {}
         policy_jobs = []
         for job in narrowed:
@@ -178,9 +180,6 @@ class Round:
             for i in range(spare):
                 counts[holders[i % len(holders)]] += 1
         spec_of = {job.job_id: job.spec for job in narrowed}
-        free_ids = {device_type: [] for device_type in pool}
-        for d in sorted({d.id: d for devices in allowed.values() for d in devices}.values(), key=lambda d: d.id):
-            free_ids[d.spec.type].append(d.id)
         ids: dict[str, list[str]] = {job: [] for job in given}
         types: dict[str, list[tuple[str, int]]] = {job: [] for job in given}
 
@@ -234,5 +233,5 @@ def _fastest_dtype(device: JobDevice) -> str:
     return "bf16" if "bf16" in device.spec.capabilities else "fp32"
 
 
-__all__ = ["DEFAULT_POLICY", "FIRST_FIT", "POLICY_NAMES", "Narrowing", "Round", "Throughputs", "Waiting",
-           "check_policy", "load_throughputs"]
+__all__ = ["DEFAULT_POLICY", "FIRST_FIT", "POLICY_NAMES", "Narrowing", "Round", "Waiting", "check_policy",
+           "load_throughputs"]

@@ -78,7 +78,7 @@ def _parse_digits(text: bytes) -> tuple[np.ndarray, np.ndarray]:
 def train_test_split(x: np.ndarray, y: np.ndarray, test_fraction: float = 0.2, seed: int = 0) -> Split:
     """A deterministic split stratified by label: each class gives round(test_fraction * its size)
     rows, chosen at random from ``seed``, to the test set. Rows keep their original order in both
-    parts (shuffle per epoch with dispatch_svc.training.minibatches)."""
+    parts (shuffle per epoch with dispatch_svc.jobs.training_options.minibatches)."""
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim < 1 or y.ndim != 1 or x.shape[0] != y.shape[0]:
         raise InvalidArgument(f"train_test_split: x has shape {x.shape} and y {y.shape}; "

@@ -11,7 +11,7 @@ Prints one JSON document on stdout (progress on stderr); --out writes it to FILE
     its job type uniformly among the types measured at that scale factor, and its length as
     Gavel's generator does: 60 x 10^U(1.5, 3) s with probability 0.8, else 60 x 10^U(3, 4) s, on a
     V100 (steps = that time x the job's V100 steps/s). One seed, the trace's parameters in the JSON.
-    Rounds of 6 minutes, as Gavel's: every round each policy (dispatch_svc.scheduling) reallocates
+    Rounds of 6 minutes, as Gavel's: every round each policy (dispatch_svc.admission.scheduling) reallocates
     the pool among the jobs that have arrived and not finished; a job arriving mid-round waits for
     the next one, and a job finishing mid-round leaves its devices idle until then (both cost every
     policy alike). Reported per policy: average job completion time (JCT), makespan and slowdowns
@@ -23,7 +23,7 @@ Prints one JSON document on stdout (progress on stderr); --out writes it to FILE
     where makespan means most). Each trace runs twice: with Gavel's preemptive rounds
     (`policies`), and as the dispatcher's queue runs the policy (`queue`): a job keeps the
     devices it was given until it ends, and each round divides the free devices among the
-    waiting jobs (dispatch_svc/scheduling/rounds.py).
+    waiting jobs (dispatch_svc/admission/scheduling/rounds.py).
 (b) Decision time at cluster scale: 1,000 queued jobs (the same generator) over the Alibaba PAI
     cluster's 6,742 GPUs (../shared/data/pai_machine_spec.csv), one decision of each policy with
     full input checks, median of a few, against FIFO's (ratio). Gavel measured only K80, P100 and
@@ -53,7 +53,7 @@ from common import progress, ratio
 from scipy import sparse
 from scipy.optimize import linprog
 
-from dispatch_svc.scheduling import (
+from dispatch_svc.admission.scheduling import (
     FIFO, MAX_MIN_FAIRNESS, POLICIES, Assignment, Job, assign_by_shares, build_problem, max_min_shares,
 )
 
@@ -155,7 +155,7 @@ def simulate(trace: list[TraceJob], pool: dict[str, int], throughputs: dict, pol
     """Rounds of ROUND_S until every job has finished; completion time of each job. `preemptive`:
     each round reallocates the whole pool (Gavel); else a job keeps the devices it was given until
     it ends and each round divides the free devices among the waiting jobs (the dispatcher's queue,
-    dispatch_svc/scheduling/rounds.py)."""
+    dispatch_svc/admission/scheduling/rounds.py)."""
     pending = sorted(trace, key=lambda j: j.arrival_s)
     active: dict[str, _Running] = {}
     held: dict[str, Assignment] = {}  # not preemptive: the running jobs' devices

@@ -443,11 +443,11 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     from accelmesh.client import MeshClient
     from compile_svc.programs import default_registry
     from compile_svc.rules import load_rules
-    from dispatch_svc import records as m
-    from dispatch_svc.device_queues import CancelScope
-    from dispatch_svc.mesh_client import GrpcMesh
+    from dispatch_svc.jobs import records as m
+    from dispatch_svc.dataplane.device_queues import CancelScope
+    from dispatch_svc.clients.mesh import GrpcMesh
     from accelmesh.security.identity import Role
-    from dispatch_svc.interface import JobDevice
+    from dispatch_svc.ports import JobDevice
     from worker_svc.artifacts import ArtifactStore
 
     program = default_registry().get(name)

@@ -11,10 +11,10 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_i
 from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
-from dispatch_svc.interface import RESERVATION_TTL_S
+from dispatch_svc.ports import RESERVATION_TTL_S
 from dispatch_svc.planner.placement_types import MAX_LAYERS
-from dispatch_svc.queue import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
-from dispatch_svc.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
+from dispatch_svc.admission.queue import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
+from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
 

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from accelmesh.runtime.metrics import LATENCY_BUCKETS_S, Metrics
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs.book import JobBook
 
 QUEUE_READ_JOBS = 10_000  # queued jobs a scrape counts at most
 

@@ -15,17 +15,17 @@ from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
 from dispatch_svc.config import DispatchConfig
-from dispatch_svc.jobs import JobBook
-from dispatch_svc.mesh_client import GrpcMesh
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.clients.mesh import GrpcMesh
 from dispatch_svc.metrics import DispatchMetrics
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.queue import Admission, JobQueue
-from dispatch_svc.quotas import Quotas
-from dispatch_svc.runner import JobRunner
-from dispatch_svc.scheduling.rounds import Round, load_throughputs
-from dispatch_svc.servicer import DispatchServicer
-from dispatch_svc.status_page import StatusPage
-from dispatch_svc.takeover import Takeover
+from dispatch_svc.admission.queue import Admission, JobQueue
+from dispatch_svc.admission.quotas import Quotas
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.admission.scheduling.rounds import Round, load_throughputs
+from dispatch_svc.api.servicer import DispatchServicer
+from dispatch_svc.api.status_page import StatusPage
+from dispatch_svc.execution.takeover import Takeover
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
 # People only; what each may see of the jobs (their own, or an operator's everyone's) is the servicer's.

@@ -11,7 +11,7 @@ Everything the store keeps is bounded: tensors by `max_bytes` (their data) and `
 (their entries, which cost memory even for empty tensors), jobs by the tensors (a job is known
 only while it holds one), keys and job ids by MAX_KEY_CHARS (checked where requests are read).
 A dropped tensor is no error here: the dispatcher's next reference to it is answered
-TENSOR_NOT_HELD and it sends the tensor in full (dispatch_svc/held_keys.py).
+TENSOR_NOT_HELD and it sends the tensor in full (dispatch_svc/dataplane/held_keys.py).
 """
 
 from __future__ import annotations

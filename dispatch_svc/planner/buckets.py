@@ -17,7 +17,7 @@ uses at most ``rungs`` + 1 row counts, the same for every target type, whatever 
 
 Splitting, not padding, keeps results exact for every combine rule: a shard is real rows only,
 so a sum or a row-weighted mean folds nothing that was not in the batch, and a worker's outputs
-have exactly the shard's rows (dispatch_svc.validation stays strict). The price is balance
+have exactly the shard's rows (dispatch_svc.jobs.validation stays strict). The price is balance
 granularity and shard count: a device's share is a multiple of q, so the makespan is at most the
 LP optimum N / R plus one unit on the slowest device plus the tail on the fastest (measured on
 200-row jobs under drifting rates: 2% longer in the median, 5% at worst, twice the shards);

@@ -32,9 +32,9 @@ from compile_svc.programs.layers import LayerFn
 from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
-from dispatch_svc.device_queues import CancelScope
-from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.interface import JobDevice
+from dispatch_svc.dataplane.device_queues import CancelScope
+from dispatch_svc.clients.mesh import GrpcMesh
+from dispatch_svc.ports import JobDevice
 
 pytestmark = pytest.mark.slow
 

@@ -17,11 +17,11 @@ from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import Authenticator
 from accelmesh.security.identity import Role
 from dispatch_svc.config import JobLimits
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.runner import JobRunner
+from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.server import ACCESS, SERVICE_NAME, dependencies
-from dispatch_svc.servicer import DispatchServicer
+from dispatch_svc.api.servicer import DispatchServicer
 
 LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_training_bytes=4096, max_training_steps=50,
                    max_layers=4, max_spec_entries=4, max_parameter_tensors=2, max_name_chars=40, max_filter_chars=100)

@@ -16,9 +16,9 @@ import random
 
 import numpy as np
 
-from dispatch_svc import records as m
+from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
-from dispatch_svc.training import TrainingOptions
+from dispatch_svc.jobs.training_options import TrainingOptions
 from _fake_mesh import AFFINE, BIAS, LINREG, FakeMesh, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
 
 JOBS = 100
@@ -145,7 +145,7 @@ def test_the_last_partial_mini_batch_takes_its_sizes_from_its_own_ladder_whateve
     """301 rows in batches of 64 leave a last batch of 45 in every epoch: under any rates it is
     cut into sizes of the 45-row ladder only, covering its rows once, so 100 training jobs of this
     shape need no more executables for it than the ladder has sizes."""
-    from dispatch_svc.strategies.training import plan_rows
+    from dispatch_svc.execution.strategies.training import plan_rows
 
     rng = random.Random(11)
     last, seen = 301 % 64, set()

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dispatch_svc.pipeline_plan import _calibrated
+from dispatch_svc.execution.strategies.pipeline_plan import _calibrated
 from dispatch_svc.planner.calibration import StageCalibration
 from dispatch_svc.planner.placement import Device, LayerCost, Model, Task, evaluate, place_balanced
 

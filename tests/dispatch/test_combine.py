@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument
-from dispatch_svc.combine import Accumulator
+from dispatch_svc.execution.combine import Accumulator
 from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
 
 SHARD_ROWS = [3, 1, 5, 2]  # uneven, as a throughput-weighted plan makes them

@@ -25,10 +25,10 @@ from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
 from conftest import CREDENTIALS, mesh_stub
 from dispatch_svc.config import DispatchConfig
-from dispatch_svc.device_queues import CancelScope
-from dispatch_svc.held_keys import MAX_MISSES, HeldKeys
-from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.interface import JobDevice
+from dispatch_svc.dataplane.device_queues import CancelScope
+from dispatch_svc.dataplane.held_keys import MAX_MISSES, HeldKeys
+from dispatch_svc.clients.mesh import GrpcMesh
+from dispatch_svc.ports import JobDevice
 from dispatch_svc.server import build_dispatch
 from worker_svc.held_tensors import HeldTensors
 

@@ -25,9 +25,9 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.errors import InvalidArgument
 from accelmesh.runtime.tensors import to_proto
-from dispatch_svc import records as m
+from dispatch_svc.jobs import records as m
 from dispatch_svc.config import JobLimits
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs.book import JobBook
 
 
 @pytest.fixture

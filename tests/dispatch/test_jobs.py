@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
-from dispatch_svc import jobs
-from dispatch_svc import records as m
-from dispatch_svc.jobs import RESTART_ERROR, JobBook
+from dispatch_svc.jobs import book as jobs
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import RESTART_ERROR, JobBook
 
 
 class Clock:
@@ -164,7 +164,7 @@ def old_book(book_dir, *jobs: m.JobRecord, records: dict[str, str] | None = None
     `records` where given)."""
     import sqlite3
 
-    from dispatch_svc.job_codec import record_text
+    from dispatch_svc.jobs.codec import record_text
 
     with sqlite3.connect(book_dir / "jobs.db") as db:
         db.executescript(OLD_LAYOUT)
@@ -393,7 +393,7 @@ def test_a_watcher_given_an_idle_marker_gets_it_before_each_wait_and_only_then(t
 
 def test_an_event_with_every_field_set_reads_back_equal():
     """event_text writes an event's fields out by name (not dataclasses.asdict): none is lost."""
-    from dispatch_svc.job_codec import event_from, event_text
+    from dispatch_svc.jobs.codec import event_from, event_text
 
     shard = m.ShardRecord(3, "dev-1", "cuda:v100", "cuda-fp32", 24, 8, attempts=2, failures=["UNAVAILABLE: gone"],
                           queue_seconds=0.1, load_seconds=0.2, execute_seconds=0.3, total_seconds=0.7, done=True,

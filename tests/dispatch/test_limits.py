@@ -19,11 +19,11 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.runtime.tensors import dtype_code, to_proto
-from dispatch_svc import records as m
+from dispatch_svc.jobs import records as m
 from dispatch_svc.config import JobLimits
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.runner import JobRunner
+from dispatch_svc.execution.runner import JobRunner
 
 SHORT_MESSAGE = 400  # a refusal quoting client input stays this short, whatever the input's size
 

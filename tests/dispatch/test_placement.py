@@ -384,7 +384,7 @@ def test_bad_placement_options_are_refused(bad, message):
 
 
 def test_micro_batches_go_to_a_stages_devices_by_their_shares_evenly_spread():
-    from dispatch_svc.strategies.pipeline import weighted_turns
+    from dispatch_svc.execution.strategies.pipeline import weighted_turns
 
     assert weighted_turns((1.0, 1.0, 1.0), 7) == [0, 1, 2, 0, 1, 2, 0]  # identical devices take turns in order
     turns = weighted_turns((0.5, 0.25, 0.25), 8)

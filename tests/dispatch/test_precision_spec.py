@@ -14,9 +14,9 @@ import pytest
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from dispatch_svc import job_codec
-from dispatch_svc import records as m
-from dispatch_svc import translate as tr
+from dispatch_svc.jobs import codec as job_codec
+from dispatch_svc.jobs import records as m
+from dispatch_svc.api import translate as tr
 from _fake_mesh import AFFINE, CHAIN, X, FakeMesh, FakePipelineMesh, Feed, run, runner_for, spec_for
 
 

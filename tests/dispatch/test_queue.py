@@ -1,4 +1,4 @@
-"""The job queue and quotas (dispatch_svc/queue.py, quotas.py) on the job runner: a job that finds
+"""The job queue and quotas (dispatch_svc/admission/queue.py, quotas.py) on the job runner: a job that finds
 the pool full, or its owner's quota used up, waits QUEUED with its inputs stored and starts once
 there is room; priorities order the queue; a deadline ends a job that waited too long; a queued
 job can be cancelled; the queue outlives a restart and is one for two replicas. Each on SQLite
@@ -14,13 +14,13 @@ import pytest
 from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeMesh, Feed, spec_for
 
 from accelmesh import errors
-from dispatch_svc import records as m
-from dispatch_svc.jobs import JobBook
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.queue import Admission, JobQueue
-from dispatch_svc.quotas import Quota, Quotas
-from dispatch_svc.runner import JobRunner
-from dispatch_svc.scheduling.rounds import Round
+from dispatch_svc.admission.queue import Admission, JobQueue
+from dispatch_svc.admission.quotas import Quota, Quotas
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.admission.scheduling.rounds import Round
 
 CLAIM = 16 + 1024  # what an AFFINE job reserves on each device it uses: its parameters and a shard
 ALICE, BOB = "user:alice", "user:bob"
@@ -411,7 +411,7 @@ def test_a_quota_for_something_that_owns_no_jobs_is_refused_naming_the_field(nod
 
 def test_the_spec_carries_priority_and_queue_timeout_and_refuses_bad_ones_naming_the_field():
     from accelmesh.dispatch.v1 import job_pb2 as job_pb
-    from dispatch_svc import translate as tr
+    from dispatch_svc.api import translate as tr
 
     msg = job_pb.JobSpec(program="affine", priority=7)
     msg.queue_timeout.FromNanoseconds(2_500_000_000)

@@ -1,4 +1,4 @@
-"""A job's results on disk (dispatch_svc/results.py): what is written reads back exactly, a slab of
+"""A job's results on disk (dispatch_svc/jobs/results.py): what is written reads back exactly, a slab of
 rows at a time or whole, for every dtype the mesh carries (bfloat16 among them) and for a scalar;
 a file cut short on disk is a clear error, never rows of garbage."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
-from dispatch_svc.results import ResultStore
+from dispatch_svc.jobs.results import ResultStore
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, ml_dtypes.bfloat16])

@@ -12,11 +12,11 @@ import random
 import numpy as np
 import pytest
 
-from dispatch_svc.scheduling import (
+from dispatch_svc.admission.scheduling import (
     FIFO, MAX_MIN_FAIRNESS, MIN_TOTAL_TIME, POLICIES, Assignment, InvalidSchedulingInput, Job, assign_by_shares,
     build_problem, fifo, max_min_fairness, max_min_shares, min_total_time,
 )
-from dispatch_svc.scheduling.fair_shares import LEVEL_SLACK, equal_share_throughput
+from dispatch_svc.admission.scheduling.fair_shares import LEVEL_SLACK, equal_share_throughput
 
 TOLERANCE = 1e-6
 

@@ -1,4 +1,4 @@
-"""The queue's scheduling round (dispatch_svc/scheduling/rounds.py): which device type, and how many
+"""The queue's scheduling round (dispatch_svc/admission/scheduling/rounds.py): which device type, and how many
 devices, each of several queued jobs is given, by policy, from the operator's table, measured
 rates or the catalog; over the fake mesh's devices, the reserved ones left out."""
 
@@ -8,9 +8,9 @@ import pytest
 from _fake_mesh import AFFINE, FakeMesh
 
 from accelmesh import errors
-from dispatch_svc import records as m
+from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.scheduling.rounds import Narrowing, Round, Waiting, check_policy, load_throughputs
+from dispatch_svc.admission.scheduling.rounds import Narrowing, Round, Waiting, check_policy, load_throughputs
 
 V100, A100 = "v100-32gb", "a100-80gb"
 # "gains" runs 10x faster on an A100; "even" barely gains from one. Gavel's point: the A100 should

@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from dispatch_svc import job_codec
-from dispatch_svc import records as m
-from dispatch_svc.training import TrainingOptions
-from dispatch_svc.translate import job_to_proto
+from dispatch_svc.jobs import codec as job_codec
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.training_options import TrainingOptions
+from dispatch_svc.api.translate import job_to_proto
 from _fake_mesh import AFFINE, LINREG, X, FakeMesh, Feed, linreg_data, run, runner_for, spec_for
 
 

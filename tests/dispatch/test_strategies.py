@@ -13,9 +13,9 @@ import pytest
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import Placed
-from dispatch_svc import delivery
-from dispatch_svc import records as m
-from dispatch_svc.training import TrainingOptions
+from dispatch_svc.api import delivery
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.training_options import TrainingOptions
 from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakePipelineMesh, Feed, linreg_data,
                         linreg_sgd, result, run, runner_for, spec_for)
 

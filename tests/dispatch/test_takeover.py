@@ -1,4 +1,4 @@
-"""Dispatch replicas on one job book (dispatch_svc/takeover.py): a job is leased to the replica
+"""Dispatch replicas on one job book (dispatch_svc/execution/takeover.py): a job is leased to the replica
 running it; once that one stops renewing, another claims the job and takes it over, keeping the
 shards finished, or ends it FAILED when its inputs never all arrived; a replica that lost a lease
 can no longer write the job; a cancel through any replica reaches the runner. Each on SQLite and
@@ -14,13 +14,13 @@ import pytest
 from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, Feed, linreg_data, linreg_sgd, spec_for
 
 from accelmesh import errors
-from dispatch_svc import jobs
-from dispatch_svc import records as m
-from dispatch_svc.jobs import INPUTS_LOST_ERROR, JobBook, LeaseLost
+from dispatch_svc.jobs import book as jobs
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.runner import JobRunner
-from dispatch_svc.takeover import Takeover
-from dispatch_svc.training import TrainingOptions
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.execution.takeover import Takeover
+from dispatch_svc.jobs.training_options import TrainingOptions
 
 LEASE_S = 10.0
 
@@ -51,7 +51,7 @@ class HoldingMesh(FakeMesh):
             self.started.set()
             while not self.let_go.wait(0.01):
                 if scope.cancelled.is_set():
-                    from dispatch_svc.device_queues import ShardFailed
+                    from dispatch_svc.dataplane.device_queues import ShardFailed
                     raise ShardFailed("CANCELLED: the job was cancelled")
         return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
                               place_outputs)

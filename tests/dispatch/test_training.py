@@ -12,7 +12,7 @@ import pytest
 from accelmesh.datasets import load_digits, train_test_split
 from accelmesh.errors import InvalidArgument
 from compile_svc.programs import default_registry
-from dispatch_svc.training import Batch, SgdMomentum, TrainingOptions, minibatches, steps_per_epoch
+from dispatch_svc.jobs.training_options import Batch, SgdMomentum, TrainingOptions, minibatches, steps_per_epoch
 
 # Measured with the defaults, split seed 0, init_params(0): 96.9% test, 100% train accuracy
 # (over 10 seeds of split, init and shuffle: 96.9%..99.2%). The floor leaves room for other

@@ -22,9 +22,9 @@ from accelmesh.runtime.tensors import Placed, split
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc.device_queues import CancelScope, ShardFailed
-from dispatch_svc.mesh_client import GrpcMesh
-from dispatch_svc.interface import ArtifactRef, Build, JobDevice
+from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
+from dispatch_svc.clients.mesh import GrpcMesh
+from dispatch_svc.ports import ArtifactRef, Build, JobDevice
 from fakes.worker_streams import shards
 from worker_svc.server import ACCESS as WORKER_ACCESS
 

@@ -33,9 +33,9 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.tensors import TensorCollector, to_proto
 from compile_svc.programs.builtin import IDENTITY_WIDTH
 from dispatch_svc.config import DispatchConfig
-from dispatch_svc.interface import LiveJob
+from dispatch_svc.ports import LiveJob
 from dispatch_svc.server import build_dispatch
-from dispatch_svc.strategies.context import LeaseKeeper
+from dispatch_svc.execution.strategies.context import LeaseKeeper
 
 LEASE_TTL_S = 2  # renewed every 2/3 s: a job waiting a few seconds outlives several leases
 SHARD_ROWS = 4  # identity rows are 4 KiB; 16 KiB shards hold at most 4
@@ -48,7 +48,7 @@ POLL_S = 0.05  # between two looks at the inventory's reservations
 @dataclasses.dataclass
 class Dispatcher:
     address: str
-    runner: object  # dispatch_svc.runner.JobRunner
+    runner: object  # dispatch_svc.execution.runner.JobRunner
     inventory: object  # an InventoryService stub whose calls carry a role that may make them
 
 

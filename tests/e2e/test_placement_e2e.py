@@ -15,7 +15,7 @@ from accelmesh.embedded import start_embedded_mesh
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs import default_registry
 from conftest import reservations, rpc_error
-from dispatch_svc.strategies.pipeline import weighted_turns
+from dispatch_svc.execution.strategies.pipeline import weighted_turns
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def single_device_training(x: np.ndarray, labels: np.ndarray, options: job_pb.Tr
     import jax
     import jax.numpy as jnp
 
-    from dispatch_svc.training import SgdMomentum, minibatches
+    from dispatch_svc.jobs.training_options import SgdMomentum, minibatches
 
     program = default_registry().get("transformer_encoder")
     params = [np.asarray(p) for p in program.init_params(0)]

@@ -1,4 +1,4 @@
-"""The dispatcher's status page (dispatch_svc/status_page.py) in a real headless browser: Chromium
+"""The dispatcher's status page (dispatch_svc/api/status_page.py) in a real headless browser: Chromium
 from the distribution's packages, signing in with a token as HTTP Basic credentials, over TLS.
 
 A real mesh (an inventory, a compile service and a worker with two emulated devices as processes,
@@ -39,7 +39,7 @@ from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import to_proto
 from accelmesh.security.identity import Role
 from compile_svc.programs.builtin import IDENTITY_WIDTH
-from dispatch_svc.status_page import STATE_COLOURS
+from dispatch_svc.api.status_page import STATE_COLOURS
 
 WAIT_S = 60.0
 ROWS, FIRST_ROWS = 16, 4

@@ -1,0 +1,376 @@
+"""A job's lifecycle: start it, run its strategy, end it exactly once (MISSION A2, A3, A5-A7).
+
+The runner keeps what only the running dispatcher knows of each job (`LiveJob`), opens the job's
+trace span, hands the job to its strategy (dispatch_svc.execution.strategies: data-parallel inference or
+training, or a pipeline) and, whatever happens, ends it once: the devices' pool closed, the
+reservations released, the record finished as SUCCEEDED, CANCELLED or FAILED. It reaches the
+other services only through the `Mesh` port and reads a job's inputs through an `InputFeed`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from opentelemetry import trace
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from accelmesh.runtime import attributes as attr
+from accelmesh.runtime.errors import bounded
+from dispatch_svc.jobs import records as m
+from dispatch_svc.config import JobLimits
+from dispatch_svc.dataplane.device_queues import Cancelled, DevicePool
+from dispatch_svc.ports import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh
+from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.admission.scheduling.rounds import Narrowing
+from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
+from dispatch_svc.execution.strategies.context import JobContext, Limits
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
+from dispatch_svc.admission.queue import Admission, Queued
+from dispatch_svc.jobs.stored_inputs import SpoolingFeed, StoredFeed, store_rest
+from dispatch_svc.jobs.validation import check_limits
+
+log = logging.getLogger(__name__)
+
+# A failed job's error as its record keeps it: an aggregate of shard failures can grow long, and
+# the record is read by every GetJob and ListJobs.
+MAX_ERROR_BYTES = 4096
+
+
+class JobRunner:
+    """Starts, runs and ends jobs. `_live` holds running jobs only: a job leaves it (and the
+    book's own live map) when it ends, and takes nothing of its inputs, parameters or exception
+    with it into the record, which keeps the error as text."""
+
+    def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
+                 max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None,
+                 job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S,
+                 admission: Admission | None = None, clock: Callable[[], float] = time.time,
+                 metrics: DispatchMetrics = NO_METRICS):
+        """`admission`: the owner's quota and the queue (queue.py); None, a job that cannot get its
+        devices fails at once."""
+        self.mesh = mesh
+        self._tracer = tracer or trace.NoOpTracer()
+        self.book = book
+        self.throughput = throughput
+        self.limits = Limits(max_shard_bytes, inflight_bytes, reservation_ttl_s)
+        self.job_limits = job_limits or JobLimits()
+        self._live: dict[str, LiveJob] = {}
+        self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
+        self.admission = admission
+        self._clock = clock
+        self.metrics = metrics
+        self.on_ended: Callable[[], None] = lambda: None  # a job let go of its devices (the queue's wake)
+        self.on_queued: Callable[[str], None] = lambda job_id: None  # a job goes to the queue here (JobQueue.note)
+
+    def check(self, spec: m.JobSpec, *, running: bool = True) -> None:
+        """The spec within the dispatcher's limits; raises before anything is planned."""
+        check_limits(spec, self.job_limits, self.limits.max_shard_bytes, running=running)
+
+    @property
+    def running(self) -> int:
+        """Jobs started and not yet ended."""
+        with self._lock:
+            return len(self._live)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Whether every job started has ended (and let go of all it held) within `timeout_s`."""
+        with self._ended:
+            return self._ended.wait_for(lambda: not self._live, timeout_s)
+
+    def live(self, job_id: str) -> LiveJob | None:
+        with self._lock:
+            return self._live.get(job_id)
+
+    def cancel(self, job_id: str, reason: str = "cancelled by CancelJob") -> m.JobRecord:
+        """Cancel the job here if this replica runs it, else ask the one that does (takeover.py)."""
+        job = self.book.get(job_id)
+        live = self.live(job_id)
+        if live is not None and not job.final:
+            live.scope.cancel(reason)
+        elif job.state == m.QUEUED:
+            if not self.expire_queued(job_id, reason, m.CANCELLED):  # it started meanwhile: stop it there
+                return self.cancel(job_id, reason)
+        elif not job.final and self.book.lease_s:
+            self.book.request_cancel(job_id, reason)
+        return job
+
+    def plan(self, spec: m.JobSpec) -> tuple[Program | None, m.Plan, list[Build], list[JobDevice]]:
+        """What PlanJob answers: the plan the job's strategy would run, nothing reserved or run."""
+        self.check(spec, running=False)
+        if spec.placement is not None:
+            program, placed = pipeline.place(self.mesh, spec, self.throughput.stages)
+            return program, placed.plan, [], list(placed.devices.values())
+        return data_parallel.plan(self.mesh, self.throughput, self.limits, spec)
+
+    def start(self, spec: m.JobSpec, owner: str = "") -> tuple[m.JobRecord, LiveJob]:
+        self.check(spec)  # before the record: a spec over the limits is never stored
+        if self.admission is not None:
+            self.admission.quotas.check_priority(owner, spec.priority)
+        self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
+        job = self.book.create(spec, owner)
+        live = LiveJob()
+        with self._lock:
+            self._live[job.job_id] = live
+        return job, live
+
+    def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
+            kept: frozenset[int] | None = None, narrowing: Narrowing | None = None) -> None:
+        """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
+        caller); the shards' results are collected in a background thread (or here). `kept`: the
+        finished shards of a job taken over that its strategy keeps (None: it runs whole). A leased job
+        (its book shared by dispatch replicas) stores its inputs as they are read, so another
+        replica can take it over (`take_over`). A job that cannot get its devices or its owner's quota
+        (Queued) has its inputs stored whole and waits in the queue: run returns then. `narrowing`:
+        the device type and count a queue's scheduling round gave it, for this try's planning only."""
+        live.span = self._tracer.start_span("dispatch.job", attributes={
+            attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
+        token = trace.use_span(live.span, end_on_exit=False)
+        token.__enter__()  # everything this job does, on any thread, is part of its trace
+        if self.book.lease_s and not isinstance(feed, StoredFeed):  # a stored one: taken over, or from the queue
+            feed = self._spooled(job, feed)
+        ctx = None
+        try:
+            ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
+                             kept=kept, admission=self.admission, metrics=self.metrics, narrowing=narrowing)
+            work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
+        except Queued as queued:
+            self._queue(job, live, feed, ctx.given_parameters, queued.reason)
+            return
+        except BaseException as exc:
+            self._end(job, live, live.pool, exc, feed)
+            raise
+        finally:
+            context = contextvars.copy_context()
+            token.__exit__(None, None, None)
+        if background:
+            threading.Thread(target=context.run, args=(self._collect, job, live, live.pool, work, feed), daemon=True,
+                             name=f"job-{job.job_id}").start()
+        else:
+            context.run(self._collect, job, live, live.pool, work, feed)
+
+    def _spooled(self, job: m.JobRecord, feed: InputFeed) -> InputFeed:
+        def stored():
+            self.book.inputs_stored(job.job_id)
+        if not job.spec.inputs and not job.spec.client_parameters:
+            stored()  # nothing comes from the client: any replica can run it from its spec
+            return feed
+        return SpoolingFeed(feed, self.book.inputs, job, stored)
+
+    def take_over(self, job_id: str, inputs_stored: bool) -> None:
+        """Run a job whose replica stopped renewing its lease (takeover.py claimed it for this one):
+        the reservations it held released, then from its stored inputs, an inference job keeping
+        the shards finished; a job whose inputs never all arrived ends FAILED, saying so."""
+        job = self.book.get(job_id)
+        if job.final or self.live(job_id) is not None:
+            return
+        self.book.adopt(job)
+        try:
+            self.mesh.release(job_id)  # the stopped replica's: this one reserves what it needs anew
+        except errors.AccelmeshError as exc:  # their leases lapse on their own
+            log.warning("releasing the reservations of %s before taking it over failed: %s", job_id, exc)
+        if not inputs_stored:
+            self.book.finish(job, m.FAILED, INPUTS_LOST_ERROR)
+            self.book.drop_stored(job_id)
+            self.book.forget_live(job_id)
+            return
+        # An inference job's finished shards are kept (their outputs are on disk); the shards of
+        # any other kind depend on each other: its outputs so far go, it starts again from its inputs.
+        resumable = (job.plan is not None and bool(job.plan.shards) and job.spec.kind == m.INFERENCE
+                     and job.spec.placement is None)
+        if resumable:
+            planned = {s.index for s in job.plan.shards}
+            kept = frozenset(self.book.finished_shards(job_id) & planned)
+        else:
+            kept = None
+            self.book.results.delete(job_id)
+            job.shards, job.progress = [], 0.0
+        self.book.emit(job, m.TAKEN_OVER, message=(
+            f"dispatch replica {self.book.replica} took the job over from one that stopped renewing its lease: "
+            + (f"{len(kept)} of {len(job.plan.shards)} shards were finished and are kept" if resumable
+               else "it runs again from its stored inputs")))
+        live = LiveJob()
+        with self._lock:
+            self._live[job_id] = live
+        try:
+            self.run(job, live, StoredFeed(self.book.inputs, job), background=False, kept=kept)
+        except Exception:  # noqa: BLE001 - ended and recorded by run
+            pass
+
+    def _queue(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, given: list | None, reason: str) -> None:
+        """The job waits in the queue: the rest of its inputs stored (a job from the store has them
+        all there), then QUEUED in the book, and let go of here until a queue pass starts it."""
+        assert self.admission is not None  # only admission raises Queued
+        try:
+            if not isinstance(feed, StoredFeed):
+                store_rest(feed, self.book.inputs, job, given, lambda: self.book.inputs_stored(job.job_id))
+            self.on_queued(job.job_id)
+            self.book.enqueue(job, reason, self.admission.deadline(job, self._clock()))
+        except BaseException as exc:  # the client went away (or sent bad rows) while its inputs were stored
+            self._end(job, live, live.pool, exc, feed)
+            raise
+        if live.span is not None:
+            live.span.add_event("queued", {"reason": bounded(reason, MAX_ERROR_BYTES)})
+            live.span.end()
+        _let_go(live, feed, None)
+        self._let_go_of(job, live)
+
+    def start_queued(self, job_id: str, narrowing: Narrowing | None = None) -> bool:
+        """Claim a queued job and start it here from its stored inputs (JobQueue's pass), planned
+        within `narrowing` if the pass's scheduling round gave it one. Returns once it holds its
+        devices, went back to the queue or ended; False if another replica (or a cancel) took it
+        first."""
+        job = self.book.claim_queued(job_id)
+        if job is None:
+            return False
+        live = LiveJob()
+        with self._lock:
+            self._live[job_id] = live
+
+        def run():
+            try:
+                self.run(job, live, StoredFeed(self.book.inputs, job), background=False, narrowing=narrowing)
+            except Exception:  # noqa: BLE001 - ended and recorded by run
+                pass
+        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=f"queued-{job_id}",
+                         daemon=True).start()
+        live.settled.wait()
+        return True
+
+    def expire_queued(self, job_id: str, why: str, state: str = m.FAILED) -> bool:
+        """End a queued job without running it (FAILED past its deadline, or CANCELLED); False if it
+        was no longer queued (started, or ended, by then)."""
+        job = self.book.claim_queued(job_id)
+        if job is None:
+            return False
+        reason = job.queue.reason if job.queue is not None else ""
+        message = why if state == m.CANCELLED else f"{why}; it was waiting because {reason}" if reason else why
+        try:
+            self.book.finish(job, state, error=bounded(message, MAX_ERROR_BYTES))
+        finally:
+            self.book.drop_stored(job_id)
+            self.book.forget_live(job_id)  # it never ran here: the runner holds nothing of it
+        return True
+
+    def _collect(self, job, live, pool, work, feed) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - recorded on the job, never lost
+            self._end(job, live, pool, exc, feed)
+            return
+        self._end(job, live, pool, None, feed)
+
+    def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None,
+             feed: InputFeed | None = None) -> None:
+        lease, live.lease = live.lease, None  # the keeper references the live job: no cycle outlives it
+        if lease is not None:
+            lease.stop()  # no renewal from here on: the release below is the last word
+            if exc is not None and lease.lapse is not None:
+                exc = lease.lapse  # a lapsed lease stopped the job: FAILED with why, not CANCELLED
+        # Decided before this method cancels the scope itself: only a cancel from outside (CancelJob,
+        # the client's deadline or disconnect) makes the job CANCELLED; a bug stays a failure.
+        cancelled = isinstance(exc, Cancelled) or (
+            exc is not None and live.scope.cancelled.is_set() and not isinstance(exc, errors.AccelmeshError))
+        if exc is not None:
+            live.scope.cancel()  # stop the job's other shards on their workers
+        if pool is not None:
+            pool.close()
+        # A replica that took the job over holds its reservations and its stored inputs now.
+        ours = self._still_runs(job.job_id)
+        try:
+            if ours:
+                self.mesh.release(job.job_id)
+        except errors.AccelmeshError as release_error:  # the lease runs out on its own
+            log.warning("releasing %s failed: %s", job.job_id, release_error)
+        try:
+            self._finish(job, live, exc, cancelled)
+        except LeaseLost as lost:  # another replica took the job over: its record is that one's to write
+            log.warning("%s", lost)
+            live.error = live.error or lost
+        if live.span is not None:
+            if exc is not None:
+                live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
+            live.span.end()
+        _let_go(live, feed, exc)
+        if ours:
+            self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
+        # Its devices and its quota are free now: the queue's next pass tries every queued job. Said
+        # before `live.done`, so whoever saw the job let go of knows the queue was woken.
+        self.on_ended()
+        # Final: the book has it all. Kept here, every job ever run (its error, traceback and
+        # inputs among them) would stay in memory until the dispatcher stops.
+        self._let_go_of(job, live)
+
+    def _let_go_of(self, job: m.JobRecord, live: LiveJob) -> None:
+        """The job is no longer this runner's (it ended, or went to the queue): out of every map here
+        and in the book's memory, then `live.done`, last, so whoever waits on it finds it gone."""
+        self.book.forget_live(job.job_id)
+        with self._ended:
+            self._live.pop(job.job_id, None)
+            self._ended.notify_all()
+        live.settled.set()
+        live.done.set()
+
+    def _still_runs(self, job_id: str) -> bool:
+        """Whether this replica still holds the job's lease (always, unleased). A book that does not
+        answer: no, since another replica may hold it; the reservations then lapse on their own
+        and the stored inputs go when the job's results expire."""
+        if not self.book.lease_s:
+            return True
+        try:
+            return self.book.runner_of(job_id)[0] == self.book.replica
+        except errors.AccelmeshError:
+            return False
+
+    def _finish(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
+        try:
+            self._record_end(job, live, exc, cancelled)
+        finally:
+            if job.final:
+                self.metrics.job_ended(job.state, (job.ended or self._clock()) - job.created)
+
+    def _record_end(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
+        if exc is None:
+            self.book.finish(job, m.SUCCEEDED, message="done")
+        elif cancelled:
+            self.book.finish(job, m.CANCELLED, error=bounded(
+                (str(exc) if isinstance(exc, Cancelled) else "") or live.scope.reason or "cancelled", MAX_ERROR_BYTES))
+        else:
+            if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see _let_go)
+                log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())
+            live.error = detached(exc)
+            self.book.finish(job, m.FAILED, error=bounded(str(exc) or type(exc).__name__, MAX_ERROR_BYTES))
+
+
+def detached(exc: BaseException) -> BaseException:
+    """A job's error as RunJob re-raises it after the job ended: the same status and message, and
+    no traceback, so no frame (and none of the parameters or inputs its locals held) outlives
+    the job through it. A bug stays a bug (INTERNAL), its traceback logged when it happened."""
+    kind = next((k for k in type(exc).__mro__ if k.__module__ == errors.__name__), None)
+    if kind is None or not issubclass(kind, errors.AccelmeshError):
+        return RuntimeError(f"job failed: {type(exc).__name__}")
+    return kind(str(exc), reason=getattr(exc, "reason", ""), field=getattr(exc, "field", ""))
+
+
+def _let_go(live: LiveJob, feed: InputFeed | None, exc: BaseException | None) -> None:
+    """Drop what an ended job held. A live job may outlive its run (RunJob still streams its
+    results): its pool's closures hold the parameters. The exception's frames hold the strategy's
+    locals (parameters, input blocks) and refer back to the job, a cycle that only the garbage
+    collector would free, maybe much later: cleared here, so they go as soon as the call ends."""
+    live.pool = None
+    live.failure = None
+    close = getattr(feed, "close", None)  # the request stream (StreamFeed): its held block, its iterator
+    if close is not None:
+        close()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # frames still running (the caller's) are skipped
+        exc = exc.__cause__ or exc.__context__

@@ -1,0 +1,376 @@
+"""What every job strategy works with: one job's context, and the shared steps of running shards.
+
+A strategy receives a `JobContext` (the mesh, the job book, the throughput model, the job, what
+only the running dispatcher knows of it, its input feed) and calls these steps instead of
+writing them again: fetch or take the parameters, reserve (and keep the lease renewed while the
+job runs: `LeaseKeeper`), open the job's device pool (retries recorded on the job), run one
+shard attempt (events, trace span, the worker's outputs checked against the program, shard
+record, throughput), and route the input feed into shards within one in-flight budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from opentelemetry import trace
+
+from accelmesh import errors
+from accelmesh.programs import Program
+from accelmesh.runtime import attributes as attr
+from dispatch_svc.jobs import records as m
+from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
+from dispatch_svc.ports import (
+    MAX_RESERVATION_TTL_S, MIN_RESERVATION_TTL_S, RENEW_FRACTION, RENEW_RETRY_MIN_S, RENEW_RETRY_S, RESERVATION_TTL_S,
+    Build, InputFeed, JobDevice, LiveJob, Mesh, ShardOutput, ShardWork,
+)
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
+from dispatch_svc.admission.queue import Admission
+from dispatch_svc.admission.scheduling.rounds import Narrowing
+from dispatch_svc.jobs.validation import check_parameters, check_shard_outputs
+
+log = logging.getLogger(__name__)
+
+BUDGET_POLL_S = 0.5  # how often a reader waiting for the budget checks for a cancel
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_shard_bytes: int  # inputs of one shard at most (ACCELMESH_MAX_SHARD_BYTES)
+    inflight_bytes: int  # shard inputs held at once per job (ACCELMESH_INFLIGHT_BYTES)
+    reservation_ttl_s: int = RESERVATION_TTL_S  # lease of a job's reservations, renewed while it runs
+
+    def __post_init__(self):
+        if not MIN_RESERVATION_TTL_S <= self.reservation_ttl_s <= MAX_RESERVATION_TTL_S:
+            raise errors.InvalidArgument(
+                f"reservation_ttl_s is {self.reservation_ttl_s}; set ACCELMESH_RESERVATION_TTL_S within "
+                f"{MIN_RESERVATION_TTL_S}..{MAX_RESERVATION_TTL_S} seconds, the leases the inventory grants")
+
+
+class LeaseKeeper:
+    """Keeps a job's reservations leased while it runs: renewed every `ttl_s * RENEW_FRACTION` on a
+    thread of its own, until the job is done or `stop` is called.
+
+    A lease the inventory no longer holds (NOT_FOUND: it expired, or someone released it) is not
+    taken back: its memory was free for other jobs meanwhile. The job stops instead: `lapse` says
+    why, `lapsed` is set and the job's scope cancelled, so no more of its shards are sent, and the
+    job ends FAILED with `lapse` as its error. An inventory that does not answer is asked again
+    until the lease would have run out; an error no retry mends (an inventory without
+    RenewReservations) stops the job at once."""
+
+    def __init__(self, mesh: Mesh, job_id: str, device_ids: Sequence[str], ttl_s: int, live: LiveJob, *,
+                 reserved_at: float, clock: Callable[[], float] = time.monotonic):
+        self.lapse: errors.AccelmeshError | None = None
+        self.lapsed = threading.Event()
+        self.renewals = 0  # renewals the inventory granted
+        self._mesh, self._job_id, self._device_ids, self._ttl_s = mesh, job_id, tuple(device_ids), ttl_s
+        self._live, self._clock = live, clock
+        # When the lease ends by this clock unless renewed: counted from before the request was
+        # sent, so it is never later than the inventory's own end of the lease.
+        self._deadline = reserved_at + ttl_s
+        self._stopped = threading.Event()
+        threading.Thread(target=self._keep, name=f"lease-{job_id}", daemon=True).start()
+
+    def stop(self) -> None:
+        """The job is ending: no renewal from now on (its reservations are about to be released)."""
+        self._stopped.set()
+
+    def _keep(self) -> None:
+        interval = self._ttl_s * RENEW_FRACTION
+        wait_s, last_error = interval, None
+        while not self._live.done.wait(wait_s):
+            if self._stopped.is_set():
+                return
+            left = self._deadline - self._clock()
+            if last_error is not None and left <= 0:
+                self._stop_job(errors.Unavailable(
+                    f"the reservations of job {self._job_id} lapsed while it ran: the inventory did not answer for "
+                    f"the whole {self._ttl_s} s lease ({last_error}), so they could not be renewed and other jobs may "
+                    "use those devices now; the job stopped: run it again once the inventory answers"))
+                return
+            sent = self._clock()
+            try:
+                self._mesh.renew(self._job_id, self._device_ids, self._ttl_s, left if left > 0 else interval)
+            except errors.Unavailable as exc:  # the inventory is down or slow: ask again while the lease lasts
+                # At half the time left (at most RENEW_RETRY_S), so the last tries come just before its end.
+                left = self._deadline - self._clock()
+                last_error, wait_s = exc, max(RENEW_RETRY_MIN_S, min(RENEW_RETRY_S, left / 2))
+                continue
+            except errors.NotFound as exc:
+                self._stop_job(errors.FailedPrecondition(
+                    f"the reservations of job {self._job_id} lapsed while it ran: they expired or someone released "
+                    f"them, and other jobs may use those devices now, so the job stopped; run it again "
+                    f"(the inventory: {exc})"))
+                return
+            except errors.AccelmeshError as exc:
+                self._stop_job(errors.FailedPrecondition(
+                    f"the reservations of job {self._job_id} could not be renewed ({exc}); the job stopped rather "
+                    "than run on devices it may no longer hold"))
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug: the job must not run on unreserved
+                log.exception("renewing the reservations of job %s failed", self._job_id)
+                self._stop_job(errors.FailedPrecondition(
+                    f"the reservations of job {self._job_id} could not be renewed (a dispatcher bug, "
+                    f"{type(exc).__name__}; its log has the details); the job stopped rather than run on devices it "
+                    "may no longer hold"))
+                return
+            self._deadline, wait_s, last_error = sent + self._ttl_s, interval, None
+            self.renewals += 1
+
+    def _stop_job(self, error: errors.AccelmeshError) -> None:
+        if self._stopped.is_set() or self._live.done.is_set():
+            return  # the job ended first: its reservations ended with it
+        self.lapse = error  # before the cancel: whatever the cancel wakes finds why
+        log.warning("%s", error)
+        self._live.scope.cancel()
+        self.lapsed.set()  # the job is told to stop
+
+
+class InflightBudget:
+    """Bytes of a job's shard inputs in memory at once: the input reader takes, finished shards
+    give back. A shard larger than the whole budget still runs, alone."""
+
+    def __init__(self, limit: int, live: LiveJob):
+        self._limit, self._live = limit, live
+        self._used = 0
+        self._changed = threading.Condition()
+
+    def take(self, nbytes: int) -> None:
+        with self._changed:
+            while self._used and self._used + nbytes > self._limit:
+                if self._live.failure is not None:
+                    raise self._live.failure
+                self._changed.wait(BUDGET_POLL_S)
+                self._live.check()
+            self._used += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._changed:
+            self._used -= nbytes
+            self._changed.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """A shard finally failed: the job's first failure stops the reader."""
+        with self._changed:
+            self._live.failure = self._live.failure or error
+            self._changed.notify_all()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+
+@dataclass
+class _MakespanClock:
+    """What a job's measured makespan is taken from (JobContext._ended)."""
+
+    start: float | None = None  # perf_counter of the first shard's start (training: of this step's)
+    running: int = 0  # attempts under way
+    steps: int = 0  # training steps ended
+    step_seconds: float = 0.0  # their makespans, summed
+
+
+@dataclass
+class JobContext:
+    mesh: Mesh
+    book: JobBook
+    throughput: ThroughputModel
+    limits: Limits
+    job: m.JobRecord
+    live: LiveJob
+    feed: InputFeed
+    tracer: trace.Tracer = field(default_factory=trace.NoOpTracer)
+    # A job taken over from a dispatch replica that stopped (takeover.py), resumed: the shards of
+    # its plan that one finished, kept (None: the job runs whole).
+    kept: frozenset[int] | None = None
+    # The owner's quota and the queue (queue.py); None: neither, a refused reservation fails the job.
+    admission: Admission | None = None
+    given_parameters: list[tuple[str, np.ndarray]] | None = None  # the client's, read before it reserved
+    metrics: DispatchMetrics = NO_METRICS
+    # What the queue's scheduling round gave a queued job for this try (scheduling/rounds.py): its
+    # planning keeps to those devices; the stored spec is the client's, unchanged.
+    narrowing: Narrowing | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _clock: _MakespanClock = field(default_factory=_MakespanClock)
+
+    @property
+    def spec(self) -> m.JobSpec:
+        return self.job.spec
+
+    def parameters(self, program: Program | None) -> list[tuple[str, np.ndarray]]:
+        """The client's parameters (checked against the program), or the program's initial ones."""
+        if self.spec.client_parameters:
+            given = self.feed.parameters()
+            self.given_parameters = given
+            check_parameters(program, given)
+            return given
+        if program is None or not program.parameters:
+            return []
+        values = self.mesh.fetch_parameters(program, self.spec.parameter_seed)
+        return [(p.name, v) for p, v in zip(program.parameters, values)]
+
+    def reserve(self, claims: Sequence[tuple[str, int]]) -> None:
+        """Reserve the job's devices, then keep them leased until it ends (`LeaseKeeper`). With
+        admission, the owner's quota is asked first, and a refusal of either raises Queued (the
+        job waits in the queue) unless the job may not wait."""
+        ttl_s, reserved_at = self.limits.reservation_ttl_s, time.monotonic()
+        if self.admission is not None:
+            self.admission.admit(self.job, claims)
+        try:
+            self.mesh.reserve(self.job.job_id, claims, ttl_s)
+        except errors.ResourceExhausted as exc:
+            if self.admission is None:
+                raise
+            raise self.admission.refused(self.job, f"devices: {exc}") from None
+        self.given_parameters = None  # kept only for the queue: the job's strategy holds them from here
+        if self.job.queue is not None:  # it waited in the queue: for how long
+            self.metrics.queue_wait(time.time() - self.job.queue.since)
+        self.live.settled.set()
+        self.live.lease = LeaseKeeper(self.mesh, self.job.job_id, [device for device, _ in claims], ttl_s, self.live,
+                                      reserved_at=reserved_at)
+        self.book.update(self.job, state=m.RUNNING)
+
+    def open_pool(self, devices: Sequence[JobDevice], run) -> DevicePool:
+        """The job's device pool; every retry is recorded on the shard and as an event."""
+        self.live.pool = DevicePool(list(devices), run, self.live.scope, on_retry=self.retried)
+        return self.live.pool
+
+    def execute(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
+                attempt: Attempt, held: str | None = None, span_attributes: dict | None = None) -> ShardOutput:
+        """Run one shard attempt on its device. `params` None: the shard's own (`ShardWork.params`);
+        `held` prefixes the keys its parameters are held under on workers (None: sent in full).
+        The outputs are checked against `program` (the stage's, for a pipeline stage): a mismatch
+        raises ShardFailed, so the shard is retried on another device."""
+        shard: ShardWork = attempt.shard
+        device: JobDevice = attempt.device
+        build = next(b for b in builds if b.target_type == device.target_type)
+        artifact = build.executables.get(shard.rows, build.portable)
+        self.book.emit(self.job, m.SHARD_STARTED, shard=self.record(shard, device, build, attempt.number),
+                       message=f"shard {shard.index} on {device.id}")
+        started = time.perf_counter()
+        shard_params = params if shard.params is None else shard.params
+        arrays = [*shard_params, *zip((i.name for i in program.inputs), shard.inputs)]
+        held_keys = {name: f"{held}:{name}" for name, _ in shard_params} if held else None
+        attributes = {
+            attr.JOB_ID: self.job.job_id, attr.SHARD_INDEX: shard.index, attr.SHARD_ATTEMPT: attempt.number,
+            attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
+            attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
+            attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays), **(span_attributes or {})}
+        self._started(started)
+        try:
+            with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
+                out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
+                                        shard.rows, self.live.scope, held_keys=held_keys,
+                                        place_outputs=shard.place_outputs)
+                # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
+                check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
+        except BaseException:
+            self._ended(started, None)
+            raise
+        finished = time.perf_counter()
+        record = self.record(shard, device, build, attempt.number)
+        record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
+        record.execute_seconds, record.total_seconds = out.execute_seconds, finished - started
+        self.metrics.shard(device.target_type, record.total_seconds)
+        # What of the shard's own time was not the device's execution (sending, loading the
+        # executable) is the part a shard pays whatever its rows.
+        own = record.own_seconds
+        if out.execute_seconds > 0 and self.throughput.warm(device.id, artifact.key):
+            self.throughput.record(program.ref, device.target_type, shard.rows, own,
+                                   fixed_seconds=own - out.execute_seconds, device_type=device.spec.type)
+        self._ended(started, finished)
+        return out
+
+    def _started(self, started: float) -> None:
+        with self._lock:
+            clock = self._clock
+            if clock.running == 0 and (clock.start is None or self.spec.kind == m.TRAINING):
+                clock.start = started  # a training step's shards start together, after the last step's ended
+            clock.running += 1
+
+    def _ended(self, started: float, finished: float | None) -> None:
+        """The job's measured makespan (JobRecord.measured_seconds) after an attempt ended
+        (``finished`` None: it failed): inference, from the first shard's start to the latest end
+        (a pipeline's stage calls are its shards); training, the mean over the steps, a step being
+        the shards running together (a pipeline's steps are timed by pipeline_training.py)."""
+        with self._lock:
+            clock = self._clock
+            clock.running -= 1
+            if finished is None or (self.spec.placement is not None and self.spec.kind == m.TRAINING):
+                return
+            if self.spec.kind != m.TRAINING:
+                self.job.measured_seconds = max(self.job.measured_seconds, finished - clock.start)
+            elif clock.running == 0:
+                clock.steps += 1
+                clock.step_seconds += finished - clock.start
+                self.job.measured_seconds = clock.step_seconds / clock.steps
+
+    def record(self, shard: ShardWork, device: JobDevice, build: Build, attempt: int) -> m.ShardRecord:
+        with self._lock:
+            self.ensure_records(shard.index + 1)
+            record = self.job.shards[shard.index]
+            record.device_id, record.target_type, record.rule = device.id, device.target_type, build.rule_name
+            record.first_row, record.rows, record.attempts = shard.first_row, shard.rows, attempt
+            record.predicted_seconds = self._predicted(shard.rows, device.target_type, shard.index)
+            return record
+
+    def _predicted(self, rows: int, target_type: str, index: int) -> float:
+        """What the plan predicts for ``rows`` on ``target_type``: the type's fixed seconds and rate
+        (a retry on another type, a training job's last, smaller step), else the planned shard's."""
+        plan = self.job.plan
+        if plan is None or self.spec.placement is not None:
+            return 0.0
+        for target in plan.targets:
+            if target.target_type == target_type and target.rows_per_second > 0:
+                return target.fixed_seconds + rows / target.rows_per_second
+        return plan.shards[index].predicted_seconds if index < len(plan.shards) else 0.0
+
+    def ensure_records(self, count: int) -> None:
+        """The job has at least `count` shard records (callers hold the lock or run before shards do)."""
+        while len(self.job.shards) < count:
+            self.job.shards.append(m.ShardRecord(len(self.job.shards), "", "", "", 0, 0))
+
+    def retried(self, attempt: Attempt, cause: str) -> None:
+        shard = attempt.shard
+        self.metrics.retried(attempt.device.target_type)
+        with self._lock:
+            if shard.index < len(self.job.shards):
+                self.job.shards[shard.index].failures.append(cause)
+        self.book.emit(self.job, m.SHARD_RETRIED, message=f"shard {shard.index} retried on {attempt.device.id}: {cause}")
+
+    def shards_from_feed(self, shards: Sequence[ShardWork], total: int, budget: InflightBudget) -> Iterator[ShardWork]:
+        """Route the feed's row blocks into `shards` in order; yield each shard once its rows are
+        complete. A shard's bytes are taken from the budget before its first rows are copied into
+        its own buffers (allocated then, filled as blocks come), so the inputs waiting in memory,
+        whole or half filled, stay within the budget, and no block is kept once copied."""
+        current, filling, seen = 0, None, 0
+        for first_row, arrays in self.feed.blocks():
+            self.live.check()
+            offset = 0
+            rows = arrays[0].shape[0]
+            while offset < rows:
+                shard = shards[current]
+                if filling is None:
+                    nbytes = shard.rows * sum(a.dtype.itemsize * math.prod(a.shape[1:])
+                                              for a in arrays)
+                    budget.take(nbytes)
+                    filling = [np.empty((shard.rows, *a.shape[1:]), a.dtype) for a in arrays]
+                at = first_row + offset - shard.first_row
+                take = min(shard.rows - at, rows - offset)
+                for buffer, array in zip(filling, arrays):
+                    buffer[at: at + take] = array[offset: offset + take]
+                offset += take
+                if at + take == shard.rows:
+                    shard.inputs, shard.nbytes, filling = filling, nbytes, None
+                    yield shard
+                    current += 1
+            seen = first_row + rows
+        if seen != total:
+            raise errors.InvalidArgument(f"the input blocks ended after {seen} of the {total} rows the spec declares")

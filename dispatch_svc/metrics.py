@@ -56,7 +56,7 @@ class DispatchMetrics:
 
 
 def _by_priority(book: JobBook):
-    counts = Counter(priority for _, _, priority, _, _ in book.queued(QUEUE_READ_JOBS))
+    counts = Counter(priority for _, _, priority, _, _ in book.queue_rows.queued(QUEUE_READ_JOBS))
     return [(count, {"priority": str(priority)}) for priority, count in sorted(counts.items())] or [(0, {})]
 
 

@@ -165,7 +165,7 @@ class JobQueue:
         running now, queued again, or ended)."""
         tried = []
         now = self._clock()
-        queued = self._book.queued(PASS_JOBS)
+        queued = self._book.queue_rows.queued(PASS_JOBS)
         state = self._pool_state() if queued else None
         candidates = []
         for job_id, _owner, _priority, since, deadline in queued:

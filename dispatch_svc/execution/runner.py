@@ -99,7 +99,7 @@ class JobRunner:
             if not self.expire_queued(job_id, reason, m.CANCELLED):  # it started meanwhile: stop it there
                 return self.cancel(job_id, reason)
         elif not job.final and self.book.lease_s:
-            self.book.request_cancel(job_id, reason)
+            self.book.leases.request_cancel(job_id, reason)
         return job
 
     def plan(self, spec: m.JobSpec) -> tuple[Program | None, m.Plan, list[Build], list[JobDevice]]:
@@ -158,7 +158,7 @@ class JobRunner:
 
     def _spooled(self, job: m.JobRecord, feed: InputFeed) -> InputFeed:
         def stored():
-            self.book.inputs_stored(job.job_id)
+            self.book.leases.inputs_stored(job.job_id)
         if not job.spec.inputs and not job.spec.client_parameters:
             stored()  # nothing comes from the client: any replica can run it from its spec
             return feed
@@ -210,7 +210,7 @@ class JobRunner:
         assert self.admission is not None  # only admission raises Queued
         try:
             if not isinstance(feed, StoredFeed):
-                store_rest(feed, self.book.inputs, job, given, lambda: self.book.inputs_stored(job.job_id))
+                store_rest(feed, self.book.inputs, job, given, lambda: self.book.leases.inputs_stored(job.job_id))
             self.on_queued(job.job_id)
             self.book.enqueue(job, reason, self.admission.deadline(job, self._clock()))
         except BaseException as exc:  # the client went away (or sent bad rows) while its inputs were stored
@@ -325,7 +325,7 @@ class JobRunner:
         if not self.book.lease_s:
             return True
         try:
-            return self.book.runner_of(job_id)[0] == self.book.replica
+            return self.book.leases.runner_of(job_id)[0] == self.book.replica
         except errors.AccelmeshError:
             return False
 

@@ -46,12 +46,12 @@ class Takeover:
 
     def check(self) -> list[str]:
         """One round: renew, act on cancels, claim lapsed jobs. Returns the jobs claimed."""
-        for job_id, reason in self._book.renew_leases():
+        for job_id, reason in self._book.leases.renew():
             if reason:
                 live = self._runner.live(job_id)
                 if live is not None:
                     live.scope.cancel(reason)
-        claimed = self._book.claim_lapsed()
+        claimed = self._book.leases.claim_lapsed()
         for job_id, stored in claimed:
             log.warning("taking over job %s: the dispatch replica running it stopped renewing its lease", job_id)
             threading.Thread(target=self._runner.take_over, args=(job_id, stored), name=f"takeover-{job_id}",

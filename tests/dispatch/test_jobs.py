@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from accelmesh import errors
-from dispatch_svc.jobs import book as jobs
+from dispatch_svc.jobs import events as jobs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import RESTART_ERROR, JobBook
 

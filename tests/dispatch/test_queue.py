@@ -380,7 +380,7 @@ def test_two_replicas_share_one_queue_and_start_a_job_once(mesh, tmp_path, book_
     try:
         mesh.occupy("someone-else")
         job = submit(first)
-        assert second.book.get(job.job_id).state == m.QUEUED and second.book.queue_position(job.job_id) == 1
+        assert second.book.get(job.job_id).state == m.QUEUED and second.book.queue_rows.position(job.job_id) == 1
         mesh.release("someone-else")
         assert second_queue.run_pass() == [job.job_id]
         assert first_queue.run_pass() == []  # started by the other replica already

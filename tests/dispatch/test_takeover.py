@@ -14,7 +14,7 @@ import pytest
 from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, Feed, linreg_data, linreg_sgd, spec_for
 
 from accelmesh import errors
-from dispatch_svc.jobs import book as jobs
+from dispatch_svc.jobs import events as jobs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
 from dispatch_svc.planner import ThroughputModel
@@ -79,9 +79,9 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         first.run(job, live, Feed([X]))  # 200 rows of 32 bytes, 16 a shard: 13 shards; 0-2 finish
         finished_events(first.book, job.job_id, 3)
         # Written within FLUSH_S, long before a lease could lapse; this test's clock jumps the lease.
-        first.book.flush()
+        first.book.log.flush()
         shards = len(job.plan.shards)
-        assert shards > 3 and first.book.runner_of(job.job_id)[0] == first.book.replica
+        assert shards > 3 and first.book.leases.runner_of(job.job_id)[0] == first.book.replica
         takeover = Takeover(second)
         assert takeover.check() == []  # the lease holds: nothing to take
 
@@ -141,7 +141,7 @@ def test_shards_whose_events_were_not_yet_written_run_again_on_takeover(tmp_path
         np.testing.assert_array_equal(y, 2 * X + BIAS)
         assert [e.name for e in second.book.results.entries(job.job_id)].count("y") == 1
         assert {shard for _, shard, _ in second_mesh.attempts} == set(range(shards))
-        first.book.flush()  # refused: the job is the second replica's now
+        first.book.log.flush()  # refused: the job is the second replica's now
         types = [e.type for e in second.book.events(job.job_id)]
         assert types.count(m.SHARD_FINISHED) == shards and types[-1] == "succeeded"
     finally:
@@ -223,10 +223,10 @@ def test_a_lease_is_renewed_while_the_job_runs_and_dropped_when_it_ends(tmp_path
         for _ in range(3):  # three leases pass, renewed each time: never lapsed, never claimed
             clock.now += LEASE_S * 0.9
             assert takeover.check() == []
-        assert runner.book.runner_of(job.job_id) == (runner.book.replica, clock.now + LEASE_S)
+        assert runner.book.leases.runner_of(job.job_id) == (runner.book.replica, clock.now + LEASE_S)
         mesh.let_go.set()
         assert live.done.wait(WAIT_S)
-        assert runner.book.runner_of(job.job_id)[1] is None
+        assert runner.book.leases.runner_of(job.job_id)[1] is None
         assert runner.book.get(job.job_id).state == m.SUCCEEDED
     finally:
         mesh.let_go.set()
@@ -249,9 +249,9 @@ def test_a_cancel_of_a_job_no_replica_leases_is_refused_quietly(tmp_path, book_d
     book = JobBook(tmp_path, retention_s=60, database_url=book_db, lease_s=LEASE_S)
     job = book.create(m.JobSpec(program="affine"))
     book.finish(job, m.SUCCEEDED)
-    assert book.request_cancel(job.job_id, "too late") is False
+    assert book.leases.request_cancel(job.job_id, "too late") is False
     with pytest.raises(errors.NotFound):
-        book.runner_of("0" * 16)
+        book.leases.runner_of("0" * 16)
     book.close()
 
 
@@ -323,7 +323,7 @@ def test_a_leased_book_ends_the_unfinished_jobs_no_replica_leases(tmp_path, book
         assert leased.interrupted == [job.job_id]
         assert leased.get(job.job_id).state == m.FAILED and "restarted" in leased.get(job.job_id).error
         assert other.interrupted == [] and other.get(running.job_id).state == m.PLANNING
-        assert other.runner_of(job.job_id)[1] is None  # final: nobody's to take over
+        assert other.leases.runner_of(job.job_id)[1] is None  # final: nobody's to take over
     finally:
         leased.close()
         other.close()

@@ -15,7 +15,7 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     against the same compiled function called in this process: jax.jit of the program with the
     device's rule applied, its XLA options, at the same batch size, input put on the device,
     block_until_ready, outputs back to numpy (parameters stay resident). Two finer baselines
-    split the remainder: one shard sent by the dispatcher's own GrpcMesh.execute from this
+    split the remainder: one shard sent by the dispatcher's own GrpcWorkers.execute from this
     process (no job around it, so one ExecuteMany call per shard; every input in full, and again with the parameters held by the
     worker as the dispatcher sends an inference job's shards), and one bare grpcio bidirectional
     stream call of the full request's size to a plain echo process (the floor any streaming RPC
@@ -445,7 +445,9 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     from compile_svc.rules import load_rules
     from dispatch_svc.jobs import records as m
     from dispatch_svc.dataplane.device_queues import CancelScope
-    from dispatch_svc.clients.mesh import GrpcMesh
+    from dispatch_svc.clients.compiler import GrpcCompiler
+    from dispatch_svc.clients.inventory import GrpcInventory
+    from dispatch_svc.dataplane.workers import GrpcWorkers
     from accelmesh.security.identity import Role
     from dispatch_svc.ports import JobDevice
     from worker_svc.artifacts import ArtifactStore
@@ -474,28 +476,31 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     target_types = sorted({r.target_type for r in records})
     rules = sorted({r.rule for r in records})
 
-    # The dispatcher's call to the worker on its own: GrpcMesh.execute from here, same device and
+    # The dispatcher's call to the worker on its own: GrpcWorkers.execute from here, same device and
     # artifact, with the dispatcher's certificate (the worker's ExecuteMany is the dispatcher's to
     # call); one shard at a time, so each is an ExecuteMany call of its own (a stream closes once idle).
-    grpc_mesh = GrpcMesh(mesh.inventory.address, mesh.compile.address, mesh.service(Role.DISPATCH),
-                         max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=CHUNK_BYTES)
+    security = mesh.service(Role.DISPATCH)
+    inventory = GrpcInventory(mesh.inventory.address, security, max_message_bytes=MAX_MESSAGE_BYTES)
+    compiler = GrpcCompiler(mesh.compile.address, security, max_message_bytes=MAX_MESSAGE_BYTES)
+    workers = GrpcWorkers(security, max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=CHUNK_BYTES)
     try:
-        candidates = grpc_mesh.candidate_devices(m.Constraints(max_devices=1))
-        described = grpc_mesh.describe_program(name, "")
-        (build,) = grpc_mesh.compile(described, candidates, [rows_per_shard])
+        candidates = inventory.candidate_devices(m.Constraints(max_devices=1))
+        described = compiler.describe_program(name, "")
+        (build,) = compiler.compile(described, candidates, [rows_per_shard])
         device = JobDevice(candidates[0].spec, candidates[0].node_address, build.target_type)
-        shipped = grpc_mesh.fetch_parameters(described, 0) if described.parameters else []
+        shipped = compiler.fetch_parameters(described, 0) if described.parameters else []
         arrays = [*zip((p.name for p in described.parameters), shipped), ("x", one)]
         artifact = build.executables.get(rows_per_shard, build.portable)
-        direct = time_calls(lambda: grpc_mesh.execute("bench-direct", 0, 1, device, build, artifact, arrays,
+        direct = time_calls(lambda: workers.execute("bench-direct", 0, 1, device, build, artifact, arrays,
                                                       rows_per_shard, CancelScope()), plan.direct_calls)
         # As the dispatcher sends an inference job's shards: parameters held by the worker, by key.
         keys = {p.name: f"params:{p.name}" for p in described.parameters}
-        direct_held = time_calls(lambda: grpc_mesh.execute("bench-direct-held", 0, 1, device, build, artifact, arrays,
+        direct_held = time_calls(lambda: workers.execute("bench-direct-held", 0, 1, device, build, artifact, arrays,
                                                            rows_per_shard, CancelScope(), held_keys=keys),
                                  plan.direct_calls)
     finally:
-        grpc_mesh.close()
+        for client in (workers, compiler, inventory):
+            client.close()
     store = ArtifactStore(mesh.workdir / "bench-artifacts", mesh.compile.address, mesh.service(Role.WORKER),
                           max_message_bytes=MAX_MESSAGE_BYTES)
     try:
@@ -572,7 +577,7 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
             "of_which_stage_messages": len(STAGE_MESSAGES),
             "bare_stream_call_echoes": len(messages),
             "note": "responses: one per stage (" + ", ".join(STAGE_MESSAGES) + "), a header and one chunk per "
-                    "output, the timings; GrpcMesh.execute reads only the tensors and the timings",
+                    "output, the timings; GrpcWorkers.execute reads only the tensors and the timings",
         },
         "job_wall_per_shard_ms": round(wall_per_shard * 1e3, 3),
         "one_shard_job_wall": summary_ms(one_walls),

@@ -11,58 +11,13 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_i
 from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
-from dispatch_svc.ports import RESERVATION_TTL_S
+from dispatch_svc.jobs.limits import GIB, LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
 from dispatch_svc.planner.placement_types import MAX_LAYERS
-from dispatch_svc.admission.queue import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S, QUEUE_POLL_S
+from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S
+from dispatch_svc.admission.queue import QUEUE_POLL_S
 from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
-
-MIB = 1024 * 1024
-GIB = 1024 * MIB
-
-
-@dataclass(frozen=True)
-class JobLimits:
-    """What one job may declare. Each costs the dispatcher memory or time before a byte of input
-    arrives (planning makes an object per shard, a record keeps every name), so a spec over any
-    of them is refused before it is planned, compiled or reserved, naming the variable to raise."""
-
-    max_rows: int = 1 << 26  # ACCELMESH_MAX_JOB_ROWS: rows of a job's inputs (67,108,864)
-    max_bytes: int = 16 * GIB  # ACCELMESH_MAX_JOB_BYTES: a job's declared input bytes plus its client parameters
-    # ACCELMESH_MAX_JOB_SHARDS: shards a job's size needs (ACCELMESH_MAX_SHARD_BYTES each); a
-    # pipeline's micro-batches, and once placed its micro-batches x stages
-    max_shards: int = 4096
-    max_training_bytes: int = 2 * GIB  # ACCELMESH_MAX_TRAINING_BYTES: a training job's inputs, held whole
-    max_training_steps: int = 100_000  # ACCELMESH_MAX_TRAINING_STEPS: epochs x mini-batches (a loss each)
-    max_layers: int = MAX_LAYERS  # ACCELMESH_MAX_MODEL_LAYERS: rows of spec.placement.layers (1,024 at most)
-    max_spec_entries: int = 64  # ACCELMESH_MAX_SPEC_ENTRIES: inputs, platforms or capabilities one spec lists
-    max_parameter_tensors: int = 4096  # ACCELMESH_MAX_PARAMETER_TENSORS: client parameter tensors (gpt2_xl: 772)
-    # ACCELMESH_MAX_NAME_CHARS: a job id, program, version, job, input, parameter, layer or capability name
-    max_name_chars: int = 256
-    max_filter_chars: int = 4096  # ACCELMESH_MAX_FILTER_CHARS: spec.constraints.filter
-
-    @staticmethod
-    def variable(name: str) -> str:
-        """The environment variable that sets limit `name`: what a refusal tells the operator to raise."""
-        return LIMIT_VARIABLES[name]
-
-
-LIMIT_VARIABLES = {
-    "max_rows": "ACCELMESH_MAX_JOB_ROWS",
-    "max_bytes": "ACCELMESH_MAX_JOB_BYTES",
-    "max_shards": "ACCELMESH_MAX_JOB_SHARDS",
-    "max_training_bytes": "ACCELMESH_MAX_TRAINING_BYTES",
-    "max_training_steps": "ACCELMESH_MAX_TRAINING_STEPS",
-    "max_layers": "ACCELMESH_MAX_MODEL_LAYERS",
-    "max_spec_entries": "ACCELMESH_MAX_SPEC_ENTRIES",
-    "max_parameter_tensors": "ACCELMESH_MAX_PARAMETER_TENSORS",
-    "max_name_chars": "ACCELMESH_MAX_NAME_CHARS",
-    "max_filter_chars": "ACCELMESH_MAX_FILTER_CHARS",
-}
-# The smallest value each may be set to: a job id is 16 characters, a program has a few inputs.
-LIMIT_MINIMUMS = {"max_name_chars": 32, "max_spec_entries": 4, "max_filter_chars": 64}
-
 
 def limits_from_env(env=os.environ) -> JobLimits:
     values = {name: env_int(variable, getattr(JobLimits, name), env, minimum=LIMIT_MINIMUMS.get(name, 1))

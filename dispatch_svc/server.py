@@ -6,26 +6,30 @@ import logging
 from pathlib import Path
 
 from accelmesh import errors
-from accelmesh.runtime import database
-
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime import database
 from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
-from dispatch_svc.config import DispatchConfig
-from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.clients.mesh import GrpcMesh
-from dispatch_svc.metrics import DispatchMetrics
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.admission.queue import Admission, JobQueue
+from dispatch_svc.admission.admission import AdmissionGate
+from dispatch_svc.admission.queue import JobQueue, QueueSignals
 from dispatch_svc.admission.quotas import Quotas
-from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.admission.scheduling.rounds import Round, load_throughputs
 from dispatch_svc.api.servicer import DispatchServicer
 from dispatch_svc.api.status_page import StatusPage
+from dispatch_svc.clients.compiler import GrpcCompiler
+from dispatch_svc.clients.inventory import GrpcInventory
+from dispatch_svc.config import DispatchConfig
+from dispatch_svc.dataplane.workers import GrpcWorkers
+from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.execution.takeover import Takeover
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.jobs.limits import Limits
+from dispatch_svc.metrics import DispatchMetrics
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.ports import LiveJobs
 
 SERVICE_NAME = "accelmesh.dispatch.v1.DispatchService"
 # People only; what each may see of the jobs (their own, or an operator's everyone's) is the servicer's.
@@ -42,42 +46,48 @@ def dependencies(book: JobBook) -> dict:
 
 
 def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
+    """Every part built whole, each from the parts it uses, in the order they depend on each other."""
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-dispatch")
-    mesh = GrpcMesh(config.inventory, config.compile, config.security.without_token(), tracer_provider=tracer_provider,
-                    max_message_bytes=config.max_message_bytes, chunk_bytes=config.chunk_bytes)
+    security = config.security.without_token()
+    channels = {"tracer_provider": tracer_provider, "max_message_bytes": config.max_message_bytes}
+    inventory = GrpcInventory(config.inventory, security, **channels)
+    compiler = GrpcCompiler(config.compile, security, **channels)
+    workers = GrpcWorkers(security, chunk_bytes=config.chunk_bytes, **channels)
     book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s, database_url=config.db,
                    lease_s=config.lease_s)
     for job_id in book.interrupted:  # a crashed dispatcher left them holding devices
         try:
-            mesh.release(job_id)
+            inventory.release(job_id)
         except errors.AccelmeshError as exc:  # inventory down: the leases lapse on their own
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
-    throughput = ThroughputModel()
-    if not config.calibrate_stages:
-        throughput.stages = None
+    throughput = ThroughputModel(calibrate_stages=config.calibrate_stages)
     metrics = Metrics("dispatch", config.metrics_listen, config.security)
-    runner = JobRunner(mesh, book, throughput, max_shard_bytes=config.max_shard_bytes,
-                       inflight_bytes=config.inflight_bytes, reservation_ttl_s=config.reservation_ttl_s,
-                       job_limits=config.limits, tracer=tracer(tracer_provider, "accelmesh.dispatch"),
-                       admission=Admission(Quotas(book.engine), config.queue_timeout_s, config.max_queued_per_tenant))
-    runner.metrics = DispatchMetrics(metrics, book, lambda: runner.running)
+    live = LiveJobs()
+    dispatch_metrics = DispatchMetrics(metrics, book, live.count)
+    quotas = Quotas(book.engine)
+    gate = AdmissionGate(inventory, reservation_ttl_s=config.reservation_ttl_s, quotas=quotas,
+                         queue_timeout_s=config.queue_timeout_s, max_queued=config.max_queued_per_tenant,
+                         metrics=dispatch_metrics)
+    signals = QueueSignals(lambda: (inventory.pool_state(), quotas.all()))
+    runner = JobRunner(inventory, compiler, workers, book, throughput,
+                       limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s),
+                       gate=gate, job_limits=config.limits, live=live, signals=signals,
+                       tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,
                                 max_message_bytes=config.max_message_bytes)
 
     takeover = Takeover(runner).start() if config.lease_s else None
-    quotas = runner.admission.quotas
     table = load_throughputs(config.scheduling_throughputs) if config.scheduling_throughputs else None
-    scheduling = Round(config.scheduling_policy, mesh, throughput, mesh.reserved_device_ids, table)
-    queue = JobQueue(book, runner.start_queued, runner.expire_queued, poll_s=config.queue_poll_s,
-                     pool_state=lambda: (mesh.pool_state(), quotas.all()), scheduling=scheduling).start()
-    runner.on_ended, runner.on_queued = queue.wake, queue.note
+    scheduling = Round(config.scheduling_policy, inventory, throughput, inventory.reserved_device_ids, table)
+    queue = JobQueue(book, runner.start_queued, runner.expire_queued, signals, poll_s=config.queue_poll_s,
+                     scheduling=scheduling).start()
 
     status = None
     if config.status_listen:
         status = StatusPage(config.status_listen, config.security, Authenticator(config.security), book,
-                            mesh.all_devices).start()
+                            inventory.all_devices).start()
 
     def shutdown():
         if status is not None:
@@ -85,7 +95,8 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         queue.stop()
         if takeover is not None:
             takeover.stop()
-        mesh.close()
+        for client in (workers, compiler, inventory):
+            client.close()
         book.close()
 
     server = create_server(

@@ -16,6 +16,7 @@ import itertools  # noqa: E402  (the environment must be fixed before jax or grp
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import shutil
 import ssl
@@ -224,6 +225,28 @@ def database_url(request, tmp_path):
 def postgres_url():
     """A fresh database on the test PostgreSQL server (for tests of what only it does)."""
     return _postgres_server().database()
+
+
+@dataclasses.dataclass
+class DispatchClients:
+    """The dispatcher's compiler and workers clients, with its certificate: what sends a shard
+    without a dispatcher (no inventory needed)."""
+
+    compiler: object
+    workers: object
+
+    @classmethod
+    def open(cls, compile_address: str, *, max_message_bytes: int = 16 << 20, chunk_bytes: int = 1 << 20):
+        from dispatch_svc.clients.compiler import GrpcCompiler
+        from dispatch_svc.dataplane.workers import GrpcWorkers
+
+        security = CREDENTIALS.service(Role.DISPATCH)
+        return cls(GrpcCompiler(compile_address, security, max_message_bytes=max_message_bytes),
+                   GrpcWorkers(security, max_message_bytes=max_message_bytes, chunk_bytes=chunk_bytes))
+
+    def close(self) -> None:
+        self.compiler.close()
+        self.workers.close()
 
 
 @contextlib.contextmanager

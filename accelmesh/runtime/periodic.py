@@ -18,11 +18,13 @@ log = logging.getLogger(__name__)
 
 
 class Periodic:
-    def __init__(self, name: str, call: Callable[[], object], interval_s: float, what: str):
-        """`what` names the call in log lines, e.g. "renewing job leases"."""
+    def __init__(self, name: str, call: Callable[[], object], interval_s: float, what: str, *,
+                 woken: threading.Event | None = None):
+        """`what` names the call in log lines, e.g. "renewing job leases". `woken`: an event others
+        set to make the next call now (`wake` sets it too); one of its own by default."""
         self._call, self._interval_s, self._what = call, interval_s, what
         self._stop = threading.Event()
-        self._woken = threading.Event()
+        self._woken = woken or threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> Periodic:

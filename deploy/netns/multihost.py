@@ -408,7 +408,7 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
                 log(f"  {now - started:6.2f} s  CUT host {cut.index} ({cut.ip}): {cut.veth} down, "
                     f"while shard {event.shard.index} runs there")
                 log("           (a dispatcher without gRPC keepalive notices a silent host only at the shard "
-                    "deadline, dispatch_svc/clients/mesh.py SHARD_TIMEOUT_S; Ctrl-C stops and cleans up)")
+                    "deadline, dispatch_svc/dataplane/workers.py SHARD_TIMEOUT_S; Ctrl-C stops and cleans up)")
             if event.type == job_pb.JOB_EVENT_TYPE_SHARD_RETRIED:
                 marks.setdefault("retry", now)
                 log(f"  {now - started:6.2f} s  {event.message}")

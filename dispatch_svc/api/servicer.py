@@ -27,7 +27,7 @@ from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
 from dispatch_svc.jobs import records as m
 from dispatch_svc.api import translate as tr
-from dispatch_svc.config import JobLimits
+from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.jobs.book import job_not_found
 from dispatch_svc.execution.runner import JobRunner

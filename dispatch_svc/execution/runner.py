@@ -1,10 +1,12 @@
 """A job's lifecycle: start it, run its strategy, end it exactly once (MISSION A2, A3, A5-A7).
 
 The runner keeps what only the running dispatcher knows of each job (`LiveJob`), opens the job's
-trace span, hands the job to its strategy (dispatch_svc.execution.strategies: data-parallel inference or
-training, or a pipeline) and, whatever happens, ends it once: the devices' pool closed, the
-reservations released, the record finished as SUCCEEDED, CANCELLED or FAILED. It reaches the
-other services only through the `Mesh` port and reads a job's inputs through an `InputFeed`.
+trace span, has its strategy (execution/strategies: data-parallel inference or training, or a
+pipeline) plan it, asks the admission gate for what the plan claims, and either starts the
+strategy on the grant or puts the job in the queue. Whatever happens, it ends the job once: the
+devices' pool closed, the reservations released, the record finished as SUCCEEDED, CANCELLED or
+FAILED. It reaches the other services only through the `Inventory`, `Compiler` and `Workers`
+ports and reads a job's inputs through an `InputFeed`.
 """
 
 from __future__ import annotations
@@ -22,19 +24,20 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.errors import bounded
-from dispatch_svc.jobs import records as m
-from dispatch_svc.config import JobLimits
-from dispatch_svc.dataplane.device_queues import Cancelled, DevicePool
-from dispatch_svc.ports import RESERVATION_TTL_S, Build, InputFeed, JobDevice, LiveJob, Mesh
-from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
-from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.admission.admission import AdmissionGate, Wait
+from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
+from dispatch_svc.dataplane.device_queues import Cancelled, DevicePool
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
-from dispatch_svc.execution.strategies.context import JobContext, Limits
-from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
-from dispatch_svc.admission.queue import Admission, Queued
+from dispatch_svc.execution.strategies.context import JobContext
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
+from dispatch_svc.jobs.limits import JobLimits, Limits
 from dispatch_svc.jobs.stored_inputs import SpoolingFeed, StoredFeed, store_rest
 from dispatch_svc.jobs.validation import check_limits
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.ports import Build, Compiler, InputFeed, Inventory, JobDevice, LiveJob, LiveJobs, Workers
 
 log = logging.getLogger(__name__)
 
@@ -44,31 +47,29 @@ MAX_ERROR_BYTES = 4096
 
 
 class JobRunner:
-    """Starts, runs and ends jobs. `_live` holds running jobs only: a job leaves it (and the
+    """Starts, runs and ends jobs. `live` holds running jobs only: a job leaves it (and the
     book's own live map) when it ends, and takes nothing of its inputs, parameters or exception
     with it into the record, which keeps the error as text."""
 
-    def __init__(self, mesh: Mesh, book: JobBook, throughput: ThroughputModel, *,
-                 max_shard_bytes: int, inflight_bytes: int, tracer: trace.Tracer | None = None,
-                 job_limits: JobLimits | None = None, reservation_ttl_s: int = RESERVATION_TTL_S,
-                 admission: Admission | None = None, clock: Callable[[], float] = time.time,
-                 metrics: DispatchMetrics = NO_METRICS):
-        """`admission`: the owner's quota and the queue (queue.py); None, a job that cannot get its
-        devices fails at once."""
-        self.mesh = mesh
+    def __init__(self, inventory: Inventory, compiler: Compiler, workers: Workers, book: JobBook,
+                 throughput: ThroughputModel, *, limits: Limits, gate: AdmissionGate | None = None,
+                 job_limits: JobLimits | None = None, live: LiveJobs | None = None,
+                 signals: QueueSignals | None = None, tracer: trace.Tracer | None = None,
+                 clock: Callable[[], float] = time.time, metrics: DispatchMetrics = NO_METRICS):
+        """`gate`: the owner's quota and the queue (admission/admission.py); None, a gate without
+        either, where a job that cannot get its devices fails at once. `signals`: what the queue is
+        told of jobs ending and going to it (None: no queue runs beside this runner)."""
+        self.inventory, self.compiler, self.workers = inventory, compiler, workers
         self._tracer = tracer or trace.NoOpTracer()
         self.book = book
         self.throughput = throughput
-        self.limits = Limits(max_shard_bytes, inflight_bytes, reservation_ttl_s)
+        self.limits = limits
+        self.gate = gate or AdmissionGate(inventory, reservation_ttl_s=limits.reservation_ttl_s, metrics=metrics)
         self.job_limits = job_limits or JobLimits()
-        self._live: dict[str, LiveJob] = {}
-        self._lock = threading.Lock()
-        self._ended = threading.Condition(self._lock)
-        self.admission = admission
+        self.live_jobs = live or LiveJobs()
+        self.signals = signals or QueueSignals()
         self._clock = clock
         self.metrics = metrics
-        self.on_ended: Callable[[], None] = lambda: None  # a job let go of its devices (the queue's wake)
-        self.on_queued: Callable[[str], None] = lambda job_id: None  # a job goes to the queue here (JobQueue.note)
 
     def check(self, spec: m.JobSpec, *, running: bool = True) -> None:
         """The spec within the dispatcher's limits; raises before anything is planned."""
@@ -77,17 +78,14 @@ class JobRunner:
     @property
     def running(self) -> int:
         """Jobs started and not yet ended."""
-        with self._lock:
-            return len(self._live)
+        return self.live_jobs.count()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Whether every job started has ended (and let go of all it held) within `timeout_s`."""
-        with self._ended:
-            return self._ended.wait_for(lambda: not self._live, timeout_s)
+        return self.live_jobs.wait_empty(timeout_s)
 
     def live(self, job_id: str) -> LiveJob | None:
-        with self._lock:
-            return self._live.get(job_id)
+        return self.live_jobs.get(job_id)
 
     def cancel(self, job_id: str, reason: str = "cancelled by CancelJob") -> m.JobRecord:
         """Cancel the job here if this replica runs it, else ask the one that does (takeover.py)."""
@@ -106,44 +104,45 @@ class JobRunner:
         """What PlanJob answers: the plan the job's strategy would run, nothing reserved or run."""
         self.check(spec, running=False)
         if spec.placement is not None:
-            program, placed = pipeline.place(self.mesh, spec, self.throughput.stages)
+            program, placed = pipeline.place(self.inventory, self.compiler, spec, self.throughput.stages)
             return program, placed.plan, [], list(placed.devices.values())
-        return data_parallel.plan(self.mesh, self.throughput, self.limits, spec)
+        return data_parallel.plan(self.inventory, self.compiler, self.throughput, self.limits, spec)
 
     def start(self, spec: m.JobSpec, owner: str = "") -> tuple[m.JobRecord, LiveJob]:
         self.check(spec)  # before the record: a spec over the limits is never stored
-        if self.admission is not None:
-            self.admission.quotas.check_priority(owner, spec.priority)
+        self.gate.check_priority(owner, spec.priority)
         self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
         job = self.book.create(spec, owner)
-        live = LiveJob()
-        with self._lock:
-            self._live[job.job_id] = live
-        return job, live
+        return job, self.live_jobs.add(job.job_id)
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
             kept: frozenset[int] | None = None, narrowing: Narrowing | None = None) -> None:
-        """Plan, build, reserve and take the inputs in the calling thread (so input errors reach the
-        caller); the shards' results are collected in a background thread (or here). `kept`: the
-        finished shards of a job taken over that its strategy keeps (None: it runs whole). A leased job
-        (its book shared by dispatch replicas) stores its inputs as they are read, so another
-        replica can take it over (`take_over`). A job that cannot get its devices or its owner's quota
-        (Queued) has its inputs stored whole and waits in the queue: run returns then. `narrowing`:
-        the device type and count a queue's scheduling round gave it, for this try's planning only."""
+        """Plan (its strategy's proposal), admit (the gate: quota, then reservations), start the
+        strategy and take the inputs in the calling thread (so input errors reach the caller); the
+        shards' results are collected in a background thread (or here). `kept`: the finished shards
+        of a job taken over that its strategy keeps (None: it runs whole). A leased job (its book
+        shared by dispatch replicas) stores its inputs as they are read, so another replica can
+        take it over (`take_over`). A job the gate tells to wait has its inputs stored whole and
+        waits in the queue: run returns then. `narrowing`: the devices a queue's scheduling round
+        gave it, for this try's planning only."""
         live.span = self._tracer.start_span("dispatch.job", attributes={
             attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
         token = trace.use_span(live.span, end_on_exit=False)
         token.__enter__()  # everything this job does, on any thread, is part of its trace
         if self.book.lease_s and not isinstance(feed, StoredFeed):  # a stored one: taken over, or from the queue
             feed = self._spooled(job, feed)
-        ctx = None
         try:
-            ctx = JobContext(self.mesh, self.book, self.throughput, self.limits, job, live, feed, self._tracer,
-                             kept=kept, admission=self.admission, metrics=self.metrics, narrowing=narrowing)
-            work = strategy_for(job.spec, self.job_limits.max_shards)(ctx)
-        except Queued as queued:
-            self._queue(job, live, feed, ctx.given_parameters, queued.reason)
-            return
+            ctx = JobContext(self.inventory, self.compiler, self.workers, self.book, self.throughput, self.limits,
+                             job, live, feed, self._tracer, kept=kept, metrics=self.metrics)
+            strategy = strategy_for(job.spec, self.job_limits.max_shards)
+            proposal = strategy.propose(ctx, narrowing)
+            decision = self.gate.admit(job, live, proposal.claims)
+            if isinstance(decision, Wait):
+                self._queue(job, live, feed, decision.reason)
+                return
+            self.book.update(job, state=m.RUNNING)
+            live.settled.set()  # it holds its devices: a queue pass that started it goes on
+            work = strategy.start(ctx, proposal, decision)
         except BaseException as exc:
             self._end(job, live, live.pool, exc, feed)
             raise
@@ -173,7 +172,7 @@ class JobRunner:
             return
         self.book.adopt(job)
         try:
-            self.mesh.release(job_id)  # the stopped replica's: this one reserves what it needs anew
+            self.inventory.release(job_id)  # the stopped replica's: this one reserves what it needs anew
         except errors.AccelmeshError as exc:  # their leases lapse on their own
             log.warning("releasing the reservations of %s before taking it over failed: %s", job_id, exc)
         if not inputs_stored:
@@ -196,23 +195,20 @@ class JobRunner:
             f"dispatch replica {self.book.replica} took the job over from one that stopped renewing its lease: "
             + (f"{len(kept)} of {len(job.plan.shards)} shards were finished and are kept" if resumable
                else "it runs again from its stored inputs")))
-        live = LiveJob()
-        with self._lock:
-            self._live[job_id] = live
+        live = self.live_jobs.add(job_id)
         try:
             self.run(job, live, StoredFeed(self.book.inputs, job), background=False, kept=kept)
         except Exception:  # noqa: BLE001 - ended and recorded by run
             pass
 
-    def _queue(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, given: list | None, reason: str) -> None:
+    def _queue(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, reason: str) -> None:
         """The job waits in the queue: the rest of its inputs stored (a job from the store has them
         all there), then QUEUED in the book, and let go of here until a queue pass starts it."""
-        assert self.admission is not None  # only admission raises Queued
         try:
             if not isinstance(feed, StoredFeed):
-                store_rest(feed, self.book.inputs, job, given, lambda: self.book.leases.inputs_stored(job.job_id))
-            self.on_queued(job.job_id)
-            self.book.enqueue(job, reason, self.admission.deadline(job, self._clock()))
+                store_rest(feed, self.book.inputs, job, lambda: self.book.leases.inputs_stored(job.job_id))
+            self.signals.note(job.job_id)
+            self.book.enqueue(job, reason, self.gate.deadline(job, self._clock()))
         except BaseException as exc:  # the client went away (or sent bad rows) while its inputs were stored
             self._end(job, live, live.pool, exc, feed)
             raise
@@ -230,9 +226,7 @@ class JobRunner:
         job = self.book.claim_queued(job_id)
         if job is None:
             return False
-        live = LiveJob()
-        with self._lock:
-            self._live[job_id] = live
+        live = self.live_jobs.add(job_id)
 
         def run():
             try:
@@ -284,11 +278,13 @@ class JobRunner:
             pool.close()
         # A replica that took the job over holds its reservations and its stored inputs now.
         ours = self._still_runs(job.job_id)
-        try:
-            if ours:
-                self.mesh.release(job.job_id)
-        except errors.AccelmeshError as release_error:  # the lease runs out on its own
-            log.warning("releasing %s failed: %s", job.job_id, release_error)
+        if ours:
+            try:
+                self.inventory.release(job.job_id)
+            except errors.AccelmeshError as release_error:  # the lease runs out on its own
+                log.warning("releasing %s failed: %s", job.job_id, release_error)
+            finally:
+                self.workers.release(job.job_id)  # its streams, and the tensors workers hold for it
         try:
             self._finish(job, live, exc, cancelled)
         except LeaseLost as lost:  # another replica took the job over: its record is that one's to write
@@ -303,7 +299,7 @@ class JobRunner:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
         # Its devices and its quota are free now: the queue's next pass tries every queued job. Said
         # before `live.done`, so whoever saw the job let go of knows the queue was woken.
-        self.on_ended()
+        self.signals.wake()
         # Final: the book has it all. Kept here, every job ever run (its error, traceback and
         # inputs among them) would stay in memory until the dispatcher stops.
         self._let_go_of(job, live)
@@ -312,9 +308,7 @@ class JobRunner:
         """The job is no longer this runner's (it ended, or went to the queue): out of every map here
         and in the book's memory, then `live.done`, last, so whoever waits on it finds it gone."""
         self.book.forget_live(job.job_id)
-        with self._ended:
-            self._live.pop(job.job_id, None)
-            self._ended.notify_all()
+        self.live_jobs.remove(job.job_id)
         live.settled.set()
         live.done.set()
 
@@ -322,10 +316,8 @@ class JobRunner:
         """Whether this replica still holds the job's lease (always, unleased). A book that does not
         answer: no, since another replica may hold it; the reservations then lapse on their own
         and the stored inputs go when the job's results expire."""
-        if not self.book.lease_s:
-            return True
         try:
-            return self.book.leases.runner_of(job_id)[0] == self.book.replica
+            return self.book.leases.holds(job_id)
         except errors.AccelmeshError:
             return False
 

@@ -6,15 +6,23 @@ little-endian rows and a manifest, named ``parameter:<name>`` and ``input:<name>
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import numpy as np
 
 from dispatch_svc.jobs import records as m
-from dispatch_svc.ports import InputFeed
 from dispatch_svc.jobs.results import ResultStore
 
 PARAMETER, INPUT = "parameter:", "input:"
 SLAB_BYTES = 4 * 1024 * 1024  # rows read back at once per block
+
+
+class InputFeed(Protocol):
+    """Where a job's inputs come from: the client's parameters, then its rows in blocks of
+    consecutive rows (the request stream, or what was stored of it)."""
+
+    def parameters(self) -> list[tuple[str, np.ndarray]]: ...
+    def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]: ...
 
 
 class SpoolingFeed:
@@ -81,17 +89,13 @@ class StoredFeed:
         self._entries = {}
 
 
-def store_rest(feed: InputFeed, store: ResultStore, job: m.JobRecord, given: list[tuple[str, np.ndarray]] | None,
-               on_stored: Callable[[], None]) -> None:
-    """Everything of the job's inputs that `feed` has not handed out yet, written to `store` (a
-    job going to the queue, before any of its rows were read): its client parameters (`given`,
-    if the job read them already) and every row. `feed` may be a SpoolingFeed already (a leased
-    job's), which has kept what it handed out."""
+def store_rest(feed: InputFeed, store: ResultStore, job: m.JobRecord, on_stored: Callable[[], None]) -> None:
+    """Everything of the job's inputs that `feed` has not handed out yet, written to `store` (a job
+    going to the queue, before the admission gate let any of them be read): its client parameters
+    and every row. `feed` may be a SpoolingFeed already (a leased job's), which keeps what it
+    hands out."""
     spool = feed if isinstance(feed, SpoolingFeed) else SpoolingFeed(feed, store, job, on_stored)
     if job.spec.client_parameters:
-        if given is None:
-            spool.parameters()
-        elif spool is not feed:
-            spool.keep_parameters(given)
+        spool.parameters()
     for _ in spool.blocks():
         pass

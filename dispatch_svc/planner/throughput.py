@@ -185,7 +185,7 @@ class ThroughputModel:
     """
 
     def __init__(self, *, efficiency: float = CATALOG_EFFICIENCY, smoothing: float = MEASURED_SMOOTHING,
-                 fixed_prior_s: float = FIXED_PRIOR_S):
+                 fixed_prior_s: float = FIXED_PRIOR_S, calibrate_stages: bool = True):
         if not 0 < efficiency <= 1:
             raise InvalidArgument(f"efficiency must be in (0, 1], got {efficiency!r}")
         if not 0 < smoothing <= 1:
@@ -201,7 +201,7 @@ class ThroughputModel:
         # program name -> device type -> the (program ref, target type key) last measured on it (`by_device_type`)
         self._measured_types: dict[str, dict[str, tuple[str, str]]] = {}
         # pipeline stages: the layer model against what ran; None: not calibrated (config.calibrate_stages)
-        self.stages: StageCalibration | None = StageCalibration(smoothing)
+        self.stages: StageCalibration | None = StageCalibration(smoothing) if calibrate_stages else None
 
     def record(self, program_ref: str, target_type: str, rows: int, seconds: float, *,
                fixed_seconds: float | None = None, device_type: str = "") -> CostEstimate:

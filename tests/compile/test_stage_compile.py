@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub, rpc_error
+from conftest import CREDENTIALS, DispatchClients, mesh_stub, rpc_error
 
 from accelmesh import artifacts
 from accelmesh.compile.v1 import compile_service_pb2 as pb
@@ -33,7 +33,6 @@ from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
 from dispatch_svc.dataplane.device_queues import CancelScope
-from dispatch_svc.clients.mesh import GrpcMesh
 from dispatch_svc.ports import JobDevice
 
 pytestmark = pytest.mark.slow
@@ -45,7 +44,6 @@ BATCH = 8
 CALL_TIMEOUT_S = 60.0
 NODE = "127.0.0.1"
 A100, V100, CPU = f"{NODE}/cuda:0", f"{NODE}/cuda:1", f"{NODE}/cpu:2"
-UNUSED_INVENTORY = "127.0.0.1:1"  # these tests reach only the compile service and the worker
 
 
 # -- fixtures: one compile service here, one worker process with three devices -------------------
@@ -86,15 +84,14 @@ def devices(worker) -> dict[str, JobDevice]:
 
 @pytest.fixture(scope="module")
 def mesh(compile_service):
-    mesh = GrpcMesh(UNUSED_INVENTORY, compile_service[0], CREDENTIALS.service(Role.DISPATCH), max_message_bytes=64 << 20,
-                    chunk_bytes=1 << 20)
+    mesh = DispatchClients.open(compile_service[0], max_message_bytes=64 << 20)
     yield mesh
     mesh.close()
 
 
 @pytest.fixture(scope="module")
 def model(mesh) -> Program:
-    return mesh.describe_program(MODEL, "")
+    return mesh.compiler.describe_program(MODEL, "")
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +124,7 @@ def cpu_stages(mesh, devices, model):
     """(stage program, its one build) per stage, for the CPU device, with executables at BATCH."""
     out = []
     for layers in STAGES:
-        stage, (build,) = mesh.compile_stage(model, [devices[CPU]], layers.first, layers.count, batch_sizes=[BATCH])
+        stage, (build,) = mesh.compiler.compile_stage(model, [devices[CPU]], layers.first, layers.count, batch_sizes=[BATCH])
         out.append((stage, build))
     return out
 
@@ -210,7 +207,7 @@ def test_stages_run_on_a_worker_compose_to_the_whole_program(mesh, devices, cpu_
     x, scope = tokens, CancelScope()
     for index, (stage, build) in enumerate(cpu_stages):
         arrays = [*((spec.name, params[spec.name]) for spec in stage.parameters), (stage.inputs[0].name, x)]
-        result = mesh.execute("stage-job", index, 1, devices[CPU], build, build.executables[BATCH], arrays, BATCH, scope)
+        result = mesh.workers.execute("stage-job", index, 1, devices[CPU], build, build.executables[BATCH], arrays, BATCH, scope)
         (x,) = result.outputs
         assert result.load_kind == "executable"
     assert_within_rule(x, reference, cpu_stages[-1][1])
@@ -229,7 +226,7 @@ def test_a_repeated_stage_request_is_answered_from_the_cache(compile_service, de
 
 def test_two_target_types_get_their_own_rule_and_artifact_for_one_stage(mesh, stub, devices, model, params,
                                                                        cpu_stages):
-    stage, builds = mesh.compile_stage(model, [devices[A100], devices[V100]], STAGES[1].first, STAGES[1].count)
+    stage, builds = mesh.compiler.compile_stage(model, [devices[A100], devices[V100]], STAGES[1].first, STAGES[1].count)
     assert stage == cpu_stages[1][0]
     by_rule = {b.rule_name: b for b in builds}
     assert set(by_rule) == {"cuda-bf16", "cuda-fp32"}
@@ -243,7 +240,7 @@ def test_two_target_types_get_their_own_rule_and_artifact_for_one_stage(mesh, st
     want = fp32_stage(STAGES[1], params, activation)
     for build in builds:
         (device_id,) = build.device_ids
-        result = mesh.execute("stage-job", 0, 1, devices[device_id], build, build.portable,
+        result = mesh.workers.execute("stage-job", 0, 1, devices[device_id], build, build.portable,
                               [*leaves, ("activation", activation)], BATCH, CancelScope())
         assert result.load_kind == "compiled"
         assert_within_rule(result.outputs[0], want, build)

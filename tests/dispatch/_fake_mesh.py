@@ -1,6 +1,7 @@
-"""The in-process fake `Mesh` the strategy tests run jobs against, and what they share: the
-programs it runs with numpy, an input feed, and the calls that start a job and read its results.
-A module of its own so that several test modules use one fake (tests/worker does the same)."""
+"""The in-process fakes of the dispatcher's ports (ports.py: Inventory, Compiler, Workers) the
+strategy tests run jobs against, and what they share: the programs the fake workers run with
+numpy, an input feed, and the calls that start a job and read its results. A module of its own so
+that several test modules use one set of fakes (tests/worker does the same)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
 from accelmesh.runtime.tensors import TensorCollector, split
 from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.ports import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
@@ -35,7 +37,7 @@ BIAS = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 
 
 def delivered(outputs: list, place_outputs) -> list:
-    """`outputs` as a worker's answer leaves GrpcMesh: sent in chunks (small ones, so a tensor takes
+    """`outputs` as a worker's answer leaves GrpcWorkers: sent in chunks (small ones, so a tensor takes
     several) into a TensorCollector with the shard's `place_outputs`."""
     collector = TensorCollector("output", place_outputs)
     for index, value in enumerate(outputs):
@@ -46,38 +48,46 @@ def delivered(outputs: list, place_outputs) -> list:
     return list(collector.results().values())
 
 
-class FakeMesh:
-    """The Mesh port over in-process devices of two catalog types, one build per type.
+def fake_devices(types) -> list[JobDevice]:
+    return [JobDevice(resolve_type(t).device_spec("10.0.0.1", i), "10.0.0.1:50070") for i, t in enumerate(types)]
 
-    `fail[device_id] = n` fails that device's next n attempts; `crash` makes every attempt raise
-    a bug; with `hold` set, each attempt waits (cancellable) until the test sets `let_go`;
-    `forge[device_id]` rewrites what that device returns, as a rogue or broken worker would.
-    Outputs are answered as GrpcMesh answers them: through the shard's `place_outputs`, so those it
-    places are written where it says as their chunks arrive (`delivered`)."""
 
-    def __init__(self, program: Program, types=("v100-32gb", "v100-32gb", "a100-80gb")):
-        self.program = program
-        self.devices = [JobDevice(resolve_type(t).device_spec("10.0.0.1", i), "10.0.0.1:50070")
-                        for i, t in enumerate(types)]
-        self.fail: dict[str, int] = {}
-        self.forge: dict[str, Callable[[list[np.ndarray]], list[np.ndarray]]] = {}
-        self.crash = False
-        self.hold = False
-        self.started, self.let_go = threading.Event(), threading.Event()
+class FakeInventory:
+    """The Inventory port over the test's devices: every reservation granted and noted."""
+
+    def __init__(self, devices: list[JobDevice]):
+        self.devices = devices
         self.reserved: dict[str, list] = {}
         self.released: list[str] = []
         self.renewed: list[str] = []
-        self.refuse = ""  # set: every device refuses every shard with FAILED_PRECONDITION and this text
-        self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
-        self._lock = threading.Lock()
-        self._running_bytes = 0
-        self.peak_running_bytes = 0
 
     def candidate_devices(self, constraints):
         return [d for d in self.devices if not constraints.filter or constraints.filter in d.spec.type]
 
     def refresh(self, devices):
         return list(devices)
+
+    def reserve(self, job_id, claims, ttl_s):
+        self.reserved[job_id] = list(claims)
+
+    def renew(self, job_id, device_ids, ttl_s, timeout_s):
+        self.renewed.append(job_id)
+
+    def release(self, job_id):
+        self.released.append(job_id)
+
+    def pool_state(self):
+        return tuple(sorted(self.reserved))
+
+    def reserved_device_ids(self):
+        return frozenset(device for claims in self.reserved.values() for device, _ in claims)
+
+
+class FakeCompiler:
+    """The Compiler port for one program: one build per device type."""
+
+    def __init__(self, program: Program):
+        self.program = program
 
     def describe_program(self, name, version):
         if name != self.program.name:
@@ -96,11 +106,29 @@ class FakeMesh:
     def fetch_parameters(self, program, seed):
         return [BIAS] if program is AFFINE else [np.zeros(4, np.float32)]
 
-    def reserve(self, job_id, claims, ttl_s):
-        self.reserved[job_id] = list(claims)
 
-    def renew(self, job_id, device_ids, ttl_s, timeout_s):
-        self.renewed.append(job_id)
+class FakeWorkers:
+    """The Workers port, running the program with numpy on the test's devices.
+
+    `fail[device_id] = n` fails that device's next n attempts; `crash` makes every attempt raise
+    a bug; with `hold` set, each attempt waits (cancellable) until the test sets `let_go`;
+    `forge[device_id]` rewrites what that device returns, as a rogue or broken worker would.
+    Outputs are answered as GrpcWorkers answers them: through the shard's `place_outputs`, so those
+    it places are written where it says as their chunks arrive (`delivered`)."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.fail: dict[str, int] = {}
+        self.forge: dict[str, Callable[[list[np.ndarray]], list[np.ndarray]]] = {}
+        self.crash = False
+        self.hold = False
+        self.started, self.let_go = threading.Event(), threading.Event()
+        self.refuse = ""  # set: every device refuses every shard with FAILED_PRECONDITION and this text
+        self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
+        self.released: list[str] = []
+        self._lock = threading.Lock()
+        self._running_bytes = 0
+        self.peak_running_bytes = 0
 
     def release(self, job_id):
         self.released.append(job_id)
@@ -141,6 +169,20 @@ class FakeMesh:
         return [(2 * a["x"].T @ err / len(err)).astype(np.float32), np.float32(np.mean(err ** 2))]
 
 
+class FakeMesh:
+    """One in-process mesh as its three ports over the same devices of two catalog types: a test
+    reaches the one it exercises (`inventory`, `compiler`, `workers`), and may give its own class
+    of any of them."""
+
+    def __init__(self, program: Program, types=("v100-32gb", "v100-32gb", "a100-80gb"), *,
+                 inventory=FakeInventory, compiler=FakeCompiler, workers=FakeWorkers):
+        self.program = program
+        self.devices = fake_devices(types)
+        self.inventory = inventory(self.devices)
+        self.compiler = compiler(program)
+        self.workers = workers(program)
+
+
 class Feed:
     def __init__(self, arrays: list[np.ndarray], block_rows: int = 16, end_early: int | None = None):
         self.arrays, self.block_rows, self.end_early = arrays, block_rows, end_early
@@ -159,9 +201,10 @@ def spec_for(program: Program, arrays, **fields) -> m.JobSpec:
     return m.JobSpec(program=program.name, inputs=inputs, **fields)
 
 
-def runner_for(mesh: FakeMesh, tmp_path, *, max_shard_bytes=1024, inflight_bytes=1 << 20) -> JobRunner:
-    return JobRunner(mesh, JobBook(tmp_path, retention_s=3600), ThroughputModel(),
-                     max_shard_bytes=max_shard_bytes, inflight_bytes=inflight_bytes)
+def runner_for(mesh: FakeMesh, tmp_path, *, max_shard_bytes=1024, inflight_bytes=1 << 20, **options) -> JobRunner:
+    """A runner on the fake mesh's three ports and a job book in `tmp_path` (`options`: JobRunner's)."""
+    return JobRunner(mesh.inventory, mesh.compiler, mesh.workers, JobBook(tmp_path, retention_s=3600),
+                     ThroughputModel(), limits=Limits(max_shard_bytes, inflight_bytes), **options)
 
 
 def run(runner: JobRunner, spec: m.JobSpec, feed: Feed) -> m.JobRecord:
@@ -206,23 +249,20 @@ CHAIN = Program(
 KS = [np.full(4, 10.0 ** i, np.float32) for i in range(LAYERS)]
 
 
-class FakePipelineMesh(FakeMesh):
-    """Adds what placement asks (rules, scores) and stage builds; a stage adds its layers' vectors.
-    `order` lists (micro-batch, stage) as each stage's run ends."""
-
-    def __init__(self):
-        super().__init__(CHAIN, types=("v100-32gb", "a100-80gb"))
-        self.order: list[tuple[int, int]] = []
-        self.stages: dict[str, int] = {}  # stage program name -> stage position by first layer
-        self.stage_count = 1  # set from the plan: a shard's index is micro-batch * stages + stage
-
-    def explain_rule(self, device, precision=""):
-        return RuleChoice(f"cuda:{device.spec.type}[]", "cuda-fp32", "fp32")
+class FakePipelineInventory(FakeInventory):
+    """Adds the scores placement asks for."""
 
     def score_devices(self, kind, precision, intensity, weights, constraints, device_ids=()):
         assert sorted(device_ids) == sorted(d.id for d in self.devices)  # the refreshed candidates
         status = ScoredStatus(1.0, 10.0, 30 * 10**9, 0.0, 0.0)
         return Scoring({d.id: status for d in self.devices}, (0.5, 0.25, 0.25), "test weights")
+
+
+class FakePipelineCompiler(FakeCompiler):
+    """Adds rules and stage builds."""
+
+    def explain_rule(self, device, precision=""):
+        return RuleChoice(f"cuda:{device.spec.type}[]", "cuda-fp32", "fp32")
 
     def compile_stage(self, program, devices, first, count, batch_sizes=(), backward=False, precision=""):
         stage = Program(name=f"chain[{first}:{first + count}]", version="1", kind="function", description="",
@@ -232,6 +272,16 @@ class FakePipelineMesh(FakeMesh):
 
     def fetch_parameters(self, program, seed):
         return list(KS)
+
+
+class FakePipelineWorkers(FakeWorkers):
+    """A stage adds its layers' vectors. `order` lists (micro-batch, stage) as each stage's run
+    ends; `stage_count` is set from the plan (a shard's index is micro-batch * stages + stage)."""
+
+    def __init__(self, program: Program):
+        super().__init__(program)
+        self.order: list[tuple[int, int]] = []
+        self.stage_count = 1
 
     def run(self, a):
         return [a["x"] + sum(v for name, v in a.items() if name.endswith("/k"))]
@@ -244,3 +294,8 @@ class FakePipelineMesh(FakeMesh):
             self.order.append(divmod(shard_index, self.stage_count))
         return out
 
+
+def fake_pipeline_mesh() -> FakeMesh:
+    """The pipeline strategy's fakes: CHAIN on a V100 and an A100."""
+    return FakeMesh(CHAIN, types=("v100-32gb", "a100-80gb"), inventory=FakePipelineInventory,
+                    compiler=FakePipelineCompiler, workers=FakePipelineWorkers)

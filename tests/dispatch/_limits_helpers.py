@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
-from _fake_mesh import AFFINE, WAIT_S, FakeMesh
+from _fake_mesh import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeMesh
 from conftest import CREDENTIALS
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -16,7 +16,7 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import Authenticator
 from accelmesh.security.identity import Role
-from dispatch_svc.config import JobLimits
+from dispatch_svc.jobs.limits import JobLimits, Limits
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.execution.runner import JobRunner
@@ -28,25 +28,18 @@ LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_trainin
 MAX_SHARD_BYTES = 1024  # 64 rows of AFFINE's 4 float32 a shard: 1000 rows need 16
 
 
-class RecordingMesh(FakeMesh):
-    """The fake mesh, noting every call that plans, compiles, reserves or fetches for a job."""
+class RecordingInventory(FakeInventory):
+    """Notes the calls that look for devices or reserve them in `calls` (shared with the compiler)."""
 
-    def __init__(self):
-        super().__init__(AFFINE)
-        self.calls: list[str] = []
+    calls: list[str]
+
+    def __init__(self, devices):
+        super().__init__(devices)
         self.reserving = threading.Event()
-
-    def describe_program(self, name, version):
-        self.calls.append("describe_program")
-        return super().describe_program(name, version)
 
     def candidate_devices(self, constraints):
         self.calls.append("candidate_devices")
         return super().candidate_devices(constraints)
-
-    def compile(self, program, devices, batch_sizes, precision=""):
-        self.calls.append("compile")
-        return super().compile(program, devices, batch_sizes, precision)
 
     def reserve(self, job_id, claims, ttl_s):
         self.calls.append("reserve")
@@ -54,13 +47,37 @@ class RecordingMesh(FakeMesh):
         self.reserving.set()
 
 
+class RecordingCompiler(FakeCompiler):
+    """Notes the calls that describe or build a program in `calls`."""
+
+    calls: list[str]
+
+    def describe_program(self, name, version):
+        self.calls.append("describe_program")
+        return super().describe_program(name, version)
+
+    def compile(self, program, devices, batch_sizes, precision=""):
+        self.calls.append("compile")
+        return super().compile(program, devices, batch_sizes, precision)
+
+
+class RecordingMesh(FakeMesh):
+    """The fake mesh, noting every call that plans, compiles, reserves or fetches for a job, in order."""
+
+    def __init__(self):
+        super().__init__(AFFINE, inventory=RecordingInventory, compiler=RecordingCompiler)
+        self.calls: list[str] = []
+        self.inventory.calls = self.compiler.calls = self.calls
+        self.reserving = self.inventory.reserving
+
+
 class Dispatcher:
     def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20,
                  database_url="", readiness_interval_s=None):
         self.mesh = RecordingMesh()
-        self.runner = JobRunner(self.mesh, JobBook(tmp_path, retention_s=3600, database_url=database_url),
-                                ThroughputModel(),
-                                max_shard_bytes=MAX_SHARD_BYTES, inflight_bytes=1 << 20, job_limits=limits)
+        self.runner = JobRunner(self.mesh.inventory, self.mesh.compiler, self.mesh.workers,
+                                JobBook(tmp_path, retention_s=3600, database_url=database_url), ThroughputModel(),
+                                limits=Limits(MAX_SHARD_BYTES, 1 << 20), job_limits=limits)
         security = CREDENTIALS.service(Role.DISPATCH)
         servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,
                                     max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)

@@ -19,7 +19,7 @@ import numpy as np
 from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
 from dispatch_svc.jobs.training_options import TrainingOptions
-from _fake_mesh import AFFINE, BIAS, LINREG, FakeMesh, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
+from _fake_mesh import AFFINE, BIAS, LINREG, FakeCompiler, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
 
 JOBS = 100
 TYPES = ("v100-32gb", "v100-32gb", "a100-80gb", "t4")
@@ -41,20 +41,12 @@ def rows_by_device(plan: m.Plan) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(totals.items()))
 
 
-class DriftingMesh(FakeMesh):
-    """Each target type's speed takes a seeded random walk between jobs (a busy neighbour, a
-    thermal throttle), reported as the shard's execute seconds so the throughput model follows
-    it; every Compile call's executable sizes are recorded per target type."""
+class DriftingCompiler(FakeCompiler):
+    """Every Compile call's executable sizes are recorded per target type."""
 
-    def __init__(self, program, seed: int):
-        super().__init__(program, types=TYPES)
-        self._rng = random.Random(seed)
-        self.speed = {type_key(d): 1000.0 for d in self.devices}
+    def __init__(self, program):
+        super().__init__(program)
         self.executables: dict[str, set[int]] = {}  # target type -> batch sizes asked for
-
-    def drift(self) -> None:
-        for key in self.speed:
-            self.speed[key] = min(1e5, max(10.0, self.speed[key] * self._rng.uniform(0.3, 3.0)))
 
     def compile(self, program, devices, batch_sizes, precision=""):
         builds = super().compile(program, devices, batch_sizes, precision)
@@ -62,12 +54,34 @@ class DriftingMesh(FakeMesh):
             self.executables.setdefault(build.target_type, set()).update(batch_sizes)
         return builds
 
+
+class DriftingWorkers(FakeWorkers):
+    """Each target type's speed (`speed`, set by DriftingMesh) is reported as the shard's execute
+    seconds, so the throughput model follows it."""
+
+    speed: dict[str, float]
+
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
                 place_outputs=None):
         out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
                               place_outputs)
         assert artifact.format == "executable" and artifact.batch_size == rows  # a compiled size, never a fallback
         return dataclasses.replace(out, execute_seconds=rows / self.speed[build.target_type])
+
+
+class DriftingMesh(FakeMesh):
+    """Each target type's speed takes a seeded random walk between jobs (a busy neighbour, a
+    thermal throttle)."""
+
+    def __init__(self, program, seed: int):
+        super().__init__(program, types=TYPES, compiler=DriftingCompiler, workers=DriftingWorkers)
+        self._rng = random.Random(seed)
+        self.speed = self.workers.speed = {type_key(d): 1000.0 for d in self.devices}
+        self.executables = self.compiler.executables
+
+    def drift(self) -> None:
+        for key in self.speed:
+            self.speed[key] = min(1e5, max(10.0, self.speed[key] * self._rng.uniform(0.3, 3.0)))
 
 
 def test_a_hundred_jobs_under_drifting_rates_build_a_handful_of_sizes_per_target_type(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 from accelmesh.errors import InvalidArgument
 from accelmesh.security.identity import Role
 from conftest import CREDENTIALS
-from dispatch_svc.config import LIMIT_VARIABLES, JobLimits, parse_args
+from dispatch_svc.config import parse_args
+from dispatch_svc.jobs.limits import LIMIT_VARIABLES, JobLimits
 
 CREDENTIAL_ENV = CREDENTIALS.env(Role.DISPATCH)  # a dispatcher starts only with its credentials
 

@@ -1,5 +1,5 @@
 """Tensors a worker holds for a job: the worker's store and the dispatcher's bookkeeping on their
-own; GrpcMesh.execute against real worker processes (references after the first call, a
+own; GrpcWorkers.execute against real worker processes (references after the first call, a
 transparent resend after an eviction or a restart); and whole jobs through a dispatcher in this
 process, whose counts show each worker got a job's parameters once, not once per shard."""
 
@@ -23,17 +23,15 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
-from conftest import CREDENTIALS, mesh_stub
+from conftest import CREDENTIALS, DispatchClients, mesh_stub
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.dataplane.device_queues import CancelScope
 from dispatch_svc.dataplane.held_keys import MAX_MISSES, HeldKeys
-from dispatch_svc.clients.mesh import GrpcMesh
 from dispatch_svc.ports import JobDevice
 from dispatch_svc.server import build_dispatch
 from worker_svc.held_tensors import HeldTensors
 
 CALL_TIMEOUT_S = 60.0
-UNUSED_INVENTORY = "127.0.0.1:1"  # GrpcMesh.execute reaches only the compile service and the worker
 ROWS = 32
 MLP = "mlp_classifier"
 MLP_PARAMETER_BYTES = 104_488
@@ -154,7 +152,7 @@ def test_a_worker_gone_or_a_job_ended_is_forgotten():
     assert book.plan("w2", "j1", {"a"}, never).full == {"a"}
 
 
-# -- GrpcMesh.execute against real workers ---------------------------------------------------------
+# -- GrpcWorkers.execute against real workers ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def compile_address(tmp_path_factory):
@@ -181,45 +179,44 @@ def worker(tmp_path_factory, compile_address):
 
 @pytest.fixture(scope="module")
 def mesh(compile_address):
-    mesh = GrpcMesh(UNUSED_INVENTORY, compile_address, CREDENTIALS.service(Role.DISPATCH), max_message_bytes=16 << 20,
-                    chunk_bytes=1 << 20)
+    mesh = DispatchClients.open(compile_address)
     yield mesh
     mesh.close()
 
 
 @dataclasses.dataclass
 class Shards:
-    """Runs mlp shards on one worker's device through GrpcMesh.execute, parameters keyed."""
+    """Runs mlp shards on one worker's device through GrpcWorkers.execute, parameters keyed."""
 
-    mesh: GrpcMesh
+    mesh: DispatchClients
     device: JobDevice
     build: object
     params: list[tuple[str, np.ndarray]]
 
     @classmethod
-    def on(cls, mesh: GrpcMesh, address: str) -> Shards:
+    def on(cls, mesh: DispatchClients, address: str) -> Shards:
         (described,) = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, address).DescribeNode(
             worker_pb.DescribeNodeRequest(), timeout=CALL_TIMEOUT_S).devices
         device = JobDevice(device_from_proto(described, described.id)[0], address)
-        program = mesh.describe_program(MLP, "")
-        (build,) = mesh.compile(program, [device], [ROWS])
-        params = list(zip((p.name for p in program.parameters), mesh.fetch_parameters(program, 0)))
+        program = mesh.compiler.describe_program(MLP, "")
+        (build,) = mesh.compiler.compile(program, [device], [ROWS])
+        params = list(zip((p.name for p in program.parameters), mesh.compiler.fetch_parameters(program, 0)))
         return cls(mesh, JobDevice(device.spec, address, build.target_type), build, params)
 
     def run(self, job_id: str, seed: int = 0, *, keyed: bool = True) -> np.ndarray:
         x = np.random.default_rng(seed).standard_normal((ROWS, 64)).astype(np.float32)
         keys = {name: f"params:{name}" for name, _ in self.params} if keyed else None
-        out = self.mesh.execute(job_id, seed, 1, self.device, self.build, self.build.executables[ROWS],
+        out = self.mesh.workers.execute(job_id, seed, 1, self.device, self.build, self.build.executables[ROWS],
                                 [*self.params, ("x", x)], ROWS, CancelScope(), held_keys=keys)
         return out.outputs[0]
 
 
-def counts(mesh: GrpcMesh):
-    return dataclasses.replace(mesh.held.counts)
+def counts(mesh: DispatchClients):
+    return dataclasses.replace(mesh.workers.held.counts)
 
 
-def sent_since(mesh: GrpcMesh, before) -> dict[str, int]:
-    now = mesh.held.counts
+def sent_since(mesh: DispatchClients, before) -> dict[str, int]:
+    now = mesh.workers.held.counts
     return {f.name: getattr(now, f.name) - getattr(before, f.name) for f in dataclasses.fields(now)}
 
 
@@ -247,9 +244,9 @@ def test_parameters_the_worker_evicted_are_resent_in_full_within_the_same_attemp
     assert sent_since(mesh, before)["refs"] == 6, "held again after the resend"
 
 
-def recording(mesh: GrpcMesh, sent: list[str]) -> None:
+def recording(mesh: DispatchClients, sent: list[str]) -> None:
     """Every message `mesh` sends its workers on ExecuteMany noted in `sent` by its part."""
-    open_call = mesh._execute_many
+    open_call = mesh.workers._execute_many
 
     def opening(address: str):
         call = open_call(address)
@@ -263,22 +260,21 @@ def recording(mesh: GrpcMesh, sent: list[str]) -> None:
             return call(noted(), *args, **kwargs)
         return opened
 
-    mesh._execute_many = opening
+    mesh.workers._execute_many = opening
 
 
 @pytest.mark.slow
 def test_once_a_worker_answered_in_batches_its_shards_go_batched_with_the_same_outputs(compile_address, worker):
     """The first shard goes part by part (the worker might be from before batches); its batched
     answer says the worker reads batches, so each later shard is one message."""
-    mesh = GrpcMesh(UNUSED_INVENTORY, compile_address, CREDENTIALS.service(Role.DISPATCH), max_message_bytes=16 << 20,
-                    chunk_bytes=1 << 20)
+    mesh = DispatchClients.open(compile_address)
     try:
         sent: list[str] = []
         recording(mesh, sent)
         shards = Shards.on(mesh, worker.address)
         first = shards.run("batches", 0)
         assert sent[0] == "header" and "batch" not in sent
-        assert worker.address in mesh._batching
+        assert worker.address in mesh.workers._batching
         del sent[:]
         later = [shards.run("batches", seed) for seed in (1, 2)]
         assert sent == ["batch", "batch"]  # header, six references and x: one message a shard
@@ -310,7 +306,7 @@ def test_a_worker_restarted_on_its_address_gets_the_parameters_again_in_full(mes
 @pytest.fixture(scope="module")
 def dispatcher(tmp_path_factory):
     """Inventory, compile and two workers (two devices on 127.0.0.1, one on 127.0.0.2) as processes;
-    the dispatcher here, so the test can read what its GrpcMesh sent."""
+    the dispatcher here, so the test can read what its GrpcWorkers sent."""
     root = tmp_path_factory.mktemp("jobs")
     processes = [start_inventory(root, CREDENTIALS)]
     # The inventory registers a node only for a worker whose certificate names the node's address.
@@ -329,7 +325,7 @@ def dispatcher(tmp_path_factory):
             max_shard_bytes=32 * 1024))
         server.start()
         try:
-            yield f"127.0.0.1:{server.port}", runner.mesh
+            yield f"127.0.0.1:{server.port}", DispatchClients(runner.compiler, runner.workers)
         finally:
             server.stop(0)
     finally:

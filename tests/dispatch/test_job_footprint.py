@@ -26,7 +26,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.errors import InvalidArgument
 from accelmesh.runtime.tensors import to_proto
 from dispatch_svc.jobs import records as m
-from dispatch_svc.config import JobLimits
+from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.book import JobBook
 
 
@@ -67,7 +67,7 @@ def test_a_client_gone_mid_stream_leaves_its_job_cancelled_saying_how_much_arriv
     job = dispatcher.runner.book.get(job.job_id)
     assert job.state == m.CANCELLED and list(dispatcher.runner.book.events(job.job_id))[-1].type == "cancelled"
     assert job.error == f"the client disconnected while sending input (1,024 of {x.nbytes:,} bytes received)"
-    assert dispatcher.mesh.released == [job.job_id]
+    assert dispatcher.mesh.inventory.released == [job.job_id]
     assert dispatcher.runner.running == 0 and dispatcher.runner.book.live_count == 0
     # The call's handler has ended (admission lets go of a stream once its status is made): the
     # cancel was a CANCELLED status for nobody, never logged as a bug with an incident id.
@@ -94,7 +94,7 @@ class ParameterFeed(Feed):
 @pytest.mark.parametrize("failure", ["wrong-parameters", "shard-crash", "short-input", "succeeded"])
 def test_an_ended_client_parameter_job_keeps_no_reference_to_its_buffer(tmp_path, failure):
     mesh = FakeMesh(AFFINE)
-    mesh.crash = failure == "shard-crash"
+    mesh.workers.crash = failure == "shard-crash"
     runner = runner_for(mesh, tmp_path)
     buffer = np.ones((5,) if failure == "wrong-parameters" else (4,), np.float32)
     alive = weakref.ref(buffer)
@@ -151,7 +151,7 @@ def test_the_live_maps_are_empty_once_jobs_end(dispatcher):
     ok = request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)
     submit(dispatcher.stub, ok)
     run_job(dispatcher.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16))
-    dispatcher.mesh.crash = True
+    dispatcher.mesh.workers.crash = True
     failed = submit(dispatcher.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1 << 16)).job_id
     assert list(dispatcher.runner.book.events(failed))[-1].type == "failed"
     short = [("spec", job_spec("affine", {"x": x})), ("block", pb.InputBlock(first_row=0, tensors=[to_proto(x[:8])]))]
@@ -223,7 +223,7 @@ def test_a_listing_by_state_pages_through_those_jobs_alone_and_names_a_bad_state
             return submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=name), {"x": x}, None, 1 << 16)).job_id
         good = [run(f"good-{i}") for i in range(3)]
         assert d.runner.wait_idle(WAIT_S)
-        d.mesh.fail = {device.id: 100 for device in d.mesh.devices}  # every attempt fails: the job does
+        d.mesh.workers.fail = {device.id: 100 for device in d.mesh.devices}  # every attempt fails: the job does
         bad = run("bad")
         assert d.runner.wait_idle(WAIT_S)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, CHAIN, WAIT_S, FakeMesh, FakePipelineMesh, Feed, X, spec_for
+from _fake_mesh import AFFINE, CHAIN, WAIT_S, X, FakeMesh, Feed, fake_pipeline_mesh, runner_for, spec_for
 from _limits_helpers import LIMITS, run_job, serving, submit
 from conftest import rpc_error
 
@@ -20,7 +20,7 @@ from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.runtime.tensors import dtype_code, to_proto
 from dispatch_svc.jobs import records as m
-from dispatch_svc.config import JobLimits
+from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.execution.runner import JobRunner
@@ -95,7 +95,7 @@ def test_a_spec_over_a_limit_is_refused_before_anything_is_planned_or_recorded(d
     assert error.code() == code, error.details()
     assert all(w in error.details() for w in words), error.details()
     assert len(error.details()) < SHORT_MESSAGE
-    assert dispatcher.mesh.calls == [] and dispatcher.mesh.reserved == {}
+    assert dispatcher.mesh.calls == [] and dispatcher.mesh.inventory.reserved == {}
     assert dispatcher.runner.book.list(10) == []  # never recorded
 
 
@@ -161,7 +161,7 @@ def test_a_spec_alone_gets_what_planning_finds_first_then_that_no_block_came(dis
     error = rpc_error(submit, dispatcher.stub, [("spec", job_spec("affine", {"x": X16}))])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "ended after 0 of the 16 rows" in error.details()
     (job,) = dispatcher.runner.book.list(1)
-    assert job.state == m.FAILED and "reserve" in dispatcher.mesh.calls and job.job_id in dispatcher.mesh.released
+    assert job.state == m.FAILED and "reserve" in dispatcher.mesh.calls and job.job_id in dispatcher.mesh.inventory.released
 
 
 def test_a_block_for_a_spec_without_inputs_is_refused_before_planning(dispatcher):
@@ -197,8 +197,7 @@ def test_an_unknown_job_id_within_the_limit_is_not_found_and_quoted_short(tmp_pa
 
 
 def test_names_under_the_limit_pass_and_over_it_are_refused_in_domain_code(tmp_path):
-    runner = JobRunner(FakeMesh(AFFINE), JobBook(tmp_path, retention_s=60), ThroughputModel(), max_shard_bytes=1024,
-                       inflight_bytes=1 << 20, job_limits=LIMITS)
+    runner = runner_for(FakeMesh(AFFINE), tmp_path, job_limits=LIMITS)
     runner.check(spec_for(AFFINE, [X[:8]], name="n" * 40))
     with pytest.raises(InvalidArgument, match="ACCELMESH_MAX_NAME_CHARS"):
         runner.check(spec_for(AFFINE, [X[:8]], name="n" * 41))
@@ -219,16 +218,15 @@ def test_a_spec_only_job_of_2_34_rows_is_refused_at_once_with_the_default_limits
 
 def test_a_pipeline_of_more_micro_batches_x_stages_than_the_shard_limit_is_refused_before_building(tmp_path):
     """4 micro-batches pass the check before planning; through 3 stages they are 12 shards."""
-    mesh = FakePipelineMesh()
-    runner = JobRunner(mesh, JobBook(tmp_path, retention_s=60), ThroughputModel(), max_shard_bytes=1024,
-                       inflight_bytes=1 << 20, job_limits=JobLimits(max_shards=8))
+    mesh = fake_pipeline_mesh()
+    runner = runner_for(mesh, tmp_path, job_limits=JobLimits(max_shards=8))
     spec = spec_for(CHAIN, [X[:16]], placement=m.PlacementSpec("ranked", device_count=2, micro_batch_rows=4))
     _, plan, _, _ = runner.plan(spec)
     assert (plan.placement.micro_batches, len(plan.placement.stages)) == (4, 3)
     job, live = runner.start(spec)
     with pytest.raises(ResourceExhausted, match=r"4 micro-batches through 3 stages are 12 shards.*ACCELMESH_MAX_JOB_SHARDS"):
         runner.run(job, live, Feed([X[:16]]), background=False)
-    assert mesh.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
+    assert mesh.inventory.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
 
 
 def test_a_block_of_scalars_is_invalid_not_a_crash(dispatcher):

@@ -18,7 +18,7 @@ from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import ShardFailed
 from dispatch_svc.jobs.training_options import TrainingOptions
 from dispatch_svc.jobs.validation import check_shard_outputs
-from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, X, FakeMesh, FakePipelineMesh, Feed, linreg_data,
+from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, X, FakeMesh, fake_pipeline_mesh, Feed, linreg_data,
                         linreg_sgd, result, runner_for, spec_for)
 
 ROWS = r"\(\d+, 4\); the shard has (?P<rows>\d+) rows, so expected \((?P=rows), 4\)"  # a batched output
@@ -73,7 +73,7 @@ def test_inference_retries_a_shard_a_worker_answered_wrongly_and_combines_only_r
     forge, mismatch = INFERENCE_FORGERIES[forgery]
     mesh = FakeMesh(AFFINE)
     rogue = mesh.devices[0].id
-    mesh.forge[rogue] = forge
+    mesh.workers.forge[rogue] = forge
     runner = runner_for(mesh, tmp_path)
     job, error = run_job(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.SUCCEEDED and error is None, job.error
@@ -89,11 +89,11 @@ def test_inference_retries_a_shard_a_worker_answered_wrongly_and_combines_only_r
 def test_inference_fails_naming_the_mismatch_when_every_worker_answers_wrongly(tmp_path, forgery):
     forge, mismatch = INFERENCE_FORGERIES[forgery]
     mesh = FakeMesh(AFFINE)
-    mesh.forge = {d.id: forge for d in mesh.devices}
+    mesh.workers.forge = {d.id: forge for d in mesh.devices}
     runner = runner_for(mesh, tmp_path)
     job, error = run_job(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert_failed_naming(job, error, mismatch)
-    assert len({d for d, _, _ in mesh.attempts}) == len(mesh.devices)  # retried on every device first
+    assert len({d for d, _, _ in mesh.workers.attempts}) == len(mesh.devices)  # retried on every device first
 
 
 # The training step's outputs [grad/w (4,), loss ()] are unbatched: their shapes are the program's.
@@ -113,7 +113,7 @@ def test_a_training_step_retries_a_shard_a_worker_answered_wrongly_and_trains_as
     x, y = linreg_data()
     mesh = FakeMesh(LINREG)
     rogue = mesh.devices[2].id
-    mesh.forge[rogue] = forge
+    mesh.workers.forge[rogue] = forge
     runner = runner_for(mesh, tmp_path)
     job, error = run_job(runner, spec_for(LINREG, [x, y], kind=m.TRAINING, training=TRAINING), Feed([x, y]))
     assert job.state == m.SUCCEEDED and error is None, job.error
@@ -127,24 +127,24 @@ def test_training_fails_naming_the_mismatch_when_every_worker_answers_wrongly(tm
     forge, mismatch = TRAINING_FORGERIES["wrong gradient shape"]
     x, y = linreg_data()
     mesh = FakeMesh(LINREG)
-    mesh.forge = {d.id: forge for d in mesh.devices}
+    mesh.workers.forge = {d.id: forge for d in mesh.devices}
     runner = runner_for(mesh, tmp_path)
     job, error = run_job(runner, spec_for(LINREG, [x, y], kind=m.TRAINING, training=TRAINING), Feed([x, y]))
     assert_failed_naming(job, error, mismatch)
     assert job.losses == []  # no step took a forged gradient
 
 
-def pipeline_job(tmp_path, rogues) -> tuple[FakePipelineMesh, object, m.JobSpec, np.ndarray]:
+def pipeline_job(tmp_path, rogues) -> tuple[fake_pipeline_mesh, object, m.JobSpec, np.ndarray]:
     """A two-device pipeline of the chain model whose `rogues` (device positions) cut the last row
     off every activation they return."""
-    mesh = FakePipelineMesh()
-    mesh.forge = {mesh.devices[i].id: (lambda out: [out[0][:-1]]) for i in rogues}
+    mesh = fake_pipeline_mesh()
+    mesh.workers.forge = {mesh.devices[i].id: (lambda out: [out[0][:-1]]) for i in rogues}
     runner = runner_for(mesh, tmp_path)
     x = np.random.default_rng(3).normal(size=(40, 4)).astype(np.float32)
     spec = spec_for(CHAIN, [x], placement=m.PlacementSpec(strategy="ranked", device_count=2, micro_batch_rows=8))
     _, plan, _, _ = runner.plan(spec)
-    mesh.stage_count = len(plan.placement.stages)
-    assert mesh.stage_count >= 2
+    mesh.workers.stage_count = len(plan.placement.stages)
+    assert mesh.workers.stage_count >= 2
     return mesh, runner, spec, x
 
 

@@ -17,7 +17,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
 from dispatch_svc.api import translate as tr
-from _fake_mesh import AFFINE, CHAIN, X, FakeMesh, FakePipelineMesh, Feed, run, runner_for, spec_for
+from _fake_mesh import AFFINE, CHAIN, X, FakeMesh, fake_pipeline_mesh, Feed, run, runner_for, spec_for
 
 
 def spec_message(precision: int, kind: int = job_pb.JOB_KIND_INFERENCE) -> job_pb.JobSpec:
@@ -65,14 +65,14 @@ def test_training_may_ask_for_fp32_or_bf16():
 # -- every compile call carries it -------------------------------------------------------------
 
 class Recording:
-    """Wraps a fake mesh's rule and build calls, keeping the precision each was asked with."""
+    """Wraps a fake compiler's rule and build calls, keeping the precision each was asked with."""
 
-    def __init__(self, mesh):
+    def __init__(self, compiler):
         self.asked: list[tuple[str, str]] = []
         # compile_stage only: the pipeline fake's compile_stage builds through its own compile.
-        names = ("compile_stage", "explain_rule") if hasattr(mesh, "compile_stage") else ("compile",)
+        names = ("compile_stage", "explain_rule") if hasattr(compiler, "compile_stage") else ("compile",)
         for name in names:
-            setattr(mesh, name, self._recorder(name, getattr(mesh, name)))
+            setattr(compiler, name, self._recorder(name, getattr(compiler, name)))
 
     def _recorder(self, name, call):
         signature = inspect.signature(call)
@@ -87,7 +87,7 @@ class Recording:
 
 def test_a_data_parallel_job_asks_for_its_precision_in_every_build(tmp_path):
     mesh = FakeMesh(AFFINE)
-    calls = Recording(mesh)
+    calls = Recording(mesh.compiler)
     runner = runner_for(mesh, tmp_path)
     spec = dataclasses.replace(spec_for(AFFINE, [X]), constraints=m.Constraints(precision="fp32"))
     assert run(runner, spec, Feed([X])).state == m.SUCCEEDED
@@ -95,15 +95,15 @@ def test_a_data_parallel_job_asks_for_its_precision_in_every_build(tmp_path):
 
 
 def test_a_pipeline_job_asks_for_its_precision_for_rules_and_stages(tmp_path):
-    mesh = FakePipelineMesh()
-    calls = Recording(mesh)
+    mesh = fake_pipeline_mesh()
+    calls = Recording(mesh.compiler)
     runner = runner_for(mesh, tmp_path)
     x = np.random.default_rng(3).normal(size=(16, 4)).astype(np.float32)
     spec = dataclasses.replace(spec_for(CHAIN, [x], placement=m.PlacementSpec("ranked", device_count=2,
                                                                                micro_batch_rows=8)),
                                constraints=m.Constraints(precision="bf16"))
     _, plan, _, _ = runner.plan(spec)
-    mesh.stage_count = len(plan.placement.stages)
+    mesh.workers.stage_count = len(plan.placement.stages)
     assert run(runner, spec, Feed([x])).state == m.SUCCEEDED
     assert {name for name, _ in calls.asked} >= {"explain_rule", "compile_stage"}
     assert {precision for _, precision in calls.asked} == {"bf16"}

@@ -2,8 +2,8 @@
 the pool full, or its owner's quota used up, waits QUEUED with its inputs stored and starts once
 there is room; priorities order the queue; a deadline ends a job that waited too long; a queued
 job can be cancelled; the queue outlives a restart and is one for two replicas. Each on SQLite
-and PostgreSQL. The pool is a `PoolMesh`: the fake Mesh port whose reservations refuse what does
-not fit, as the inventory's do. Queue passes are run by the test, so nothing waits on a timer."""
+and PostgreSQL. The pool is a `PoolInventory`: the fake Inventory port whose reservations refuse what
+does not fit, as the inventory's do. Queue passes are run by the test, so nothing waits on a timer."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import threading
 
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeMesh, Feed, spec_for
+from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeInventory, FakeMesh, FakeWorkers, Feed, spec_for
 
 from accelmesh import errors
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.admission.queue import Admission, JobQueue
+from dispatch_svc.admission.admission import AdmissionGate
+from dispatch_svc.admission.queue import JobQueue, QueueSignals
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.admission.quotas import Quota, Quotas
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.admission.scheduling.rounds import Round
@@ -34,16 +36,15 @@ class Clock:
         return self.now
 
 
-class PoolMesh(FakeMesh):
+class PoolInventory(FakeInventory):
     """Devices of CLAIM * 1.5 bytes each: one job at a time fits. `occupy` reserves every device
-    for a job of the test's; the jobs in `held_jobs` run their shards only once `let_go` is set."""
+    for a job of the test's; `order` lists jobs as their reservations succeeded."""
 
-    def __init__(self):
-        super().__init__(AFFINE)
+    def __init__(self, devices):
+        super().__init__(devices)
         self.capacity = CLAIM * 3 // 2
         self.holding: dict[str, dict[str, int]] = {}  # job -> device -> bytes
-        self.order: list[str] = []  # jobs, as their reservations succeeded
-        self.held_jobs: set[str] = set()
+        self.order: list[str] = []
         self._pool_lock = threading.Lock()
 
     def pool_state(self):
@@ -74,13 +75,25 @@ class PoolMesh(FakeMesh):
             self.holding.pop(job_id, None)
         super().release(job_id)
 
+
+class HeldWorkers(FakeWorkers):
+    """The jobs in `held_jobs` run their shards only once `let_go` is set."""
+
+    def __init__(self, program):
+        super().__init__(program)
+        self.held_jobs: set[str] = set()
+
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
                 place_outputs=None):
         if job_id in self.held_jobs:
             self.started.set()
             assert self.let_go.wait(WAIT_S)
         return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
-                              place_outputs)
+                               place_outputs)
+
+
+def pool_mesh() -> FakeMesh:
+    return FakeMesh(AFFINE, inventory=PoolInventory, workers=HeldWorkers)
 
 
 class ParameterFeed(Feed):
@@ -100,26 +113,27 @@ def clock():
 
 def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None, max_queued=100) -> tuple[JobRunner, JobQueue]:
     book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=lease_s)
-    runner = JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=1024, inflight_bytes=1 << 20,
-                       admission=Admission(Quotas(book.engine), max_queued=max_queued), clock=clock)
-    queue = JobQueue(book, runner.start_queued, runner.expire_queued, clock=clock,
-                     pool_state=lambda: (mesh.pool_state(), runner.admission.quotas.all()), scheduling=scheduling)
-    runner.on_ended, runner.on_queued = queue.wake, queue.note
+    quotas = Quotas(book.engine)
+    gate = AdmissionGate(mesh.inventory, quotas=quotas, max_queued=max_queued)
+    signals = QueueSignals(lambda: (mesh.inventory.pool_state(), quotas.all()), clock=clock)
+    runner = JobRunner(mesh.inventory, mesh.compiler, mesh.workers, book, ThroughputModel(), limits=Limits(1024, 1 << 20),
+                       gate=gate, signals=signals, clock=clock)
+    queue = JobQueue(book, runner.start_queued, runner.expire_queued, signals, clock=clock, scheduling=scheduling)
     return runner, queue
 
 
 @pytest.fixture
 def mesh():
-    mesh = PoolMesh()
+    mesh = pool_mesh()
     yield mesh
-    mesh.let_go.set()
+    mesh.workers.let_go.set()
 
 
 @pytest.fixture
 def node(mesh, tmp_path, book_db, clock):
     runner, queue = replica(mesh, tmp_path, book_db, clock)
     yield runner, queue
-    mesh.let_go.set()
+    mesh.workers.let_go.set()
     runner.wait_idle(WAIT_S)
     runner.book.close()
 
@@ -130,7 +144,7 @@ def submit(runner: JobRunner, owner: str = ALICE, feed: Feed | None = None, hold
     `hold`: its shards wait for the mesh's `let_go`."""
     job, live = runner.start(spec_for(AFFINE, [X], **fields), owner)
     if hold:
-        runner.mesh.held_jobs.add(job.job_id)
+        runner.workers.held_jobs.add(job.job_id)
     runner.run(job, live, feed or Feed([X]))
     return runner.book.get(job.job_id)
 
@@ -164,7 +178,7 @@ def y_of(runner: JobRunner, job: m.JobRecord) -> np.ndarray:
 
 def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(node, mesh):
     runner, queue = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     job = submit(runner)
     assert job.state == m.QUEUED
     assert job.queue.position == 1 and "devices:" in job.queue.reason and "free" in job.queue.reason
@@ -176,7 +190,7 @@ def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(no
 
     assert queue.run_pass() == []  # nothing changed since it was refused: not tried again
     # A change that makes no room: the reservation a byte smaller.
-    mesh.reserve("someone-else", [(d.id, mesh.capacity - 1) for d in mesh.devices], 60)
+    mesh.inventory.reserve("someone-else", [(d.id, mesh.inventory.capacity - 1) for d in mesh.devices], 60)
     assert queue.run_pass() == [job.job_id]  # tried: still no room
     assert runner.book.get(job.job_id).state == m.QUEUED
     # Refused again, and why changed: a second QUEUED event says so.
@@ -184,7 +198,7 @@ def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(no
     assert len(queued) == 2 and "only 1 bytes are free" in queued[1].queue.reason
     assert queue.run_pass() == []  # and nothing changed since
 
-    mesh.release("someone-else")
+    mesh.inventory.release("someone-else")
     assert queue.run_pass() == [job.job_id]
     done = finished(runner, job)
     assert done.state == m.SUCCEEDED, done.error
@@ -196,10 +210,10 @@ def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(no
 
 def test_client_parameters_wait_with_the_job_and_are_the_ones_it_runs_with(node, mesh):
     runner, queue = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     job = submit(runner, feed=ParameterFeed([X]), client_parameters=True)
     assert job.state == m.QUEUED
-    mesh.release("someone-else")
+    mesh.inventory.release("someone-else")
     queue.run_pass()
     done = finished(runner, job)
     assert done.state == m.SUCCEEDED, done.error
@@ -208,7 +222,7 @@ def test_client_parameters_wait_with_the_job_and_are_the_ones_it_runs_with(node,
 
 def test_higher_priority_goes_first_and_equal_priorities_in_queue_order(node, mesh, clock):
     runner, queue = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     low = submit(runner, name="low")
     clock.now += 1
     high = submit(runner, name="high", priority=5)
@@ -217,28 +231,28 @@ def test_higher_priority_goes_first_and_equal_priorities_in_queue_order(node, me
     positions = {j.spec.name: runner.book.get(j.job_id).queue.position for j in (low, high, later)}
     assert positions == {"high": 1, "low": 2, "later": 3}
 
-    mesh.release("someone-else")
-    mesh.held_jobs.add(high.job_id)  # high holds the pool until the test lets it go
+    mesh.inventory.release("someone-else")
+    mesh.workers.held_jobs.add(high.job_id)  # high holds the pool until the test lets it go
     queue.run_pass()
-    assert mesh.order[-1] == high.job_id
+    assert mesh.inventory.order[-1] == high.job_id
     assert runner.book.get(low.job_id).state == m.QUEUED  # tried, no room: back, keeping its place
     low_events = [e for e in logged(runner.book, low.job_id) if e.type == m.QUEUED_EVENT]
     # Queued 1st; behind high (2nd) when the pass tried it; 1st again when it came back: said again.
     assert [e.queue.position for e in low_events] == [1, 1]
 
-    mesh.let_go.set()
+    mesh.workers.let_go.set()
     assert finished(runner, high).state == m.SUCCEEDED
     queue.run_pass()
     assert finished(runner, low).state == m.SUCCEEDED
     queue.run_pass()
     assert finished(runner, later).state == m.SUCCEEDED
-    assert mesh.order[-3:] == [high.job_id, low.job_id, later.job_id]
+    assert mesh.inventory.order[-3:] == [high.job_id, low.job_id, later.job_id]
 
 
 def test_a_quota_holds_a_tenants_next_job_but_not_another_tenants(node, mesh):
     runner, queue = node
-    mesh.capacity = CLAIM * 10  # room for every job: only the quota holds one back
-    runner.admission.quotas.set(Quota(ALICE, max_jobs=1))
+    mesh.inventory.capacity = CLAIM * 10  # room for every job: only the quota holds one back
+    runner.gate.quotas.set(Quota(ALICE, max_jobs=1))
     first = submit(runner, owner=ALICE, hold=True)
     second = submit(runner, owner=ALICE)
     assert second.state == m.QUEUED
@@ -247,12 +261,12 @@ def test_a_quota_holds_a_tenants_next_job_but_not_another_tenants(node, mesh):
     assert bobs.state != m.QUEUED
     assert runner.book.wait_final(bobs.job_id, WAIT_S).state == m.SUCCEEDED  # bob has no quota: not held back
     let_go_of(runner, bobs)  # so its end's wake-up is in: the pass below tries alice's job for it
-    use = {u.tenant: u for u in runner.admission.quotas.usage()}
+    use = {u.tenant: u for u in runner.gate.quotas.usage()}
     assert (use[ALICE].jobs, use[ALICE].queued, use[ALICE].quota.max_jobs) == (1, 1, 1)
-    assert use[ALICE].devices == len(mesh.holding[first.job_id])
+    assert use[ALICE].devices == len(mesh.inventory.holding[first.job_id])
 
     assert queue.run_pass() == [second.job_id] and runner.book.get(second.job_id).state == m.QUEUED
-    mesh.let_go.set()
+    mesh.workers.let_go.set()
     assert finished(runner, first).state == m.SUCCEEDED
     queue.run_pass()
     assert finished(runner, second).state == m.SUCCEEDED
@@ -260,9 +274,9 @@ def test_a_quota_holds_a_tenants_next_job_but_not_another_tenants(node, mesh):
 
 def test_the_default_quota_applies_to_tenants_without_their_own(node, mesh):
     runner, _ = node
-    mesh.capacity = CLAIM * 10
-    runner.admission.quotas.set(Quota("*", max_jobs=1))
-    runner.admission.quotas.set(Quota(BOB))  # bob's own: no limit
+    mesh.inventory.capacity = CLAIM * 10
+    runner.gate.quotas.set(Quota("*", max_jobs=1))
+    runner.gate.quotas.set(Quota(BOB))  # bob's own: no limit
     submit(runner, owner=ALICE, hold=True)
     second = submit(runner, owner=ALICE)
     assert second.state == m.QUEUED
@@ -273,7 +287,7 @@ def test_the_default_quota_applies_to_tenants_without_their_own(node, mesh):
 
 def test_a_job_over_its_quota_by_itself_fails_at_once_naming_the_limit(node, mesh):
     runner, _ = node
-    runner.admission.quotas.set(Quota(ALICE, max_devices=1))
+    runner.gate.quotas.set(Quota(ALICE, max_devices=1))
     with pytest.raises(errors.ResourceExhausted, match="so it can never start"):
         submit(runner, owner=ALICE)
     (job,) = runner.book.list(10)
@@ -287,7 +301,7 @@ def test_a_job_over_its_quota_by_itself_fails_at_once_naming_the_limit(node, mes
 
 def test_a_priority_above_the_quota_is_refused_before_the_job_exists(node):
     runner, _ = node
-    runner.admission.quotas.set(Quota(ALICE, max_priority=3))
+    runner.gate.quotas.set(Quota(ALICE, max_priority=3))
     with pytest.raises(errors.PermissionDenied, match="spec.priority is 5, but the quota of user:alice allows at most 3"):
         runner.start(spec_for(AFFINE, [X], priority=5), ALICE)
     assert runner.book.list(10) == []
@@ -297,7 +311,7 @@ def test_a_priority_above_the_quota_is_refused_before_the_job_exists(node):
 
 def test_a_job_queued_past_its_deadline_fails_saying_why_it_waited(node, mesh, clock):
     runner, queue = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     job = submit(runner, queue_timeout_s=30.0)
     assert job.queue.deadline == clock.now + 30
     clock.now += 29
@@ -313,7 +327,7 @@ def test_a_job_queued_past_its_deadline_fails_saying_why_it_waited(node, mesh, c
 
 def test_a_job_that_may_not_wait_fails_at_once_as_before_queues(node, mesh):
     runner, _ = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     with pytest.raises(errors.ResourceExhausted, match="the job was not queued"):
         submit(runner, queue_timeout_s=0.0)
     (job,) = runner.book.list(10)
@@ -325,7 +339,7 @@ def test_a_job_that_may_not_wait_fails_at_once_as_before_queues(node, mesh):
 def test_a_tenant_with_as_many_jobs_queued_as_one_may_is_refused_the_next_and_another_tenant_is_not(
         mesh, tmp_path, book_db, clock):
     runner, queue = replica(mesh, tmp_path, book_db, clock, max_queued=2)
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     waiting = [submit(runner, owner=ALICE) for _ in range(2)]
     assert [j.state for j in waiting] == [m.QUEUED, m.QUEUED]
     with pytest.raises(errors.ResourceExhausted, match=r"user:alice has 2 jobs queued already, the most one tenant "
@@ -335,8 +349,8 @@ def test_a_tenant_with_as_many_jobs_queued_as_one_may_is_refused_the_next_and_an
     assert refused.state == m.FAILED and "devices:" in refused.error  # why it could not start, too
     assert not any(runner.book.inputs.entries(refused.job_id))  # nothing of it stored
     assert submit(runner, owner=BOB).state == m.QUEUED  # bob's own count
-    mesh.release("someone-else")
-    mesh.capacity = CLAIM * 10  # room for all: one pass starts every queued job
+    mesh.inventory.release("someone-else")
+    mesh.inventory.capacity = CLAIM * 10  # room for all: one pass starts every queued job
     queue.run_pass()
     assert [finished(runner, job).state for job in waiting] == [m.SUCCEEDED, m.SUCCEEDED]
     runner.book.close()
@@ -344,20 +358,20 @@ def test_a_tenant_with_as_many_jobs_queued_as_one_may_is_refused_the_next_and_an
 
 def test_a_queued_job_can_be_cancelled_and_is_never_started(node, mesh):
     runner, queue = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     job = submit(runner)
     runner.cancel(job.job_id, "not needed any more")
     done = runner.book.get(job.job_id)
     assert done.state == m.CANCELLED and done.error == "not needed any more"
     assert [e.type for e in logged(runner.book, done.job_id)][-1] == "cancelled"
-    mesh.release("someone-else")
+    mesh.inventory.release("someone-else")
     assert queue.run_pass() == []
-    assert job.job_id not in mesh.order and not any(runner.book.inputs.entries(job.job_id))
+    assert job.job_id not in mesh.inventory.order and not any(runner.book.inputs.entries(job.job_id))
 
 
 def test_the_queue_outlives_a_restart(mesh, tmp_path, book_db, clock):
     runner, _ = replica(mesh, tmp_path, book_db, clock)
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     job = submit(runner)
     runner.book.close()  # the dispatcher stops
 
@@ -365,7 +379,7 @@ def test_the_queue_outlives_a_restart(mesh, tmp_path, book_db, clock):
     try:
         assert again.book.interrupted == []  # a queued job was not cut off by the restart
         assert again.book.get(job.job_id).state == m.QUEUED
-        mesh.release("someone-else")
+        mesh.inventory.release("someone-else")
         assert queue.run_pass() == [job.job_id]
         done = finished(again, job)
         assert done.state == m.SUCCEEDED, done.error
@@ -378,16 +392,16 @@ def test_two_replicas_share_one_queue_and_start_a_job_once(mesh, tmp_path, book_
     (first, first_queue), (second, second_queue) = (replica(mesh, tmp_path, book_db, clock, lease_s=10.0)
                                                     for _ in range(2))
     try:
-        mesh.occupy("someone-else")
+        mesh.inventory.occupy("someone-else")
         job = submit(first)
         assert second.book.get(job.job_id).state == m.QUEUED and second.book.queue_rows.position(job.job_id) == 1
-        mesh.release("someone-else")
+        mesh.inventory.release("someone-else")
         assert second_queue.run_pass() == [job.job_id]
         assert first_queue.run_pass() == []  # started by the other replica already
         assert first.book.claim_queued(job.job_id) is None
         done = finished(second, job)
         assert done.state == m.SUCCEEDED, done.error
-        assert mesh.order.count(job.job_id) == 1
+        assert mesh.inventory.order.count(job.job_id) == 1
     finally:
         first.book.close()
         second.book.close()
@@ -395,7 +409,7 @@ def test_two_replicas_share_one_queue_and_start_a_job_once(mesh, tmp_path, book_
 
 def test_a_listing_shows_a_queued_jobs_place(node, mesh):
     runner, _ = node
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     submit(runner)
     listed = runner.book.list(10)
     assert [(j.state, j.queue.position) for j in listed] == [(m.QUEUED, 1)]
@@ -405,7 +419,7 @@ def test_a_listing_shows_a_queued_jobs_place(node, mesh):
 def test_a_quota_for_something_that_owns_no_jobs_is_refused_naming_the_field(node, tenant):
     runner, _ = node
     with pytest.raises(errors.InvalidArgument, match="is not a tenant") as refused:
-        runner.admission.quotas.set(Quota(tenant, max_jobs=1))
+        runner.gate.quotas.set(Quota(tenant, max_jobs=1))
     assert refused.value.field == "quota.tenant"
 
 
@@ -432,10 +446,10 @@ def test_the_spec_carries_priority_and_queue_timeout_and_refuses_bad_ones_naming
         tr.spec_from_proto(negative)
 
 
-def two_queued(runner: JobRunner, mesh: PoolMesh, clock: Clock) -> list[m.JobRecord]:
+def two_queued(runner: JobRunner, mesh: FakeMesh, clock: Clock) -> list[m.JobRecord]:
     """"first", then "second" a second later, both queued behind a reservation of the whole pool
     (the test releases it)."""
-    mesh.occupy("someone-else")
+    mesh.inventory.occupy("someone-else")
     jobs = []
     for name in ("first", "second"):
         jobs.append(submit(runner, name=name))
@@ -447,10 +461,10 @@ def two_queued(runner: JobRunner, mesh: PoolMesh, clock: Clock) -> list[m.JobRec
 def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_was_given(mesh, tmp_path, book_db,
                                                                                         clock):
     table = {AFFINE.name: {"v100-32gb": 10.0, "a100-80gb": 100.0}}
-    scheduling = Round("max_min_fairness", mesh, ThroughputModel(), mesh.reserved_device_ids, table)
+    scheduling = Round("max_min_fairness", mesh.inventory, ThroughputModel(), mesh.inventory.reserved_device_ids, table)
     runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
     jobs = two_queued(runner, mesh, clock)
-    mesh.release("someone-else")
+    mesh.inventory.release("someone-else")
     assert sorted(queue.run_pass()) == sorted(j.job_id for j in jobs)  # one pass starts both
     done = [finished(runner, j) for j in jobs]
     assert [d.state for d in done] == [m.SUCCEEDED, m.SUCCEEDED], [d.error for d in done]
@@ -467,11 +481,11 @@ def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_w
 def test_without_a_round_the_first_queued_job_takes_the_pool_and_the_next_waits(node, mesh, clock):
     runner, queue = node
     jobs = two_queued(runner, mesh, clock)
-    mesh.release("someone-else")
-    mesh.held_jobs.add(jobs[0].job_id)
+    mesh.inventory.release("someone-else")
+    mesh.workers.held_jobs.add(jobs[0].job_id)
     assert queue.run_pass() == [j.job_id for j in jobs]
     assert runner.book.get(jobs[1].job_id).state == m.QUEUED  # first fit: the first took every device
-    mesh.let_go.set()
+    mesh.workers.let_go.set()
     assert finished(runner, jobs[0]).state == m.SUCCEEDED
 
 
@@ -484,11 +498,11 @@ class InventoryDown:
 
 def test_a_round_that_fails_costs_only_its_advice_the_jobs_start_unnarrowed_in_order(mesh, tmp_path, book_db, clock,
                                                                                       caplog):
-    scheduling = Round("min_total_time", InventoryDown(), ThroughputModel(), mesh.reserved_device_ids)
+    scheduling = Round("min_total_time", InventoryDown(), ThroughputModel(), mesh.inventory.reserved_device_ids)
     runner, queue = replica(mesh, tmp_path, book_db, clock, scheduling=scheduling)
     jobs = two_queued(runner, mesh, clock)
-    mesh.release("someone-else")
-    mesh.capacity = CLAIM * 10  # room for both on every device
+    mesh.inventory.release("someone-else")
+    mesh.inventory.capacity = CLAIM * 10  # room for both on every device
     assert queue.run_pass() == [j.job_id for j in jobs]
     assert "the scheduling round failed (inventory: connection refused)" in caplog.text
     for job in jobs:

@@ -60,14 +60,14 @@ def test_a_client_accepting_batches_gets_the_same_parts_in_fewer_messages(dispat
 def test_nothing_ready_waits_in_a_batch_for_the_jobs_next_step(dispatcher):
     """With every shard held on its device, the events so far (the plan) reach the client: the
     batch went when the job had nothing more ready, not when it filled or the job ended."""
-    dispatcher.mesh.hold = True
+    dispatcher.mesh.workers.hold = True
     call = run_stream(dispatcher.stub, X[:192], accept_batches=True)
     try:
         first = list(unbatched([next(call)]))
         assert first[0].WhichOneof("part") == "event" and first[0].event.type == job_pb.JOB_EVENT_TYPE_PLANNED
-        assert dispatcher.mesh.started.wait(WAIT_S) and not dispatcher.mesh.let_go.is_set()
+        assert dispatcher.mesh.workers.started.wait(WAIT_S) and not dispatcher.mesh.workers.let_go.is_set()
     finally:
-        dispatcher.mesh.let_go.set()
+        dispatcher.mesh.workers.let_go.set()
     rest = list(unbatched(call))
     assert read([*first, *rest])[2] == job_pb.JOB_STATE_SUCCEEDED
 

@@ -24,7 +24,7 @@ def waiting(job_id: str, program: str, since: float, **spec_fields) -> Waiting:
 
 def round_over(types, policy="max_min_fairness", table=TABLE, reserved=frozenset(), throughput=None):
     mesh = FakeMesh(AFFINE, types=types)
-    return Round(policy, mesh, throughput or ThroughputModel(), lambda: reserved, table), mesh
+    return Round(policy, mesh.inventory, throughput or ThroughputModel(), lambda: reserved, table), mesh
 
 
 def given(order):

@@ -16,7 +16,7 @@ from accelmesh.runtime.tensors import Placed
 from dispatch_svc.api import delivery
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
-from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakePipelineMesh, Feed, linreg_data,
+from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, fake_pipeline_mesh, linreg_data,
                         linreg_sgd, result, run, runner_for, spec_for)
 
 
@@ -29,11 +29,11 @@ def test_inference_concatenates_in_row_order_and_sums_across_devices(tmp_path):
     np.testing.assert_allclose(result(runner, job, "s"), X.sum(axis=0), rtol=1e-5)
     assert len(job.shards) > len(mesh.devices) and all(s.done and s.attempts == 1 for s in job.shards)
     assert {s.device_id for s in job.shards} == {d.id for d in mesh.devices}
-    assert sorted(d for d, _ in mesh.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
-    assert mesh.released == [job.job_id]
+    assert sorted(d for d, _ in mesh.inventory.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
+    assert mesh.inventory.released == [job.job_id]
 
 
-class RecordingMesh(FakeMesh):
+class RecordingWorkers(FakeWorkers):
     def __init__(self, program):
         super().__init__(program)
         self.answers = []  # per attempt: the type of each output as the strategy got it
@@ -45,21 +45,21 @@ class RecordingMesh(FakeMesh):
 
 
 def test_inference_writes_concatenated_outputs_in_place_as_they_arrive_and_folds_the_rest(tmp_path):
-    mesh = RecordingMesh(AFFINE)
-    mesh.fail[mesh.devices[1].id] = 1  # a failed attempt, then its shard again elsewhere
+    mesh = FakeMesh(AFFINE, workers=RecordingWorkers)
+    mesh.workers.fail[mesh.devices[1].id] = 1  # a failed attempt, then its shard again elsewhere
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.SUCCEEDED
     np.testing.assert_array_equal(result(runner, job, "y"), 2 * X + BIAS)
     np.testing.assert_allclose(result(runner, job, "s"), X.sum(axis=0), rtol=1e-5)
     # y went to its rows on disk (only what it was comes back), s is folded in memory.
-    assert mesh.answers == [[Placed, np.ndarray]] * len(job.shards)
+    assert mesh.workers.answers == [[Placed, np.ndarray]] * len(job.shards)
 
 
 def test_a_failed_shard_is_retried_on_another_device_of_its_type_and_recorded(tmp_path):
     mesh = FakeMesh(AFFINE)
     first_v100 = mesh.devices[0].id
-    mesh.fail[first_v100] = 1
+    mesh.workers.fail[first_v100] = 1
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.SUCCEEDED
@@ -67,14 +67,14 @@ def test_a_failed_shard_is_retried_on_another_device_of_its_type_and_recorded(tm
     (retried,) = [s for s in job.shards if s.attempts > 1]
     assert retried.device_id == mesh.devices[1].id  # the other V100: it has the artifact
     assert retried.failures == [f"{first_v100}: UNAVAILABLE: the worker went away"]
-    assert first_v100 not in {d for d, _, a in mesh.attempts if a > 1}  # a failed device gets no more
+    assert first_v100 not in {d for d, _, a in mesh.workers.attempts if a > 1}  # a failed device gets no more
     events = [e.type for e in runner.book.events(job.job_id)]
     assert events.count(m.SHARD_RETRIED) == 1 and events[-1] == m.SUCCEEDED
 
 
 def test_a_shard_that_fails_on_every_device_fails_the_job_naming_every_cause(tmp_path):
     mesh = FakeMesh(AFFINE)
-    mesh.fail = {d.id: 100 for d in mesh.devices}
+    mesh.workers.fail = {d.id: 100 for d in mesh.devices}
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.FAILED
@@ -83,39 +83,39 @@ def test_a_shard_that_fails_on_every_device_fails_the_job_naming_every_cause(tmp
     # anywhere, theirs.
     assert re.fullmatch(r"shard \d+ could not run: (10\.0\.0\.1/cuda:\d: UNAVAILABLE: the worker went away; )+"
                         r"no other device can take it", job.error), job.error
-    assert {d for d, _, _ in mesh.attempts} == {d.id for d in mesh.devices}
-    assert mesh.released == [job.job_id]
+    assert {d for d, _, _ in mesh.workers.attempts} == {d.id for d in mesh.devices}
+    assert mesh.inventory.released == [job.job_id]
 
 
 def test_a_shard_refused_the_same_way_everywhere_fails_the_job_as_not_retryable(tmp_path):
     """An artifact that does not load fails identically on every device: the job says retrying
     will not help (FAILED_PRECONDITION), not that the devices were unavailable."""
     mesh = FakeMesh(AFFINE)
-    mesh.refuse = "the artifact did not load: unsupported instruction set"
+    mesh.workers.refuse = "the artifact did not load: unsupported instruction set"
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.FAILED
     assert re.fullmatch(r"shard \d+ failed the same way on every device tried \(10\.0\.0\.1/cuda:\d"
                         r"(, 10\.0\.0\.1/cuda:\d)*\): FAILED_PRECONDITION: the artifact did not load: "
                         r"unsupported instruction set; retrying will not help", job.error), job.error
-    assert mesh.released == [job.job_id]
+    assert mesh.inventory.released == [job.job_id]
 
 
 def test_a_cancel_while_shards_run_stops_the_job_and_releases_its_devices(tmp_path):
     mesh = FakeMesh(AFFINE)
-    mesh.hold = True
+    mesh.workers.hold = True
     runner = runner_for(mesh, tmp_path)
     job, live = runner.start(spec_for(AFFINE, [X]))
     runner.run(job, live, Feed([X]))  # shards collected in the background
-    assert mesh.started.wait(WAIT_S)
+    assert mesh.workers.started.wait(WAIT_S)
     runner.cancel(job.job_id)
     assert live.done.wait(WAIT_S)
     ended = runner.book.get(job.job_id)
-    assert ended.state == m.CANCELLED and mesh.released == [job.job_id]
+    assert ended.state == m.CANCELLED and mesh.inventory.released == [job.job_id]
     assert not all(s.done for s in ended.shards)
-    attempts = len(mesh.attempts)
-    mesh.let_go.set()
-    assert len(mesh.attempts) == attempts  # the pool is closed: nothing more runs
+    attempts = len(mesh.workers.attempts)
+    mesh.workers.let_go.set()
+    assert len(mesh.workers.attempts) == attempts  # the pool is closed: nothing more runs
 
 
 def test_the_in_flight_budget_bounds_the_shard_inputs_held_at_once(tmp_path):
@@ -124,7 +124,7 @@ def test_the_in_flight_budget_bounds_the_shard_inputs_held_at_once(tmp_path):
     runner = runner_for(mesh, tmp_path, max_shard_bytes=shard_bytes, inflight_bytes=2 * shard_bytes)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X], block_rows=8))
     assert job.state == m.SUCCEEDED and len(job.shards) >= 25 and all(s.rows <= 8 for s in job.shards)
-    assert 0 < mesh.peak_running_bytes <= 2 * shard_bytes
+    assert 0 < mesh.workers.peak_running_bytes <= 2 * shard_bytes
     np.testing.assert_array_equal(result(runner, job, "y"), 2 * X + BIAS)
 
 
@@ -134,12 +134,12 @@ def test_inputs_that_end_early_are_refused_in_the_callers_thread_and_fail_the_jo
     job, live = runner.start(spec_for(AFFINE, [X]))
     with pytest.raises(errors.InvalidArgument, match="ended after 160 of the 200 rows"):
         runner.run(job, live, Feed([X], end_early=160))
-    assert runner.book.get(job.job_id).state == m.FAILED and mesh.released == [job.job_id]
+    assert runner.book.get(job.job_id).state == m.FAILED and mesh.inventory.released == [job.job_id]
 
 
 def test_a_bug_in_the_shard_path_fails_the_job_and_is_not_taken_for_a_cancel(tmp_path):
     mesh = FakeMesh(AFFINE)
-    mesh.crash = True
+    mesh.workers.crash = True
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
     assert job.state == m.FAILED and "a bug in the shard path" in job.error
@@ -151,14 +151,14 @@ def test_no_matching_device_fails_before_anything_is_reserved(tmp_path):
     job, live = runner.start(spec_for(AFFINE, [X], constraints=m.Constraints(filter="tpu")))
     with pytest.raises(errors.FailedPrecondition, match="no device can run affine@1"):
         runner.run(job, live, Feed([X]))
-    assert mesh.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
+    assert mesh.inventory.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
 
 
 def test_training_steps_equal_sgd_on_each_full_mini_batch(tmp_path):
     x, y = linreg_data()
     options = TrainingOptions(epochs=3, batch_size=40, learning_rate=0.05, momentum=0.5, shuffle_seed=2)
     mesh = FakeMesh(LINREG)
-    mesh.fail[mesh.devices[2].id] = 1  # one step's shard is retried: the step must not change
+    mesh.workers.fail[mesh.devices[2].id] = 1  # one step's shard is retried: the step must not change
     runner = runner_for(mesh, tmp_path)
     job = run(runner, spec_for(LINREG, [x, y], kind=m.TRAINING, training=options), Feed([x, y]))
     assert job.state == m.SUCCEEDED
@@ -172,26 +172,26 @@ def test_training_steps_equal_sgd_on_each_full_mini_batch(tmp_path):
 # -- the pipeline strategy ---------------------------------------------------------------------
 
 def test_a_pipeline_runs_every_micro_batch_through_the_stages_in_order_and_retries_a_stage(tmp_path):
-    mesh = FakePipelineMesh()
-    mesh.fail[mesh.devices[1].id] = 1  # its first stage run fails once: retried on the other device
+    mesh = fake_pipeline_mesh()
+    mesh.workers.fail[mesh.devices[1].id] = 1  # its first stage run fails once: retried on the other device
     runner = runner_for(mesh, tmp_path)
     x = np.random.default_rng(3).normal(size=(40, 4)).astype(np.float32)
     placement = m.PlacementSpec(strategy="ranked", device_count=2, micro_batch_rows=8)
     spec = spec_for(CHAIN, [x], placement=placement)
     _, plan, _, _ = runner.plan(spec)
-    mesh.stage_count = stages = len(plan.placement.stages)
+    mesh.workers.stage_count = stages = len(plan.placement.stages)
     assert stages >= 2 and {s.device_id for s in plan.placement.stages} == {d.id for d in mesh.devices}
     job = run(runner, spec, Feed([x]))
     assert job.state == m.SUCCEEDED, job.error
     np.testing.assert_allclose(result(runner, job, "y"), x + sum(KS), rtol=1e-6)
-    done = mesh.order
+    done = mesh.workers.order
     assert sorted(done) == [(b, s) for b in range(5) for s in range(stages)]
     for b in range(5):  # a micro-batch leaves each stage before it enters the next
         assert [done.index((b, s)) for s in range(stages)] == sorted(done.index((b, s)) for s in range(stages))
     retried = [s for s in job.shards if s.attempts > 1]
     assert len(retried) == 1 and retried[0].failures[0].startswith(mesh.devices[1].id)
-    assert sorted(d for d, _ in mesh.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
-    assert mesh.released == [job.job_id]
+    assert sorted(d for d, _ in mesh.inventory.reserved[job.job_id]) == sorted(d.id for d in mesh.devices)
+    assert mesh.inventory.released == [job.job_id]
 
 
 def test_a_run_hands_back_events_then_final_rows_in_order_then_folded_outputs_then_the_job(tmp_path):

@@ -11,12 +11,14 @@ import threading
 
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, Feed, linreg_data, linreg_sgd, spec_for
+from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, runner_for, spec_for
 
 from accelmesh import errors
 from dispatch_svc.jobs import events as jobs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
+from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.execution.takeover import Takeover
@@ -38,12 +40,10 @@ def book_db(database_url):
     return "" if "://" not in database_url else database_url
 
 
-class HoldingMesh(FakeMesh):
+class HoldingWorkers(FakeWorkers):
     """Shards from `hold_from` on wait until `let_go` (the replica "dies" with them running)."""
 
-    def __init__(self, hold_from: int, program=AFFINE):
-        super().__init__(program)
-        self.hold_from = hold_from
+    hold_from = 0
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
                 place_outputs=None):
@@ -51,15 +51,20 @@ class HoldingMesh(FakeMesh):
             self.started.set()
             while not self.let_go.wait(0.01):
                 if scope.cancelled.is_set():
-                    from dispatch_svc.dataplane.device_queues import ShardFailed
                     raise ShardFailed("CANCELLED: the job was cancelled")
         return super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
-                              place_outputs)
+                               place_outputs)
+
+
+def holding_mesh(hold_from: int, program=AFFINE) -> FakeMesh:
+    mesh = FakeMesh(program, workers=HoldingWorkers)
+    mesh.workers.hold_from = hold_from
+    return mesh
 
 
 def replica(mesh, tmp_path, book_db, clock) -> JobRunner:
     book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=LEASE_S)
-    return JobRunner(mesh, book, ThroughputModel(), max_shard_bytes=512, inflight_bytes=1 << 20)
+    return JobRunner(mesh.inventory, mesh.compiler, mesh.workers, book, ThroughputModel(), limits=Limits(512, 1 << 20))
 
 
 def finished_events(book: JobBook, job_id: str, count: int) -> None:
@@ -72,7 +77,7 @@ def finished_events(book: JobBook, job_id: str, count: int) -> None:
 
 def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_db):
     clock = Clock()
-    first_mesh, second_mesh = HoldingMesh(hold_from=3), FakeMesh(AFFINE)
+    first_mesh, second_mesh = holding_mesh(hold_from=3), FakeMesh(AFFINE)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
         job, live = first.start(spec_for(AFFINE, [X]))
@@ -93,9 +98,9 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         s = next(e for e in second.book.results.entries(job.job_id) if e.name == "s").read()
         np.testing.assert_array_equal(y, 2 * X + BIAS)
         np.testing.assert_allclose(s, X.sum(axis=0), rtol=1e-5)
-        ran_again = {shard for _, shard, _ in second_mesh.attempts}
+        ran_again = {shard for _, shard, _ in second_mesh.workers.attempts}
         assert ran_again == set(range(3, shards))  # the finished shards were not run twice
-        assert second_mesh.released.count(job.job_id) == 2  # the stopped replica's, then its own
+        assert second_mesh.inventory.released.count(job.job_id) == 2  # the stopped replica's, then its own
         events = [e.type for e in second.book.events(job.job_id)]
         assert m.TAKEN_OVER in events and events[-1] == "succeeded"
         taken = next(e for e in second.book.events(job.job_id) if e.type == m.TAKEN_OVER)
@@ -107,13 +112,13 @@ def test_a_lapsed_job_is_taken_over_keeping_its_finished_shards(tmp_path, book_d
         # The first replica comes back: its writes to the job are refused, its end changes nothing.
         with pytest.raises(LeaseLost):
             first.book.update(first.book.get(job.job_id), state=m.FAILED, error="stale")
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         assert first.wait_idle(WAIT_S)
         again = second.book.get(job.job_id)
         assert again.state == m.SUCCEEDED and again.error == ""
-        assert job.job_id not in first_mesh.released  # it did not release what the second one held
+        assert job.job_id not in first_mesh.inventory.released  # it did not release what the second one held
     finally:
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         first.book.close()
         second.book.close()
 
@@ -124,7 +129,7 @@ def test_shards_whose_events_were_not_yet_written_run_again_on_takeover(tmp_path
     already written, and the result is whole; the stopped replica's late events are refused."""
     monkeypatch.setattr(jobs, "FLUSH_S", 3600.0)  # the first replica writes none of its shard events
     clock = Clock()
-    first_mesh, second_mesh = HoldingMesh(hold_from=3), FakeMesh(AFFINE)
+    first_mesh, second_mesh = holding_mesh(hold_from=3), FakeMesh(AFFINE)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
         job, live = first.start(spec_for(AFFINE, [X]))
@@ -140,12 +145,12 @@ def test_shards_whose_events_were_not_yet_written_run_again_on_takeover(tmp_path
         y = next(e for e in second.book.results.entries(job.job_id) if e.name == "y").read()
         np.testing.assert_array_equal(y, 2 * X + BIAS)
         assert [e.name for e in second.book.results.entries(job.job_id)].count("y") == 1
-        assert {shard for _, shard, _ in second_mesh.attempts} == set(range(shards))
+        assert {shard for _, shard, _ in second_mesh.workers.attempts} == set(range(shards))
         first.book.log.flush()  # refused: the job is the second replica's now
         types = [e.type for e in second.book.events(job.job_id)]
         assert types.count(m.SHARD_FINISHED) == shards and types[-1] == "succeeded"
     finally:
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         first.book.close()
         second.book.close()
 
@@ -183,7 +188,7 @@ def test_a_job_whose_inputs_had_not_all_arrived_ends_failed_saying_so(tmp_path, 
         assert Takeover(second).check() == [job.job_id]
         done = second.book.wait_final(job.job_id, WAIT_S)
         assert done.state == m.FAILED and done.error == INPUTS_LOST_ERROR
-        assert job.job_id in second_mesh.released and not second_mesh.attempts
+        assert job.job_id in second_mesh.inventory.released and not second_mesh.workers.attempts
     finally:
         live.scope.cancel("the test ends")
         feed.resume.set()
@@ -194,12 +199,12 @@ def test_a_job_whose_inputs_had_not_all_arrived_ends_failed_saying_so(tmp_path, 
 
 def test_a_cancel_through_another_replica_stops_the_job_where_it_runs(tmp_path, book_db):
     clock = Clock()
-    first_mesh, second_mesh = HoldingMesh(hold_from=0), FakeMesh(AFFINE)
+    first_mesh, second_mesh = holding_mesh(hold_from=0), FakeMesh(AFFINE)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
         job, live = first.start(spec_for(AFFINE, [X]))
         first.run(job, live, Feed([X]))
-        assert first_mesh.started.wait(WAIT_S)
+        assert first_mesh.workers.started.wait(WAIT_S)
         second.cancel(job.job_id, "cancelled by CancelJob")
         assert second.book.get(job.job_id).state == m.RUNNING  # asked, not yet acted on
         Takeover(first).check()  # the runner's next renewal reads the request
@@ -207,14 +212,14 @@ def test_a_cancel_through_another_replica_stops_the_job_where_it_runs(tmp_path, 
         done = second.book.wait_final(job.job_id, WAIT_S)
         assert done.state == m.CANCELLED and "CancelJob" in done.error
     finally:
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         first.book.close()
         second.book.close()
 
 
 def test_a_lease_is_renewed_while_the_job_runs_and_dropped_when_it_ends(tmp_path, book_db):
     clock = Clock()
-    mesh = HoldingMesh(hold_from=0)
+    mesh = holding_mesh(hold_from=0)
     runner = replica(mesh, tmp_path, book_db, clock)
     try:
         job, live = runner.start(spec_for(AFFINE, [X]))
@@ -224,12 +229,12 @@ def test_a_lease_is_renewed_while_the_job_runs_and_dropped_when_it_ends(tmp_path
             clock.now += LEASE_S * 0.9
             assert takeover.check() == []
         assert runner.book.leases.runner_of(job.job_id) == (runner.book.replica, clock.now + LEASE_S)
-        mesh.let_go.set()
+        mesh.workers.let_go.set()
         assert live.done.wait(WAIT_S)
         assert runner.book.leases.runner_of(job.job_id)[1] is None
         assert runner.book.get(job.job_id).state == m.SUCCEEDED
     finally:
-        mesh.let_go.set()
+        mesh.workers.let_go.set()
         runner.book.close()
 
 
@@ -241,8 +246,7 @@ def test_an_unleased_book_fails_its_unfinished_jobs_at_start_as_before(tmp_path,
     assert again.interrupted == [job.job_id] and again.get(job.job_id).state == m.FAILED
     again.close()
     with pytest.raises(ValueError, match="leases no jobs"):
-        Takeover(JobRunner(FakeMesh(AFFINE), JobBook(tmp_path, retention_s=60, database_url=book_db),
-                           ThroughputModel(), max_shard_bytes=512, inflight_bytes=1 << 20))
+        Takeover(runner_for(FakeMesh(AFFINE), tmp_path))
 
 
 def test_a_cancel_of_a_job_no_replica_leases_is_refused_quietly(tmp_path, book_db):
@@ -257,7 +261,7 @@ def test_a_cancel_of_a_job_no_replica_leases_is_refused_quietly(tmp_path, book_d
 
 def test_the_replica_that_lost_a_job_leaves_what_the_new_runner_holds(tmp_path, book_db):
     clock = Clock()
-    first_mesh, second_mesh = HoldingMesh(hold_from=3), HoldingMesh(hold_from=6)
+    first_mesh, second_mesh = holding_mesh(hold_from=3), holding_mesh(hold_from=6)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
         job, live = first.start(spec_for(AFFINE, [X]))
@@ -265,21 +269,21 @@ def test_the_replica_that_lost_a_job_leaves_what_the_new_runner_holds(tmp_path, 
         finished_events(first.book, job.job_id, 3)
         clock.now += LEASE_S + 1
         assert Takeover(second).check() == [job.job_id]
-        assert second_mesh.started.wait(WAIT_S)  # the new runner holds shards 6 on
+        assert second_mesh.workers.started.wait(WAIT_S)  # the new runner holds shards 6 on
         live.scope.cancel("the stopped replica wakes up")  # the old one's run ends while the new one runs
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         assert first.wait_idle(WAIT_S)
-        assert job.job_id not in first_mesh.released
+        assert job.job_id not in first_mesh.inventory.released
         assert any(e.name.startswith("input:") for e in second.book.inputs.entries(job.job_id))  # still there
         assert second.book.get(job.job_id).state == m.RUNNING
-        second_mesh.let_go.set()
+        second_mesh.workers.let_go.set()
         done = second.book.wait_final(job.job_id, WAIT_S)
         assert done.state == m.SUCCEEDED, done.error
         s = next(e for e in second.book.results.entries(job.job_id) if e.name == "s").read()
         np.testing.assert_allclose(s, X.sum(axis=0), rtol=1e-5)
     finally:
-        first_mesh.let_go.set()
-        second_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
+        second_mesh.workers.let_go.set()
         first.book.close()
         second.book.close()
 
@@ -288,12 +292,12 @@ def test_a_training_job_taken_over_runs_again_from_its_stored_inputs(tmp_path, b
     clock = Clock()
     x, y = linreg_data()
     options = TrainingOptions(epochs=2, batch_size=40, learning_rate=0.05, momentum=0.5, shuffle_seed=2)
-    first_mesh, second_mesh = HoldingMesh(hold_from=0, program=LINREG), FakeMesh(LINREG)
+    first_mesh, second_mesh = holding_mesh(hold_from=0, program=LINREG), FakeMesh(LINREG)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
         job, live = first.start(spec_for(LINREG, [x, y], kind=m.TRAINING, training=options))
         threading.Thread(target=first.run, args=(job, live, Feed([x, y])), daemon=True).start()
-        assert first_mesh.started.wait(WAIT_S)  # its first step is on the devices, its inputs all stored
+        assert first_mesh.workers.started.wait(WAIT_S)  # its first step is on the devices, its inputs all stored
         clock.now += LEASE_S + 1
         assert Takeover(second).check() == [job.job_id]
         done = second.book.wait_final(job.job_id, WAIT_S)
@@ -305,7 +309,7 @@ def test_a_training_job_taken_over_runs_again_from_its_stored_inputs(tmp_path, b
         taken = next(e for e in second.book.events(job.job_id) if e.type == m.TAKEN_OVER)
         assert "runs again from its stored inputs" in taken.message
     finally:
-        first_mesh.let_go.set()
+        first_mesh.workers.let_go.set()
         first.wait_idle(WAIT_S)
         first.book.close()
         second.book.close()

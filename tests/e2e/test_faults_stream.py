@@ -1,6 +1,6 @@
 """The dispatcher's side of a worker's stream, against in-process fake workers: a result cut
 short fails the attempt and is never used, and a worker back on its address takes the next
-shard at once. No mesh: these need only GrpcMesh and a fake WorkerService."""
+shard at once. No mesh: these need only GrpcWorkers and a fake WorkerService."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
-from dispatch_svc.clients.mesh import GrpcMesh
+from dispatch_svc.dataplane.workers import GrpcWorkers
 from dispatch_svc.ports import ArtifactRef, Build, JobDevice
 from fakes.worker_streams import shards
 from worker_svc.server import ACCESS as WORKER_ACCESS
@@ -74,7 +74,7 @@ def serve_fake(worker: FakeWorker, port: int = 0):
                          address=f"127.0.0.1:{port}").start()
 
 
-def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0",
+def send_shard(mesh: GrpcWorkers, port: int, x: np.ndarray | None = None, held_keys=None, device_id="127.0.0.1/cuda:0",
                shard_index: int = 0, place=None):
     device = JobDevice(type("Spec", (), {"id": device_id})(), f"127.0.0.1:{port}", "t")
     artifact = ArtifactRef("k", "d", "stablehlo", 2048)
@@ -85,9 +85,8 @@ def send_shard(mesh: GrpcMesh, port: int, x: np.ndarray | None = None, held_keys
 
 
 @pytest.fixture
-def grpc_mesh():
-    mesh = GrpcMesh("127.0.0.1:1", "127.0.0.1:1", CREDENTIALS.service(Role.DISPATCH), max_message_bytes=1 << 22,
-                    chunk_bytes=4096)
+def workers():
+    mesh = GrpcWorkers(CREDENTIALS.service(Role.DISPATCH), max_message_bytes=1 << 22, chunk_bytes=4096)
     yield mesh
     mesh.close()
 
@@ -97,11 +96,11 @@ CUTS = [(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE: "), (grpc.StatusCode.CANCELL
 
 
 @pytest.mark.parametrize("cut, cause", CUTS, ids=["unavailable", "cancelled", "internal", "clean-end"])
-def test_a_result_cut_short_fails_the_attempt_and_is_never_used(grpc_mesh, cut, cause):
+def test_a_result_cut_short_fails_the_attempt_and_is_never_used(workers, cut, cause):
     server = serve_fake(FakeWorker(cut))  # the error interceptor keeps the status it aborted with
     try:
         with pytest.raises(ShardFailed) as info:  # the pool retries a ShardFailed on another device
-            send_shard(grpc_mesh, server.port)
+            send_shard(workers, server.port)
         assert info.value.cause.startswith(cause), info.value.cause
     finally:
         server.stop(0)
@@ -120,11 +119,11 @@ class Rows:
         return write if (index, dtype, shape) == (0, np.dtype("<f4"), (2048,)) else None
 
 
-def test_outputs_a_shard_places_are_written_as_their_chunks_arrive(grpc_mesh):
+def test_outputs_a_shard_places_are_written_as_their_chunks_arrive(workers):
     server = serve_fake(FakeWorker())
     rows = Rows(2048 * 4)
     try:
-        out = send_shard(grpc_mesh, server.port, place=rows)
+        out = send_shard(workers, server.port, place=rows)
     finally:
         server.stop(0)
     assert out.outputs == [Placed("output_0", np.dtype("<f4"), (2048,))]
@@ -132,19 +131,19 @@ def test_outputs_a_shard_places_are_written_as_their_chunks_arrive(grpc_mesh):
 
 
 @pytest.mark.parametrize("cut, cause", CUTS, ids=["unavailable", "cancelled", "internal", "clean-end"])
-def test_a_placed_result_cut_short_fails_the_attempt_after_its_first_chunk(grpc_mesh, cut, cause):
+def test_a_placed_result_cut_short_fails_the_attempt_after_its_first_chunk(workers, cut, cause):
     server = serve_fake(FakeWorker(cut))
     rows = Rows(2048 * 4)
     try:
         with pytest.raises(ShardFailed) as info:  # its rows are not taken: the shard's next attempt writes them
-            send_shard(grpc_mesh, server.port, place=rows)
+            send_shard(workers, server.port, place=rows)
         assert info.value.cause.startswith(cause), info.value.cause
     finally:
         server.stop(0)
     assert rows.writes == 1
 
 
-def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):
+def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(workers):
     """grpcio's call object is the error it raises, so its traceback held the dispatcher's frame
     holding the call and the request stream over the shard's inputs: a cycle that kept a failed
     job's inputs until a full garbage collection. With the collector off, they go at once."""
@@ -155,7 +154,7 @@ def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):
     gc.disable()
     try:
         with pytest.raises(ShardFailed):
-            send_shard(grpc_mesh, server.port, x)
+            send_shard(workers, server.port, x)
         del x
         assert inputs() is None, "the failed call still holds the shard's inputs"
     finally:
@@ -163,35 +162,35 @@ def test_a_failed_worker_call_keeps_no_reference_to_the_shard_inputs(grpc_mesh):
         server.stop(0)
 
 
-def test_a_job_ending_tells_the_workers_that_keep_its_tensors_to_let_them_go(grpc_mesh):
+def test_a_job_ending_tells_the_workers_that_keep_its_tensors_to_let_them_go(workers):
     """A shard sent with a tensor to keep: when the job ends, that worker gets ReleaseJob for it
     (its tensors leave now, not at its idle expiry); a worker that kept nothing gets no call."""
     keeper, other = FakeWorker(), FakeWorker()
     servers = [serve_fake(keeper), serve_fake(other)]
     try:
-        send_shard(grpc_mesh, servers[0].port, held_keys={"x": "params"})
-        send_shard(grpc_mesh, servers[1].port)
-        assert grpc_mesh.held.workers_of("job") == {f"127.0.0.1:{servers[0].port}"}
+        send_shard(workers, servers[0].port, held_keys={"x": "params"})
+        send_shard(workers, servers[1].port)
+        assert workers.held.workers_of("job") == {f"127.0.0.1:{servers[0].port}"}
         with contextlib.suppress(errors.AccelmeshError):  # no inventory here: its release fails after
-            grpc_mesh.release("job")
+            workers.release("job")
         assert (keeper.released, other.released) == (["job"], [])
-        assert grpc_mesh.held.workers_of("job") == set()
+        assert workers.held.workers_of("job") == set()
     finally:
         for server in servers:
             server.stop(0)
 
 
-def test_a_worker_back_on_its_address_takes_the_next_shard_at_once(grpc_mesh):
+def test_a_worker_back_on_its_address_takes_the_next_shard_at_once(workers):
     server = serve_fake(FakeWorker())
     port = server.port
-    np.testing.assert_array_equal(send_shard(grpc_mesh, port).outputs[0], np.arange(2048, dtype=np.float32))
+    np.testing.assert_array_equal(send_shard(workers, port).outputs[0], np.arange(2048, dtype=np.float32))
     server.stop(0)
     for _ in range(3):  # the dispatcher keeps trying while the worker is down: its channel backs off
         with pytest.raises(ShardFailed):
-            send_shard(grpc_mesh, port)
+            send_shard(workers, port)
     server = serve_fake(FakeWorker(), port)
     try:
-        np.testing.assert_array_equal(send_shard(grpc_mesh, port).outputs[0], np.arange(2048, dtype=np.float32))
+        np.testing.assert_array_equal(send_shard(workers, port).outputs[0], np.arange(2048, dtype=np.float32))
     finally:
         server.stop(0)
 
@@ -212,13 +211,13 @@ class MeetingWorker(FakeWorker):
             yield from self._answer(context, worker_pb.ExecuteManyResponse)
 
 
-def test_shards_for_two_devices_of_one_worker_run_at_the_same_time(grpc_mesh):
+def test_shards_for_two_devices_of_one_worker_run_at_the_same_time(workers):
     """One stream a device, not a worker: a worker runs a stream's shards one after another, so a
     node's devices would otherwise take turns."""
     server = serve_fake(MeetingWorker())
     try:
         with ThreadPoolExecutor(2) as pool:
-            runs = [pool.submit(send_shard, grpc_mesh, server.port, device_id=f"127.0.0.1/cuda:{i}") for i in range(2)]
+            runs = [pool.submit(send_shard, workers, server.port, device_id=f"127.0.0.1/cuda:{i}") for i in range(2)]
             for run in runs:
                 np.testing.assert_array_equal(run.result().outputs[0], np.arange(2048, dtype=np.float32))
     finally:
@@ -244,14 +243,14 @@ class RefusingWorker(FakeWorker):
             yield from self._answer(context, worker_pb.ExecuteManyResponse)
 
 
-def test_a_shard_behind_one_whose_inputs_end_the_stream_is_sent_again_not_failed(grpc_mesh):
+def test_a_shard_behind_one_whose_inputs_end_the_stream_is_sent_again_not_failed(workers):
     worker = RefusingWorker()
     server = serve_fake(worker)
     try:
         with ThreadPoolExecutor(2) as pool:
-            first = pool.submit(send_shard, grpc_mesh, server.port, shard_index=0)
+            first = pool.submit(send_shard, workers, server.port, shard_index=0)
             assert worker.received.wait(10)
-            second = pool.submit(send_shard, grpc_mesh, server.port, shard_index=1)
+            second = pool.submit(send_shard, workers, server.port, shard_index=1)
             with pytest.raises(ShardFailed) as info:
                 first.result()
             assert info.value.code == "FAILED_PRECONDITION" and "does not fit" in info.value.cause

@@ -50,7 +50,7 @@ from pathlib import Path
 from accelmesh import errors
 from accelmesh.errors import quoted
 from dispatch_svc.jobs import records as m
-from dispatch_svc.ports import JobDevice, Mesh
+from dispatch_svc.ports import Inventory, JobDevice
 from dispatch_svc.planner import Target, ThroughputModel
 from dispatch_svc.admission.scheduling.policy import POLICIES
 from dispatch_svc.admission.scheduling.problem import Job
@@ -128,11 +128,11 @@ def load_throughputs(path: str | Path) -> dict[str, dict[str, float]]:
 class Round:
     """One dispatcher's scheduling rounds (see the module)."""
 
-    def __init__(self, policy: str, mesh: Mesh, throughput: ThroughputModel, reserved: Callable[[], Set[str]],
+    def __init__(self, policy: str, inventory: Inventory, throughput: ThroughputModel, reserved: Callable[[], Set[str]],
                  table: Mapping[str, Mapping[str, float]] | None = None):
-        """`reserved()`: the ids of the devices a reservation holds now (GrpcMesh.reserved_device_ids)."""
+        """`reserved()`: the ids of the devices a reservation holds now (GrpcInventory.reserved_device_ids)."""
         self.policy = check_policy(policy)
-        self._mesh, self._throughput, self._reserved = mesh, throughput, reserved
+        self._inventory, self._throughput, self._reserved = inventory, throughput, reserved
         self._table = dict(table or {})
 
     def assign(self, jobs: Sequence[Waiting]) -> list[tuple[str, Narrowing | None]]:
@@ -145,7 +145,7 @@ class Round:
         allowed: dict[m.Constraints, list[JobDevice]] = {}
         for job in narrowed:
             if job.spec.constraints not in allowed:
-                allowed[job.spec.constraints] = [d for d in self._mesh.candidate_devices(job.spec.constraints)
+                allowed[job.spec.constraints] = [d for d in self._inventory.candidate_devices(job.spec.constraints)
                                                  if d.id not in busy]
         # Every free device some job may use, once, by id; their types make the pool.
         free = sorted({d.id: d for devices in allowed.values() for d in devices}.values(), key=lambda d: d.id)

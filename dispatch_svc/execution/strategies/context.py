@@ -1,11 +1,12 @@
 """What every job strategy works with: one job's context, and the shared steps of running shards.
 
-A strategy receives a `JobContext` (the mesh, the job book, the throughput model, the job, what
-only the running dispatcher knows of it, its input feed) and calls these steps instead of
-writing them again: fetch or take the parameters, reserve (and keep the lease renewed while the
-job runs: `LeaseKeeper`), open the job's device pool (retries recorded on the job), run one
-shard attempt (events, trace span, the worker's outputs checked against the program, shard
-record, throughput), and route the input feed into shards within one in-flight budget.
+A strategy receives a `JobContext` (the inventory, compiler and workers ports, the job book, the
+throughput model, the job, what only the running dispatcher knows of it, its input feed) and
+calls these steps instead of writing them again: fetch or take the parameters, open the job's
+device pool (retries recorded on the job), run one shard attempt (events, trace span, the
+worker's outputs checked against the program, shard record, throughput), and route the input
+feed into shards within one in-flight budget. Reserving is not among them: the admission gate
+reserved what the job's plan claims before the strategy starts (admission/admission.py).
 """
 
 from __future__ import annotations
@@ -25,112 +26,16 @@ from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
-from dispatch_svc.ports import (
-    MAX_RESERVATION_TTL_S, MIN_RESERVATION_TTL_S, RENEW_FRACTION, RENEW_RETRY_MIN_S, RENEW_RETRY_S, RESERVATION_TTL_S,
-    Build, InputFeed, JobDevice, LiveJob, Mesh, ShardOutput, ShardWork,
-)
 from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
-from dispatch_svc.admission.queue import Admission
-from dispatch_svc.admission.scheduling.rounds import Narrowing
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.jobs.validation import check_parameters, check_shard_outputs
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.ports import Build, Compiler, InputFeed, Inventory, JobDevice, LiveJob, ShardOutput, ShardWork, Workers
 
 log = logging.getLogger(__name__)
 
 BUDGET_POLL_S = 0.5  # how often a reader waiting for the budget checks for a cancel
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_shard_bytes: int  # inputs of one shard at most (ACCELMESH_MAX_SHARD_BYTES)
-    inflight_bytes: int  # shard inputs held at once per job (ACCELMESH_INFLIGHT_BYTES)
-    reservation_ttl_s: int = RESERVATION_TTL_S  # lease of a job's reservations, renewed while it runs
-
-    def __post_init__(self):
-        if not MIN_RESERVATION_TTL_S <= self.reservation_ttl_s <= MAX_RESERVATION_TTL_S:
-            raise errors.InvalidArgument(
-                f"reservation_ttl_s is {self.reservation_ttl_s}; set ACCELMESH_RESERVATION_TTL_S within "
-                f"{MIN_RESERVATION_TTL_S}..{MAX_RESERVATION_TTL_S} seconds, the leases the inventory grants")
-
-
-class LeaseKeeper:
-    """Keeps a job's reservations leased while it runs: renewed every `ttl_s * RENEW_FRACTION` on a
-    thread of its own, until the job is done or `stop` is called.
-
-    A lease the inventory no longer holds (NOT_FOUND: it expired, or someone released it) is not
-    taken back: its memory was free for other jobs meanwhile. The job stops instead: `lapse` says
-    why, `lapsed` is set and the job's scope cancelled, so no more of its shards are sent, and the
-    job ends FAILED with `lapse` as its error. An inventory that does not answer is asked again
-    until the lease would have run out; an error no retry mends (an inventory without
-    RenewReservations) stops the job at once."""
-
-    def __init__(self, mesh: Mesh, job_id: str, device_ids: Sequence[str], ttl_s: int, live: LiveJob, *,
-                 reserved_at: float, clock: Callable[[], float] = time.monotonic):
-        self.lapse: errors.AccelmeshError | None = None
-        self.lapsed = threading.Event()
-        self.renewals = 0  # renewals the inventory granted
-        self._mesh, self._job_id, self._device_ids, self._ttl_s = mesh, job_id, tuple(device_ids), ttl_s
-        self._live, self._clock = live, clock
-        # When the lease ends by this clock unless renewed: counted from before the request was
-        # sent, so it is never later than the inventory's own end of the lease.
-        self._deadline = reserved_at + ttl_s
-        self._stopped = threading.Event()
-        threading.Thread(target=self._keep, name=f"lease-{job_id}", daemon=True).start()
-
-    def stop(self) -> None:
-        """The job is ending: no renewal from now on (its reservations are about to be released)."""
-        self._stopped.set()
-
-    def _keep(self) -> None:
-        interval = self._ttl_s * RENEW_FRACTION
-        wait_s, last_error = interval, None
-        while not self._live.done.wait(wait_s):
-            if self._stopped.is_set():
-                return
-            left = self._deadline - self._clock()
-            if last_error is not None and left <= 0:
-                self._stop_job(errors.Unavailable(
-                    f"the reservations of job {self._job_id} lapsed while it ran: the inventory did not answer for "
-                    f"the whole {self._ttl_s} s lease ({last_error}), so they could not be renewed and other jobs may "
-                    "use those devices now; the job stopped: run it again once the inventory answers"))
-                return
-            sent = self._clock()
-            try:
-                self._mesh.renew(self._job_id, self._device_ids, self._ttl_s, left if left > 0 else interval)
-            except errors.Unavailable as exc:  # the inventory is down or slow: ask again while the lease lasts
-                # At half the time left (at most RENEW_RETRY_S), so the last tries come just before its end.
-                left = self._deadline - self._clock()
-                last_error, wait_s = exc, max(RENEW_RETRY_MIN_S, min(RENEW_RETRY_S, left / 2))
-                continue
-            except errors.NotFound as exc:
-                self._stop_job(errors.FailedPrecondition(
-                    f"the reservations of job {self._job_id} lapsed while it ran: they expired or someone released "
-                    f"them, and other jobs may use those devices now, so the job stopped; run it again "
-                    f"(the inventory: {exc})"))
-                return
-            except errors.AccelmeshError as exc:
-                self._stop_job(errors.FailedPrecondition(
-                    f"the reservations of job {self._job_id} could not be renewed ({exc}); the job stopped rather "
-                    "than run on devices it may no longer hold"))
-                return
-            except Exception as exc:  # noqa: BLE001 - a bug: the job must not run on unreserved
-                log.exception("renewing the reservations of job %s failed", self._job_id)
-                self._stop_job(errors.FailedPrecondition(
-                    f"the reservations of job {self._job_id} could not be renewed (a dispatcher bug, "
-                    f"{type(exc).__name__}; its log has the details); the job stopped rather than run on devices it "
-                    "may no longer hold"))
-                return
-            self._deadline, wait_s, last_error = sent + self._ttl_s, interval, None
-            self.renewals += 1
-
-    def _stop_job(self, error: errors.AccelmeshError) -> None:
-        if self._stopped.is_set() or self._live.done.is_set():
-            return  # the job ended first: its reservations ended with it
-        self.lapse = error  # before the cancel: whatever the cancel wakes finds why
-        log.warning("%s", error)
-        self._live.scope.cancel()
-        self.lapsed.set()  # the job is told to stop
 
 
 class InflightBudget:
@@ -179,7 +84,9 @@ class _MakespanClock:
 
 @dataclass
 class JobContext:
-    mesh: Mesh
+    inventory: Inventory
+    compiler: Compiler
+    workers: Workers
     book: JobBook
     throughput: ThroughputModel
     limits: Limits
@@ -190,13 +97,7 @@ class JobContext:
     # A job taken over from a dispatch replica that stopped (takeover.py), resumed: the shards of
     # its plan that one finished, kept (None: the job runs whole).
     kept: frozenset[int] | None = None
-    # The owner's quota and the queue (queue.py); None: neither, a refused reservation fails the job.
-    admission: Admission | None = None
-    given_parameters: list[tuple[str, np.ndarray]] | None = None  # the client's, read before it reserved
     metrics: DispatchMetrics = NO_METRICS
-    # What the queue's scheduling round gave a queued job for this try (scheduling/rounds.py): its
-    # planning keeps to those devices; the stored spec is the client's, unchanged.
-    narrowing: Narrowing | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clock: _MakespanClock = field(default_factory=_MakespanClock)
 
@@ -208,34 +109,12 @@ class JobContext:
         """The client's parameters (checked against the program), or the program's initial ones."""
         if self.spec.client_parameters:
             given = self.feed.parameters()
-            self.given_parameters = given
             check_parameters(program, given)
             return given
         if program is None or not program.parameters:
             return []
-        values = self.mesh.fetch_parameters(program, self.spec.parameter_seed)
+        values = self.compiler.fetch_parameters(program, self.spec.parameter_seed)
         return [(p.name, v) for p, v in zip(program.parameters, values)]
-
-    def reserve(self, claims: Sequence[tuple[str, int]]) -> None:
-        """Reserve the job's devices, then keep them leased until it ends (`LeaseKeeper`). With
-        admission, the owner's quota is asked first, and a refusal of either raises Queued (the
-        job waits in the queue) unless the job may not wait."""
-        ttl_s, reserved_at = self.limits.reservation_ttl_s, time.monotonic()
-        if self.admission is not None:
-            self.admission.admit(self.job, claims)
-        try:
-            self.mesh.reserve(self.job.job_id, claims, ttl_s)
-        except errors.ResourceExhausted as exc:
-            if self.admission is None:
-                raise
-            raise self.admission.refused(self.job, f"devices: {exc}") from None
-        self.given_parameters = None  # kept only for the queue: the job's strategy holds them from here
-        if self.job.queue is not None:  # it waited in the queue: for how long
-            self.metrics.queue_wait(time.time() - self.job.queue.since)
-        self.live.settled.set()
-        self.live.lease = LeaseKeeper(self.mesh, self.job.job_id, [device for device, _ in claims], ttl_s, self.live,
-                                      reserved_at=reserved_at)
-        self.book.update(self.job, state=m.RUNNING)
 
     def open_pool(self, devices: Sequence[JobDevice], run) -> DevicePool:
         """The job's device pool; every retry is recorded on the shard and as an event."""
@@ -266,9 +145,9 @@ class JobContext:
         self._started(started)
         try:
             with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
-                out = self.mesh.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                        shard.rows, self.live.scope, held_keys=held_keys,
-                                        place_outputs=shard.place_outputs)
+                out = self.workers.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
+                                           shard.rows, self.live.scope, held_keys=held_keys,
+                                           place_outputs=shard.place_outputs)
                 # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
                 check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
         except BaseException:

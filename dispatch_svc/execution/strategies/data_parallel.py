@@ -5,22 +5,30 @@ Shard sizes come from the job's bucket ladder (dispatch_svc.planner.buckets): th
 how many of each rung a device runs, never a new size, so a program's jobs of one input size
 reuse the same few executables instead of compiling one per rate-driven row count.
 
-`plan` answers PlanJob as well as SubmitJob; `start` then reserves the devices and hands the
-job to its strategy (inference or training), which streams the shards.
+`plan` answers PlanJob. For a job that runs, `propose` plans it and says what it claims (every
+device the plan gives rows, or for training every candidate, each holding the parameters and a
+shard), the admission gate reserves that, and `start` hands the job to inference or training,
+which stream the shards.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
-from dispatch_svc.jobs import records as m
-from dispatch_svc.ports import Build, JobDevice, Mesh
-from dispatch_svc.planner import BUCKET_RUNGS, DeviceColumns, Target, ThroughputModel, flops_per_row, plan_shards
+from dispatch_svc.admission.admission import Grant
+from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.execution.strategies import inference, training
-from dispatch_svc.execution.strategies.context import JobContext, Limits
+from dispatch_svc.execution.strategies.context import JobContext
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.jobs.validation import check_inputs, check_program_kind
+from dispatch_svc.planner import BUCKET_RUNGS, DeviceColumns, Target, ThroughputModel, flops_per_row, plan_shards
+from dispatch_svc.ports import Build, Compiler, Inventory, JobDevice
 
 # Distinct shard sizes one job compiles executables for (within the compile service's default
 # 16 per call). A bucketed plan uses at most BUCKET_RUNGS + 1 (6), always compiled; a training job's
@@ -28,24 +36,39 @@ from dispatch_svc.jobs.validation import check_inputs, check_program_kind
 MAX_EXECUTABLE_SIZES = 8
 
 
-def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpec,
+@dataclass(frozen=True)
+class Proposal:
+    """A planned job, what it claims, and for a job taken over the shards that moved off devices it
+    no longer has (shard index -> device)."""
+
+    program: Program
+    plan: m.Plan
+    builds: list[Build]
+    devices: list[JobDevice]
+    claims: tuple[tuple[str, int], ...]
+    given: str = ""  # what the queue's scheduling round gave the job, for its PLANNED event
+    moved: dict[int, str] | None = None  # None: not a job taken over
+
+
+def plan(inventory: Inventory, compiler: Compiler, throughput: ThroughputModel, limits: Limits, spec: m.JobSpec,
          keep: m.Plan | None = None,
          only: frozenset[str] | None = None) -> tuple[Program, m.Plan, list[Build], list[JobDevice]]:
     """`keep`: the plan a job taken over goes on with; executables are built for its shard sizes.
-    `only`: the devices a queue's scheduling round gave the job (None: all its constraints allow)."""
-    program = mesh.describe_program(spec.program, spec.version)
+    `only`: the devices a queue's scheduling round gave the job (None: all its constraints allow);
+    when none of them is a candidate any more, all its constraints allow."""
+    program = compiler.describe_program(spec.program, spec.version)
     check_program_kind(program, spec)
     rows = check_inputs(program, spec)
-    devices = mesh.candidate_devices(spec.constraints)
+    devices = inventory.candidate_devices(spec.constraints)
     if only is not None:
-        devices = [d for d in devices if d.id in only]
+        devices = [d for d in devices if d.id in only] or devices
     if not devices:
         raise errors.FailedPrecondition(
             f"no device can run {program.ref}: the inventory has no healthy device matching the job's "
             f"constraints ({_describe_constraints(spec.constraints)})"
         )
-    devices = mesh.refresh(devices)  # real-time status of exactly the candidates (A2)
-    builds = mesh.compile(program, devices, (), spec.constraints.precision)
+    devices = inventory.refresh(devices)  # real-time status of exactly the candidates (A2)
+    builds = compiler.compile(program, devices, (), spec.constraints.precision)
     by_type = {b.target_type: b for b in builds}
     type_of = {d: b.target_type for b in builds for d in b.device_ids}
     devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]
@@ -57,61 +80,70 @@ def plan(mesh: Mesh, throughput: ThroughputModel, limits: Limits, spec: m.JobSpe
         if len(sizes | last) <= MAX_EXECUTABLE_SIZES:  # else the last mini-batch of an epoch runs portable
             sizes |= last
     if len(sizes) <= MAX_EXECUTABLE_SIZES:
-        builds = mesh.compile(program, devices, sorted(sizes), spec.constraints.precision)  # portables come from the cache
+        builds = compiler.compile(program, devices, sorted(sizes), spec.constraints.precision)  # portables come from the cache
     return program, job_plan, builds, devices
 
 
-def start(ctx: JobContext):
-    """Plan shards, build per target type, reserve; returns the strategy's collecting work."""
+def parameter_bytes(program: Program) -> int:
+    """What the program's parameters take on a device: a client's own have these shapes too
+    (validation.check_parameters refuses others)."""
+    return sum(math.prod(d or 0 for d in p.shape) * np.dtype(p.dtype).itemsize for p in program.parameters)
+
+
+def propose(ctx: JobContext, narrowing: Narrowing | None) -> Proposal:
+    """Plan the job within what the queue's scheduling round gave it (`narrowing`), and say what
+    it claims. Nothing is read from its inputs, reserved or sent."""
     job = ctx.job
     if ctx.kept is not None:
         return _resume(ctx)
-    try:
-        program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec,
-                                                  only=ctx.narrowing.device_ids if ctx.narrowing else None)
-    except errors.FailedPrecondition:
-        if ctx.narrowing is None:
-            raise
-        # The devices the queue's round gave it went meanwhile: it plans on all its constraints allow.
-        ctx.narrowing = None
-        program, job_plan, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec)
+    only = narrowing.device_ids if narrowing is not None else None
+    program, job_plan, builds, devices = plan(ctx.inventory, ctx.compiler, ctx.throughput, ctx.limits, job.spec,
+                                              only=only)
+    narrowed = only is not None and {d.id for d in devices} <= only
     ctx.book.update(job, plan=job_plan, state=m.COMPILING)
-    given = f" ({ctx.narrowing.describe()})" if ctx.narrowing is not None else ""
-    ctx.book.emit(job, m.PLANNED, plan=job_plan,
-                  message=f"{len(job_plan.shards)} shards on {len(devices)} devices{given}")
-    ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
     used = {s.device_id for s in job_plan.shards} if job.spec.kind == m.INFERENCE else {d.id for d in devices}
-    spares = devices  # retries may go to any candidate: each type has its own build
+    claim = parameter_bytes(program) + ctx.limits.max_shard_bytes
+    return Proposal(program, job_plan, builds, devices, tuple((d.id, claim) for d in devices if d.id in used),
+                    given=narrowing.describe() if narrowed else "")
+
+
+def start(ctx: JobContext, proposal: Proposal, grant: Grant):
+    """The admitted job's events, its parameters and device pool; returns the strategy's
+    collecting work. Retries may go to any candidate: each type has its own build."""
+    job, program, builds = ctx.job, proposal.program, proposal.builds
+    if proposal.moved is None:
+        given = f" ({proposal.given})" if proposal.given else ""
+        ctx.book.emit(job, m.PLANNED, plan=proposal.plan,
+                      message=f"{len(proposal.plan.shards)} shards on {len(proposal.devices)} devices{given}")
+    ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
     params = ctx.parameters(program)
-    param_bytes = sum(v.nbytes for _, v in params)
-    ctx.reserve([(d.id, param_bytes + ctx.limits.max_shard_bytes) for d in devices if d.id in used])
     if job.spec.kind == m.TRAINING:
         # A training step's parameters change every step (ShardWork.params): they always travel in full.
-        pool = ctx.open_pool(spares, lambda attempt: ctx.execute(program, builds, params, attempt))
+        pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt))
         return training.collect(ctx, program, pool, [v for _, v in params])
     # An inference job's parameters are the same for every shard: each worker gets them once.
-    pool = ctx.open_pool(spares, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
+    pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
+    if proposal.moved is not None:
+        return inference.collect(ctx, program, pool, ctx.kept, proposal.moved)
     return inference.collect(ctx, program, pool)
 
 
-def _resume(ctx: JobContext):
+def _resume(ctx: JobContext) -> Proposal:
     """An inference job taken over from a dispatch replica that stopped: its plan's shards as they
     were, those finished kept, the rest run on the devices the mesh has now (a shard whose planned
     device is no longer a candidate goes to one the job would be planned on today)."""
     job = ctx.job
-    program, fresh, builds, devices = plan(ctx.mesh, ctx.throughput, ctx.limits, job.spec, keep=job.plan)
+    program, fresh, builds, devices = plan(ctx.inventory, ctx.compiler, ctx.throughput, ctx.limits, job.spec,
+                                           keep=job.plan)
     finished = ctx.kept
     have = {d.id for d in devices}
     spare = [s.device_id for s in fresh.shards] or sorted(have)
     lost = [s for s in job.plan.shards if s.device_id not in have and s.index not in finished]
     moved = {s.index: spare[k % len(spare)] for k, s in enumerate(lost)}
     used = {moved.get(s.index, s.device_id) for s in job.plan.shards if s.index not in finished}
-    ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
-    params = ctx.parameters(program)
-    param_bytes = sum(v.nbytes for _, v in params)
-    ctx.reserve([(d.id, param_bytes + ctx.limits.max_shard_bytes) for d in devices if d.id in used])
-    pool = ctx.open_pool(devices, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
-    return inference.collect(ctx, program, pool, finished, moved)
+    claim = parameter_bytes(program) + ctx.limits.max_shard_bytes
+    return Proposal(program, job.plan, builds, devices, tuple((d.id, claim) for d in devices if d.id in used),
+                    moved=moved)
 
 
 def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: m.JobSpec,

@@ -19,28 +19,30 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
-from dispatch_svc.jobs import records as m
+from dispatch_svc.admission.admission import Grant
+from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
-from dispatch_svc.ports import Build, Mesh, ShardOutput, ShardWork
 from dispatch_svc.execution.outputs import JobOutputs
+from dispatch_svc.execution.strategies.context import InflightBudget, JobContext
 from dispatch_svc.execution.strategies.pipeline_plan import PlacedJob, plan_placement
+from dispatch_svc.execution.strategies.pipeline_training import TrainedStage, check_training_inputs, train
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.validation import check_inputs
 from dispatch_svc.planner.calibration import StageCalibration
 from dispatch_svc.planner.placement import COMPUTE_FACTOR, INFERENCE, TRAINING
-from dispatch_svc.execution.strategies.context import InflightBudget, JobContext
-from dispatch_svc.execution.strategies.pipeline_training import TrainedStage, check_training_inputs, train
-from dispatch_svc.jobs.validation import check_inputs
+from dispatch_svc.ports import Build, Compiler, Inventory, ShardOutput, ShardWork
 
 ALL_DONE_POLL_S = 0.5  # how often the collecting thread checks for a cancel while micro-batches run
 
 
-def place(mesh: Mesh, spec: m.JobSpec, calibration: StageCalibration | None = None
+def place(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, calibration: StageCalibration | None = None
           ) -> tuple[Program | None, PlacedJob]:
     """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
     if spec.placement.layers:
         program = None
         rows = spec.inputs[0].rows if spec.inputs else 0
     else:
-        program = mesh.describe_program(spec.program, spec.version)
+        program = compiler.describe_program(spec.program, spec.version)
         if program.kind != "model":
             raise errors.InvalidArgument(
                 f"spec.placement places a model's layers, but {program.ref} is a {program.kind}; name a model "
@@ -51,75 +53,106 @@ def place(mesh: Mesh, spec: m.JobSpec, calibration: StageCalibration | None = No
             rows = check_training_inputs(program, spec)
         else:
             rows = check_inputs(program, spec)
-    return program, plan_placement(mesh, spec, program, rows, calibration)
+    return program, plan_placement(inventory, compiler, spec, program, rows, calibration)
 
 
-def start(ctx: JobContext, max_shards: int | None = None):
-    """Place the layers, build one artifact per stage for its device's rule, reserve what the
-    placement needs on each device; returns the work that streams micro-batches through.
-    `max_shards`: micro-batches x stages at most, each a shard record of the job."""
-    job, spec = ctx.job, ctx.spec
-    if spec.placement.layers:
-        raise errors.InvalidArgument(
-            "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
-            "name a registered model program")
-    training = spec.kind == m.TRAINING
-    program, placed = place(ctx.mesh, spec, ctx.throughput.stages)
-    placement = placed.plan.placement
-    rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
-    # a shard record per micro-batch and stage (and pass, training: reused every step)
-    batch = min(rows, spec.training.batch_size) if training else rows
-    per_batch = -(-batch // micro)  # micro-batches of the job (training: of one step)
-    shards = per_batch * len(placement.stages) * (2 if training else 1)
-    if max_shards is not None and shards > max_shards:  # before anything is built or reserved
-        raise errors.ResourceExhausted(
-            f"the job's {placement.micro_batches:,} micro-batches through {len(placement.stages)} stages are {shards:,} "
-            f"shards; this dispatcher takes at most {max_shards:,} (raise ACCELMESH_MAX_JOB_SHARDS to allow more, "
-            "or send larger spec.placement.micro_batch_rows)")
-    if ctx.live.span is not None:
-        ctx.live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
-    if training:  # micro-batches of a full mini-batch, and of the last, partial one
-        sizes = sorted({micro, batch % micro, rows % batch % micro, min(micro, rows % batch)} - {0})
-    else:
-        sizes = sorted({micro, rows % micro} - {0})
-    stages = _build_stages(ctx, program, placed, sizes)
-    plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
-        dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
-                            rule=stages[st.index].builds[st.target_type].rule_name)
-        for st in placement.stages)))
-    ctx.book.update(job, plan=plan, state=m.COMPILING)
-    layers = placement.layers
-    ctx.book.emit(job, m.PLANNED, plan=plan, message=(
-        f"{len(layers)} layers in {len(stages)} stages on {placement.device_count} "
-        f"devices ({placement.strategy}), {placement.micro_batches} micro-batches of {micro} rows"))
-    ctx.book.emit(job, m.COMPILED, message=", ".join(
-        f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
-        f"{st.target_type}: {st.rule}" for st in plan.placement.stages))
-    if training:
-        return _train(ctx, program, placed, stages, sizes, per_batch)
-    params = dict(ctx.parameters(program))
-    for stage in stages:  # a device receives only the parameters of its own layers
-        stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
-    params.clear()
-    ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
-    pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
-    return _flow(ctx, program, stages, pool)
+@dataclass
+class Proposal:
+    """A placed job, built stage by stage, and what it claims: each placed device the memory its
+    layers need."""
+
+    program: Program
+    placed: PlacedJob
+    plan: m.Plan
+    stages: list[_Stage]
+    sizes: list[int]
+    per_batch: int  # micro-batches of the job (training: of one step)
+    claims: tuple[tuple[str, int], ...]
 
 
-def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_Stage], sizes: list[int],
-           per_step: int):
+class Pipeline:
+    """`max_shards`: micro-batches x stages at most, each a shard record of the job."""
+
+    def __init__(self, max_shards: int | None = None):
+        self.max_shards = max_shards
+
+    def propose(self, ctx: JobContext, narrowing: Narrowing | None = None) -> Proposal:
+        """Place the layers, build one artifact per stage for its device's rule (and for training
+        each stage's backward pass), and say what the placement needs on each device. A placement
+        ranks every device its constraints allow: a scheduling round's narrowing is not used."""
+        job, spec = ctx.job, ctx.spec
+        if spec.placement.layers:
+            raise errors.InvalidArgument(
+                "spec.placement.layers is a table of your own for PlanJob; to run a model, leave it empty and "
+                "name a registered model program")
+        training = spec.kind == m.TRAINING
+        program, placed = place(ctx.inventory, ctx.compiler, spec, ctx.throughput.stages)
+        placement = placed.plan.placement
+        rows, micro = spec.inputs[0].rows, placement.micro_batch_rows
+        # a shard record per micro-batch and stage (and pass, training: reused every step)
+        batch = min(rows, spec.training.batch_size) if training else rows
+        per_batch = -(-batch // micro)
+        shards = per_batch * len(placement.stages) * (2 if training else 1)
+        if self.max_shards is not None and shards > self.max_shards:  # before anything is built or reserved
+            raise errors.ResourceExhausted(
+                f"the job's {placement.micro_batches:,} micro-batches through {len(placement.stages)} stages are "
+                f"{shards:,} shards; this dispatcher takes at most {self.max_shards:,} (raise ACCELMESH_MAX_JOB_SHARDS "
+                "to allow more, or send larger spec.placement.micro_batch_rows)")
+        if ctx.live.span is not None:
+            ctx.live.span.set_attribute(attr.PLACEMENT_STRATEGY, placement.strategy)
+        if training:  # micro-batches of a full mini-batch, and of the last, partial one
+            sizes = sorted({micro, batch % micro, rows % batch % micro, min(micro, rows % batch)} - {0})
+        else:
+            sizes = sorted({micro, rows % micro} - {0})
+        stages = _build_stages(ctx, program, placed, sizes)
+        plan = dataclasses.replace(placed.plan, placement=dataclasses.replace(placement, stages=tuple(
+            dataclasses.replace(st, artifact_key=stages[st.index].builds[st.target_type].portable.key,
+                                rule=stages[st.index].builds[st.target_type].rule_name)
+            for st in placement.stages)))
+        ctx.book.update(job, plan=plan, state=m.COMPILING)
+        if training:
+            _build_backward(ctx, program, placed, stages, sizes)
+        return Proposal(program, placed, plan, stages, sizes, per_batch,
+                        tuple((d.device_id, d.memory_bytes) for d in placement.devices))
+
+    def start(self, ctx: JobContext, proposal: Proposal, grant: Grant):
+        """The admitted job's events and device pool; returns the work that streams micro-batches through."""
+        job, plan, stages, program = ctx.job, proposal.plan, proposal.stages, proposal.program
+        placement, layers = plan.placement, plan.placement.layers
+        ctx.book.emit(job, m.PLANNED, plan=plan, message=(
+            f"{len(layers)} layers in {len(stages)} stages on {placement.device_count} "
+            f"devices ({placement.strategy}), {placement.micro_batches} micro-batches of {placement.micro_batch_rows} "
+            "rows"))
+        ctx.book.emit(job, m.COMPILED, message=", ".join(
+            f"stage {st.index} ({st.layer_count} layers from {layers[st.first_layer].layer}): "
+            f"{st.target_type}: {st.rule}" for st in placement.stages))
+        pool = ctx.open_pool(list(proposal.placed.devices.values()),
+                             lambda attempt: _execute_stage(ctx, program, proposal.sizes, attempt))
+        if ctx.spec.kind == m.TRAINING:
+            ctx.book.emit(job, m.COMPILED, message=f"backward passes of {len(stages)} stages built")
+            return _train(ctx, program, stages, pool, proposal.per_batch)
+        params = dict(ctx.parameters(program))
+        for stage in stages:  # a device receives only the parameters of its own layers
+            stage.params = [(p.name, params[p.name]) for p in stage.program.parameters]
+        params.clear()
+        return _flow(ctx, program, stages, pool)
+
+
+def _build_backward(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_Stage],
+                    sizes: list[int]) -> None:
     """Placed training (pipeline_training.py): each stage's backward pass built for the types its
-    forward was, the devices reserved, the steps' work returned. `per_step`: micro-batches of a
-    full step."""
-    placement = placed.plan.placement
+    forward was."""
     for stage in stages:
         for target_type in list(stage.builds):
             device = next(placed.devices[d] for d in stage.device_ids if placed.devices[d].target_type == target_type)
-            stage.backward, built = ctx.mesh.compile_stage(program, [device], stage.first_layer, stage.layer_count,
-                                                           sizes, backward=True,
-                                                           precision=ctx.spec.constraints.precision)
+            stage.backward, built = ctx.compiler.compile_stage(program, [device], stage.first_layer,
+                                                               stage.layer_count, sizes, backward=True,
+                                                               precision=ctx.spec.constraints.precision)
             stage.backward_builds.update({b.target_type: b for b in built})
-    ctx.book.emit(ctx.job, m.COMPILED, message=f"backward passes of {len(stages)} stages built")
+
+
+def _train(ctx: JobContext, program: Program, stages: list[_Stage], pool: DevicePool, per_step: int):
+    """The steps' work of placed training. `per_step`: micro-batches of a full step."""
     count = len(stages)
 
     def submit(stage: _Stage, k: int, backward: bool, inputs, params, held: str, on_done, on_error) -> None:
@@ -136,11 +169,9 @@ def _train(ctx: JobContext, program: Program, placed: PlacedJob, stages: list[_S
     ctx.ensure_records(per_step * count * 2)
     for stage in stages:  # every step's micro-batches 0.. take the same turns
         stage.take_turns(per_step)
-    ctx.reserve([(d.device_id, d.memory_bytes) for d in placement.devices])
-    pool = ctx.open_pool(list(placed.devices.values()), lambda attempt: _execute_stage(ctx, program, sizes, attempt))
     trained = [TrainedStage(st.index, st.device_ids, st.program, st.backward) for st in stages]
     by_index = {st.index: st for st in stages}
-    return train(ctx, program, trained, pool, ctx.parameters(program), placement.micro_batch_rows,
+    return train(ctx, program, trained, pool, ctx.parameters(program), ctx.job.plan.placement.micro_batch_rows,
                  lambda t, *rest: submit(by_index[t.index], *rest))
 
 
@@ -153,7 +184,7 @@ def _build_stages(ctx: JobContext, program: Program, placed: PlacedJob, sizes: l
         device = placed.devices[st.device_id]
         stage_program, by_type = builds.get(key, (None, {}))
         if device.target_type not in by_type:
-            stage_program, built = ctx.mesh.compile_stage(program, [device], st.first_layer, st.layer_count, sizes,
+            stage_program, built = ctx.compiler.compile_stage(program, [device], st.first_layer, st.layer_count, sizes,
                                                           precision=ctx.spec.constraints.precision)
             by_type.update({b.target_type: b for b in built})
             builds[key] = (stage_program, by_type)
@@ -172,7 +203,7 @@ def _execute_stage(ctx: JobContext, program: Program, sizes: list[int], attempt:
     builds = stage.backward_builds if work.backward else stage.builds
     build = builds.get(attempt.device.target_type)
     if build is None:
-        _, built = ctx.mesh.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes,
+        _, built = ctx.compiler.compile_stage(program, [attempt.device], stage.first_layer, stage.layer_count, sizes,
                                           backward=work.backward, precision=ctx.spec.constraints.precision)
         build = builds.setdefault(attempt.device.target_type, built[0])
     # A stage's parameters serve every micro-batch: its worker gets them once, then by key.

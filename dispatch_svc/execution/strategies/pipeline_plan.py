@@ -23,7 +23,7 @@ from accelmesh.scoring import Weights, free_status
 from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.planner.calibration import StageCalibration
-from dispatch_svc.ports import JobDevice, RuleChoice, Scoring
+from dispatch_svc.ports import Compiler, Inventory, JobDevice, RuleChoice, Scoring
 
 
 @dataclass
@@ -41,7 +41,7 @@ def layer_costs(program: Program) -> tuple[pl.LayerCost, ...]:
     return tuple(pl.LayerCost(**layer_cost_fields(x)) for x in program.layers)
 
 
-def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int,
+def plan_placement(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, program: Program | None, rows: int,
                    calibration: StageCalibration | None = None) -> PlacedJob:
     """Place the model of `spec` on the healthy devices matching its constraints; raises
     InvalidArgument for a bad table or options, ResourceExhausted (with the shortfall) when no
@@ -67,14 +67,14 @@ def plan_placement(mesh, spec: m.JobSpec, program: Program | None, rows: int,
     if options.weights is not None:
         Weights(*options.weights)  # refuses negative or all-zero weights before any call
 
-    devices = mesh.candidate_devices(spec.constraints)
+    devices = inventory.candidate_devices(spec.constraints)
     if not devices:
         raise errors.FailedPrecondition("no healthy device matches the job's constraints, so there is nothing to place "
                                         "the model on")
-    devices = mesh.refresh(devices)
-    rules = _rules(mesh, devices, spec.constraints.precision)
+    devices = inventory.refresh(devices)
+    rules = _rules(compiler, devices, spec.constraints.precision)
     precision = Counter(r.compute_dtype for r in rules.values()).most_common(1)[0][0]
-    scoring = mesh.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints,
+    scoring = inventory.score_devices(spec.kind, precision, intensity or 1.0, options.weights, spec.constraints,
                                  [d.id for d in devices])  # the devices just refreshed, not a new search
     devices = [dataclasses.replace(d, target_type=rules[d.id].target_type) for d in devices if d.id in scoring.devices]
     if not devices:
@@ -146,14 +146,14 @@ def _job_seconds(placement: m.PlacementPlan, step_micro_batches: int) -> float:
     return fill + max(0, step_micro_batches - 1) * placement.predicted_step_seconds
 
 
-def _rules(mesh, devices: list[JobDevice], precision: str) -> dict[str, RuleChoice]:
+def _rules(compiler: Compiler, devices: list[JobDevice], precision: str) -> dict[str, RuleChoice]:
     """The compile rule of every device under the job's precision, asking once per kind of device."""
     by_kind: dict[tuple, RuleChoice] = {}
     out = {}
     for d in devices:
         key = (d.spec.type, d.spec.platform, d.spec.capabilities, d.spec.compute_capability, d.spec.execution_platform)
         if key not in by_kind:
-            by_kind[key] = mesh.explain_rule(d, precision)
+            by_kind[key] = compiler.explain_rule(d, precision)
         out[d.id] = by_kind[key]
     return out
 

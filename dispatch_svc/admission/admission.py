@@ -1,0 +1,118 @@
+"""The admission gate (requirements D3): a planned job's claims (the devices its plan gives work
+and the bytes each must hold) are checked against its owner's quota, then reserved on the
+inventory, before the job's strategy reads a parameter, opens a device pool or sends a shard.
+The gate answers with a `Grant` (the devices reserved, and leased while the job runs) or a
+`Wait` saying why the job cannot start now, which the runner turns into a place in the queue.
+A job that may not wait (spec.queue_timeout 0 s, or an owner with as many jobs queued as one
+tenant may have) is refused with RESOURCE_EXHAUSTED instead.
+
+Kueue admits a workload on its declared requests before any of it runs. A job here declares its
+requests by being planned: which devices get rows, and what each stage of a placed model holds,
+are the plan's answer (a device the plan gives no rows is not reserved, nor counted against the
+quota). So planning comes first, read-only, and the gate decides before anything of the job runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from accelmesh import errors
+from dispatch_svc.admission.quotas import OverQuota, Quotas
+from dispatch_svc.admission.reservations import LeaseKeeper
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.limits import RESERVATION_TTL_S
+from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
+from dispatch_svc.ports import Inventory, LiveJob
+
+DEFAULT_QUEUE_TIMEOUT_S = 24 * 3600.0  # a job's wait when its spec says nothing (ACCELMESH_QUEUE_TIMEOUT_S)
+# Jobs one tenant may have queued at once (ACCELMESH_MAX_QUEUED_PER_TENANT): each holds its inputs on
+# the dispatch dir's disk while it waits (at most ACCELMESH_MAX_JOB_BYTES each).
+DEFAULT_MAX_QUEUED = 100
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The job holds these claims (device id, bytes), leased by `lease` until the job ends."""
+
+    claims: tuple[tuple[str, int], ...]
+    lease: LeaseKeeper
+
+    @property
+    def device_ids(self) -> frozenset[str]:
+        return frozenset(device for device, _ in self.claims)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The job cannot start now, for `reason`: it waits in the queue."""
+
+    reason: str
+
+
+class AdmissionGate:
+    """`quotas` None: a dispatcher without quotas or a queue (a strategy's unit tests), where a
+    reservation the inventory refuses fails the job."""
+
+    def __init__(self, inventory: Inventory, *, reservation_ttl_s: int = RESERVATION_TTL_S,
+                 quotas: Quotas | None = None, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+                 max_queued: int = DEFAULT_MAX_QUEUED, metrics: DispatchMetrics = NO_METRICS):
+        if not queue_timeout_s > 0:
+            raise errors.InvalidArgument(f"queue_timeout_s is {queue_timeout_s}; set ACCELMESH_QUEUE_TIMEOUT_S to a "
+                                         "number of seconds > 0")
+        if max_queued < 1:
+            raise errors.InvalidArgument(f"max_queued is {max_queued}; set ACCELMESH_MAX_QUEUED_PER_TENANT to a "
+                                         "number of jobs >= 1")
+        self._inventory, self._ttl_s, self.quotas = inventory, reservation_ttl_s, quotas
+        self.queue_timeout_s, self.max_queued = queue_timeout_s, max_queued
+        self._metrics = metrics
+
+    def check_priority(self, owner: str, priority: int) -> None:
+        """Before a job is stored: a priority above its owner's quota's top is refused."""
+        if self.quotas is not None:
+            self.quotas.check_priority(owner, priority)
+
+    def admit(self, job: m.JobRecord, live: LiveJob, claims: Sequence[tuple[str, int]]) -> Grant | Wait:
+        """The owner's quota takes the claims (recorded as the job's holding), then the inventory
+        reserves them, all or none; granted, the reservations are renewed until the job is done."""
+        reserved_at = time.monotonic()
+        if self.quotas is not None:
+            try:
+                self.quotas.admit(job.job_id, job.owner, len(claims), sum(nbytes for _, nbytes in claims))
+            except OverQuota as exc:
+                return self._refused(job, f"quota: {exc}")
+        try:
+            self._inventory.reserve(job.job_id, claims, self._ttl_s)
+        except errors.ResourceExhausted as exc:
+            if self.quotas is None:
+                raise
+            return self._refused(job, f"devices: {exc}")
+        if job.queue is not None:  # it waited in the queue: for how long
+            self._metrics.queue_wait(time.time() - job.queue.since)
+        live.lease = LeaseKeeper(self._inventory, job.job_id, [device for device, _ in claims], self._ttl_s, live,
+                                 reserved_at=reserved_at)
+        return Grant(tuple(claims), live.lease)
+
+    def _refused(self, job: m.JobRecord, reason: str) -> Wait:
+        """Wait, or RESOURCE_EXHAUSTED for a job that may not wait or whose owner has as many jobs
+        queued as one tenant may. A job that was queued before goes back whatever the count: its
+        place was granted once. Two replicas queueing one tenant's jobs at once may each pass the
+        last place: the bound is soft by that much."""
+        if job.spec.queue_timeout_s == 0:
+            raise errors.ResourceExhausted(f"{reason} (the job was not queued: its spec.queue_timeout is 0 s)")
+        if job.queue is None:
+            waiting = self.quotas.queued_count(job.owner)
+            if waiting >= self.max_queued:
+                raise errors.ResourceExhausted(
+                    f"{reason}, and the job was not queued: {job.owner or 'its owner'} has {waiting} jobs queued "
+                    f"already, the most one tenant may (ACCELMESH_MAX_QUEUED_PER_TENANT={self.max_queued}); wait "
+                    "for some of them to start, or cancel some (accelmesh jobs cancel)")
+        return Wait(reason)
+
+    def deadline(self, job: m.JobRecord, now: float) -> float:
+        """When the job gives up waiting: its first queueing's deadline, kept when it is queued again."""
+        if job.queue is not None:
+            return job.queue.deadline
+        timeout = job.spec.queue_timeout_s
+        return now + (self.queue_timeout_s if timeout is None else timeout)

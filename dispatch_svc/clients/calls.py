@@ -1,0 +1,32 @@
+"""One unary call to a control-plane service, its error as the domain's: what every client here
+shares. A call to a service that may run as replicas is retried on another one (`replicated`)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from accelmesh.runtime.errors import error_from_rpc
+
+CALL_TIMEOUT_S = 120.0
+# A call to replicas that every replica failed (gRPC retried it already) is asked again up to this
+# many times in all, 0.5 s, 1 s, then 1.5 s later: longer than a replica back up takes to be
+# dialled again (runtime/channels.py caps that backoff at a second).
+REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
+
+
+def call(what: str, method, request, *, replicated: bool = False, timeout_s: float = CALL_TIMEOUT_S):
+    """`method(request)`, a failure raised as the domain error of its status (`what` names the
+    service in the message). `replicated`: an idempotent call to a service that may run as
+    replicas. gRPC retries it on another replica at once (runtime/channels.py); while the channel
+    still counts every replica as failing (one was just killed while another is being dialled
+    again after a restart), it is asked again here, over a few seconds."""
+    for attempt in range(1, REPLICA_ATTEMPTS + 1):
+        try:
+            return method(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if not (replicated and exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < REPLICA_ATTEMPTS):
+                raise error_from_rpc(exc, what) from None
+            time.sleep(REPLICA_RETRY_S * attempt)
+    raise AssertionError("unreachable")

@@ -1,0 +1,51 @@
+"""What a shard is sent to and with, and what it answers: the device it runs on, the build and
+artifact of that device's target type, and its outputs with the worker's timings. Plain records
+shared by the clients that produce them (inventory, compiler) and the data plane that uses them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from accelmesh.runtime.tensors import Placed
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    key: str
+    digest: str
+    format: str  # "stablehlo" or "executable"
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Build:
+    target_type: str
+    rule_name: str
+    compute_dtype: str
+    rule: Any  # the rule as the compile service sent it; passed on to workers untouched
+    device_ids: tuple[str, ...]
+    portable: ArtifactRef
+    executables: dict[int, ArtifactRef]
+
+
+@dataclass(frozen=True)
+class JobDevice:
+    spec: Any  # accelmesh.hardware.model.DeviceSpec
+    node_address: str
+    target_type: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    outputs: list[np.ndarray | Placed]  # Placed: written where the shard's `place_outputs` said
+    queue_seconds: float
+    load_seconds: float
+    execute_seconds: float
+    load_kind: str

@@ -343,7 +343,7 @@ def bench_planning(inventory, plan: Plan) -> dict:
     from dispatch_svc.jobs import records as m
     from dispatch_svc.ports import ArtifactRef, Build, JobDevice
     from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, Target, ThroughputModel, plan_shards
-    from dispatch_svc.execution.strategies.context import Limits
+    from dispatch_svc.jobs.limits import Limits
     from dispatch_svc.execution.strategies.data_parallel import _split as data_parallel_split
     from dispatch_svc.planner.placement import INFERENCE, Device, Model, NoRoom, Task, place_balanced, place_ranked
 

@@ -14,18 +14,18 @@ devices is a few hundred; the per-class tables are numpy arrays.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dispatch_svc.planner.layer_model import (
-    BANDWIDTH_EFFICIENCY, MAX_STAGE_REPLICAS, alike_key, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
+    MAX_STAGE_REPLICAS, alike_key, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
     summary,
 )
 from dispatch_svc.planner.placement_types import BALANCED, ByDevice, Device, NoRoom, Placement
-from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
+from dispatch_svc.planner.cover_search import MAX_DENSE_STATES, cover_path, dense_cover, dense_size, search_states
+from dispatch_svc.planner.stage_spans import Spans, memory_reach, stage_tables
 
 # Count vectors the search may visit before it merges device classes (see _classes).
 MAX_SEARCH_STATES = 200_000
@@ -116,21 +116,21 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     pool = [devices[i] for i in useful]
     classes, note = _classes(model, pool, dict(zip((d.id for d in pool), values[useful].tolist())), count)
     k_count = len(classes)
-    cum, send = _stage_tables(model, [cls.example for cls in classes])
+    cum, send = stage_tables(model, [cls.example for cls in classes])
     overhead = np.array([cls.example.stage_overhead_s for cls in classes], float)
-    reach_mem = _memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
+    reach_mem = memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
     gradients = np.concatenate(([0.0], np.cumsum([layer.parameter_bytes for layer in model.layers], dtype=float)))
     # Model.gradient_seconds and load_seconds of one gradient byte (both linear in the bytes)
     per_call = np.array([model.gradient_seconds(1.0, cls.example) for cls in classes])
     per_step = np.array([model.load_seconds(1.0, cls.example) for cls in classes])
-    spans = _Spans(cum, send, reach_mem, gradients, per_call, per_step, overhead)
+    spans = Spans(cum, send, reach_mem, gradients, per_call, per_step, overhead)
     if not spans.any():
         raise _no_split(model, classes)
     candidates = spans.candidates()
     avail = tuple(min(len(c.devices), count) for c in classes)
 
-    exact = _search_states(count, k_count) <= MAX_SEARCH_STATES
-    replicate = _search_states(count, k_count) <= MAX_REPLICATED_STATES
+    exact = search_states(count, k_count) <= MAX_SEARCH_STATES
+    replicate = search_states(count, k_count) <= MAX_REPLICATED_STATES
     most = MAX_STAGE_REPLICAS if replicate else 1
     replicas = [min(most, a) for a in avail]  # devices of a class one stage may run on
     candidates = np.unique(np.concatenate([spans.candidates(r) for r in range(1, max(replicas) + 1)]))
@@ -141,7 +141,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
 
     def cover(limit: float, count: int = count) -> list[tuple[int, int, int]] | None:
         """Stages (class, first layer, devices) covering every layer with stage times <= limit on
-        at most `count` devices, the fewest such, or None (a stage on r devices: _Spans)."""
+        at most `count` devices, the fewest such, or None (a stage on r devices: Spans)."""
         if not exact:
             reach = spans.reach(limit)
             stages, prefix = [], 0
@@ -153,8 +153,8 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
                         return stages
             return None
         reaches = [spans.reach(limit, r) for r in range(1, max(replicas) + 1)]
-        if _dense_size(avail, count) <= MAX_DENSE_STATES:
-            return _dense_cover(reaches, replicas, avail, count, n)
+        if dense_size(avail, count) <= MAX_DENSE_STATES:
+            return dense_cover(reaches, replicas, avail, count, n)
         levels: list[dict[tuple[int, ...], int]] = [{} for _ in range(count + 1)]
         levels[0][(0,) * k_count] = 0
         parents: dict[tuple[int, ...], tuple[tuple[int, ...], int, int, int]] = {}
@@ -172,7 +172,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
                             parents[new] = (vec, k, prefix, r)
             done = [vec for vec, prefix in levels[used + 1].items() if prefix == n]
             if done:
-                return _path(parents, min(done))
+                return cover_path(parents, min(done))
             levels[used + 1] = {v: p for v, p in levels[used + 1].items() if p < n}
         return None
 
@@ -238,94 +238,6 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     return Placement(BALANCED, tuple(assignment), evaluation, caps, ByDevice(figures.ids, values), lines, copies)
 
 
-SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array; past it, one per first layer
-
-
-class _Spans:
-    """The time of every stage (layers i..j-1 on a device of class k, its stage call's overhead
-    included, over r of its devices)
-    that the class's memory holds: the candidate step times, and for a limit the longest stage
-    from each i within it. One (k, i, j) array when it is small enough, else one (k, j) array per
-    first layer i. Trained, a stage's device also returns its parameter bytes' gradients every
-    micro-batch (`per_call[k]` a byte) and receives them as new parameters every step
-    (`per_step[k]` a byte, per micro-batch): over r devices a stage takes (its time + the
-    gradients' return) / r + the parameters' load (Model.gradient_seconds, Model.load_seconds)."""
-
-    def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray, gradients: np.ndarray,
-                 per_call: np.ndarray, per_step: np.ndarray, overhead: np.ndarray):
-        k_count, n = reach_mem.shape
-        self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
-        self._per_call, self._per_step = per_call[:, None], per_step[:, None]
-        self._trained = bool(per_call.any() or per_step.any())
-        last = np.arange(1, n + 1)
-        if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
-            self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:] + overhead[:, None, None]
-            self._grads = (gradients[None, 1:] - gradients[:n, None])[None]
-            self._fits = (last[None, None, :] > np.arange(n)[None, :, None]) & (last[None, None, :] <= reach_mem[:, :, None])
-        else:
-            self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:] + overhead[:, None],
-                           gradients[None, i + 1:] - gradients[i],
-                           last[None, i:] <= reach_mem[:, i:i + 1])
-                          for i in range(n)]
-
-    def _over(self, times: np.ndarray, grads: np.ndarray, r: int) -> np.ndarray:
-        if not self._trained:
-            return times if r == 1 else times / r
-        per_call, per_step = ((a[:, :, None] if times.ndim == 3 else a) for a in (self._per_call, self._per_step))
-        return (times + per_call * grads) / r + per_step * grads
-
-    def any(self) -> bool:
-        return bool(self._fits.any()) if self._whole else any(fits.any() for _, _, fits in self._rows)
-
-    def candidates(self, r: int = 1) -> np.ndarray:
-        if self._whole:
-            return np.unique(self._over(self._times, self._grads, r)[self._fits])
-        return np.unique(np.concatenate([self._over(t, g, r)[fits] for t, g, fits in self._rows]))
-
-    def reach(self, limit: float, r: int = 1) -> np.ndarray:
-        """reach[k, i]: the end j of the longest stage from i on r devices of class k within
-        ``limit``; -1 if none."""
-        if self._whole:
-            ok = self._fits & (self._over(self._times, self._grads, r) <= limit)
-            last = self._n - 1 - np.argmax(ok[:, :, ::-1], axis=2)
-            return np.where(ok.any(axis=2), last + 1, -1)
-        reach = np.full((len(self._rows[0][0]), self._n), -1, dtype=np.int64)
-        for i, (times, grads, fits) in enumerate(self._rows):
-            ok = fits & (self._over(times, grads, r) <= limit)
-            last = ok.shape[1] - 1 - np.argmax(ok[:, ::-1], axis=1)
-            reach[:, i] = np.where(ok.any(axis=1), i + 1 + last, -1)
-        return reach
-
-
-def _stage_tables(model: Model, examples: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (rows): prefix sums of Model.compute_seconds over the layers, and send[k][j], what
-    a stage ending before layer j pays to send layer j-1's output (Model.send_seconds); the same
-    arithmetic as those methods, over arrays."""
-    n = len(model)
-    rate = np.array([d.peak_tflops for d in examples], float)[:, None] * 1e12 * CATALOG_EFFICIENCY
-    bandwidth = np.array([d.memory_bandwidth_gbps for d in examples], float)[:, None] * 1e9 * BANDWIDTH_EFFICIENCY
-    flops, traffic = np.array(model.flops, float)[None, :], np.array(model.traffic, float)[None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        flops_s = np.where(rate > 0, flops / rate, np.where(flops > 0, np.inf, 0.0))
-        bytes_s = np.where(bandwidth > 0, traffic / bandwidth, 0.0)
-    cum = np.zeros((len(examples), n + 1))
-    cum[:, 1:] = np.cumsum(np.maximum(flops_s, bytes_s), axis=1)
-    send = np.zeros((len(examples), n + 1))
-    link = np.array([link_gbps(d) for d in examples], float)[:, None]
-    send[:, 1:n] = np.array(model.act[:-1], float)[None, :] / (link * 1e9 * BANDWIDTH_EFFICIENCY)
-    return cum, send
-
-
-def _memory_reach(model: Model, capacity_bytes: np.ndarray) -> np.ndarray:
-    """reach[k][i]: the largest j such that layers i..j-1 fit a device of usable memory
-    capacity_bytes[k] as one stage (Model.stage_needs)."""
-    n = len(model)
-    reach = np.zeros((len(capacity_bytes), n), np.int64)
-    for i in range(n):
-        reach[:, i] = i + np.searchsorted(model.stage_needs(i), capacity_bytes, side="right")
-    return reach
-
-
 def _useful(f: _Figures, count: int) -> tuple[np.ndarray, int]:
     """The indices of the devices a best placement on at most `count` of them may need, and how
     many classes of identical devices (_classes' key) there are in all.
@@ -370,7 +282,7 @@ def _classes(model: Model, devices: Sequence[Device], scores: dict[str, float], 
         key = alike_key(d, model.task)
         groups.setdefault(key, []).append(d)
     classes = [_Class(g[:count], key[4]) for key, g in groups.items()]
-    if _search_states(count, len(classes)) <= MAX_SEARCH_STATES:
+    if search_states(count, len(classes)) <= MAX_SEARCH_STATES:
         return classes, ""
     by_type: dict[str, list[Device]] = {}
     for cls in classes:
@@ -441,73 +353,6 @@ def _widen(model: Model, pool: Sequence[Device], classes: Sequence[_Class], assi
 
 def _busy(evaluation, device_id: str) -> float:
     return evaluation.compute_seconds[device_id] + evaluation.transfer_seconds[device_id]
-
-
-MAX_DENSE_STATES = 1 << 22  # vectors of devices used per class _dense_cover keeps arrays over
-
-
-def _dense_size(avail: Sequence[int], count: int) -> int:
-    return math.prod(min(a, count) + 1 for a in avail)
-
-
-def _dense_cover(reaches: Sequence[np.ndarray], replicas: Sequence[int], avail: Sequence[int], count: int,
-                 n: int) -> list[tuple[int, int, int]] | None:
-    """cover()'s search over arrays: every vector of devices used per class is a number (class 0
-    the most significant digit, so the smallest number is the first vector in order), its
-    longest prefix reached and how it was reached kept in arrays; a level's vectors extend by
-    every (class, replicas) at once. The same recurrence and the same fewest-devices answer as
-    the dictionaries' search, for vectors too many to visit one by one in Python."""
-    k_count = len(avail)
-    radix = [min(a, count) + 1 for a in avail]
-    strides = [math.prod(radix[k + 1:]) for k in range(k_count)]
-    size = math.prod(radix)
-    best = np.full(size, -1, np.int64)
-    best[0] = 0
-    parent = np.zeros(size, np.int64)
-    how = np.zeros((size, 3), np.int64)  # class, first layer, devices of the stage that reached it
-    levels: list[list[np.ndarray]] = [[] for _ in range(count + 1)]
-    levels[0].append(np.zeros(1, np.int64))
-    for used in range(count):
-        if levels[used]:
-            codes = np.unique(np.concatenate(levels[used]))
-            prefixes = best[codes]
-            keep = prefixes < n
-            codes, prefixes = codes[keep], prefixes[keep]
-            for k in range(k_count):
-                digit = (codes // strides[k]) % radix[k]
-                for r in range(1, min(replicas[k], count - used) + 1):
-                    reached = reaches[r - 1][k, prefixes]
-                    ok = (digit + r <= min(avail[k], count)) & (reached > prefixes)
-                    new = codes[ok] + r * strides[k]  # distinct: one (class, replicas) from distinct vectors
-                    better = reached[ok] > best[new]
-                    src, to, start, new = codes[ok][better], reached[ok][better], prefixes[ok][better], new[better]
-                    best[new], parent[new] = to, src
-                    how[new] = np.stack([np.full(new.size, k), start, np.full(new.size, r)], axis=1)
-                    levels[used + r].append(new)
-        if levels[used + 1]:
-            reached_all = np.unique(np.concatenate(levels[used + 1]))
-            done = reached_all[best[reached_all] == n]
-            if done.size:
-                code, stages = int(done.min()), []
-                while code:
-                    k, prefix, r = (int(v) for v in how[code])
-                    stages.append((k, prefix, r))
-                    code = int(parent[code])
-                return stages[::-1]
-    return None
-
-
-def _path(parents: dict, vec: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    stages = []
-    while any(vec):
-        vec, k, prefix, r = parents[vec]
-        stages.append((k, prefix, r))
-    return stages[::-1]
-
-
-def _search_states(count: int, classes: int) -> int:
-    """Count vectors with at most `count` devices over `classes` classes."""
-    return math.comb(count + classes, classes)
 
 
 def _no_split(model: Model, classes: Sequence[_Class], count: int | None = None) -> NoRoom:

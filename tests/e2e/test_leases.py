@@ -35,7 +35,7 @@ from compile_svc.programs.builtin import IDENTITY_WIDTH
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.ports import LiveJob
 from dispatch_svc.server import build_dispatch
-from dispatch_svc.execution.strategies.context import LeaseKeeper
+from dispatch_svc.admission.reservations import LeaseKeeper
 
 LEASE_TTL_S = 2  # renewed every 2/3 s: a job waiting a few seconds outlives several leases
 SHARD_ROWS = 4  # identity rows are 4 KiB; 16 KiB shards hold at most 4

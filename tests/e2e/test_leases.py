@@ -9,7 +9,7 @@ The jobs are long because their client makes them so, not because of the machine
 sends the first rows, then waits for the test before it sends the rest.
 
 Last, the lease keeper alone against an inventory that does not answer (a scripted stand-in for
-the Mesh port, as tests/dispatch/_fake_mesh.py is for jobs): a short outage is retried through,
+the Mesh port, as tests/dispatch/tests/fakes/ports.py is for jobs): a short outage is retried through,
 one as long as the lease stops the job, never before the lease ran out."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 REPEATS = 5
 JOB_ROWS = 1024  # 32 shards of 32 token rows
 # The bounds themselves (two poll intervals; 1.25 leases) are proven on a test clock in
-# tests/inventory/test_poll_leases.py and tests/dispatch/test_takeover.py. Here real processes
+# tests/inventory/test_poll_leases.py and tests/dispatch/execution/test_takeover.py. Here real processes
 # share a loaded machine: a poll is recorded when its answers are, a moment after it began, and
 # a process may wait for a core. bench/ha.py reports the times measured.
 SCHEDULING_SLACK_S = 1.0

@@ -5,7 +5,7 @@ policy (min_total_time: each type to the jobs it speeds up most) gives it. The o
 throughput table (ACCELMESH_SCHEDULING_THROUGHPUTS) says that `mlp_classifier` runs 10x faster on
 an A100 and `identity` (a copy) no faster: the A100 goes to the job that gains from it although
 the other came first, where FIFO would hand it to the first, equal rates going to the first type
-by name (tests/dispatch/test_scheduling_rounds.py checks the policies on the same inputs)."""
+by name (tests/dispatch/admission/test_scheduling_rounds.py checks the policies on the same inputs)."""
 
 from __future__ import annotations
 

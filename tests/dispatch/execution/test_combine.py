@@ -1,6 +1,6 @@
 """Folding shard outputs: sum / mean against one-device references, in any arrival order, and
 over the bucketed shards the planner makes (concatenated outputs are written in place:
-tests/dispatch/test_strategies.py and tests/dispatch/test_buckets.py)."""
+tests/dispatch/execution/test_strategies.py and tests/dispatch/planner/test_buckets.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, BIAS, WAIT_S, X, FakeInventory, FakeMesh, FakeWorkers, Feed, spec_for
+from fakes.ports import AFFINE, BIAS, WAIT_S, X, FakeInventory, FakeMesh, FakeWorkers, Feed, spec_for
 
 from accelmesh import errors
 from dispatch_svc.jobs import records as m

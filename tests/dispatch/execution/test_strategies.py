@@ -1,4 +1,4 @@
-"""The job lifecycle and its strategies in this process, against a fake `Mesh` (_fake_mesh):
+"""The job lifecycle and its strategies in this process, against a fake `Mesh` (tests/fakes/ports.py):
 combining, retries, a shard that fails everywhere, cancellation, the in-flight budget, inputs
 that end early, a bug in a shard, training steps, and a pipeline's micro-batches through its
 stages. No processes and no sockets: the fake runs each shard with numpy and can be told to fail
@@ -16,7 +16,7 @@ from accelmesh.runtime.tensors import Placed
 from dispatch_svc.api import delivery
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
-from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, fake_pipeline_mesh, linreg_data,
+from fakes.ports import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, fake_pipeline_mesh, linreg_data,
                         linreg_sgd, result, run, runner_for, spec_for)
 
 

@@ -1,4 +1,4 @@
-"""What tests/dispatch/test_limits.py and test_job_footprint.py share: a dispatcher with small
+"""What tests/dispatch/api/test_limits.py and test_job_footprint.py share: a dispatcher with small
 limits served on port 0 over a fake mesh that records every call that plans, compiles, reserves
 or fetches for a job, and the calls that stream a job's request parts to it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
-from _fake_mesh import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeMesh
+from fakes.ports import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeMesh
 from conftest import CREDENTIALS
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb

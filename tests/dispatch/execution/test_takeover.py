@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, runner_for, spec_for
+from fakes.ports import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, runner_for, spec_for
 
 from accelmesh import errors
 from dispatch_svc.jobs import events as jobs

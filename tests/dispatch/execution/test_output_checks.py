@@ -18,7 +18,7 @@ from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import ShardFailed
 from dispatch_svc.jobs.training_options import TrainingOptions
 from dispatch_svc.jobs.validation import check_shard_outputs
-from _fake_mesh import (AFFINE, BIAS, CHAIN, KS, LINREG, X, FakeMesh, fake_pipeline_mesh, Feed, linreg_data,
+from fakes.ports import (AFFINE, BIAS, CHAIN, KS, LINREG, X, FakeMesh, fake_pipeline_mesh, Feed, linreg_data,
                         linreg_sgd, result, runner_for, spec_for)
 
 ROWS = r"\(\d+, 4\); the shard has (?P<rows>\d+) rows, so expected \((?P=rows), 4\)"  # a batched output

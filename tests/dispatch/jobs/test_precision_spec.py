@@ -17,7 +17,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
 from dispatch_svc.api import translate as tr
-from _fake_mesh import AFFINE, CHAIN, X, FakeMesh, fake_pipeline_mesh, Feed, run, runner_for, spec_for
+from fakes.ports import AFFINE, CHAIN, X, FakeMesh, fake_pipeline_mesh, Feed, run, runner_for, spec_for
 
 
 def spec_message(precision: int, kind: int = job_pb.JOB_KIND_INFERENCE) -> job_pb.JobSpec:

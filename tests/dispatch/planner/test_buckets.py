@@ -1,5 +1,5 @@
 """Bucketed shard sizes under load: 100 jobs of one program and input size, with device speeds
-that drift job to job, run through the job runner against the fake mesh (_fake_mesh), ask the
+that drift job to job, run through the job runner against the fake mesh (tests/fakes/ports.py), ask the
 compile service for a handful of executable sizes per target type, not one per rate-driven row
 count; every job's concatenated, summed and averaged outputs stay exact.
 
@@ -19,7 +19,7 @@ import numpy as np
 from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
 from dispatch_svc.jobs.training_options import TrainingOptions
-from _fake_mesh import AFFINE, BIAS, LINREG, FakeCompiler, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
+from fakes.ports import AFFINE, BIAS, LINREG, FakeCompiler, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
 
 JOBS = 100
 TYPES = ("v100-32gb", "v100-32gb", "a100-80gb", "t4")

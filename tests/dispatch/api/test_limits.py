@@ -1,7 +1,7 @@
 """The dispatcher's limits: a spec over any limit, parameters over theirs and a block that cannot
 fit are refused before anything is planned, compiled or reserved (the fake mesh records every
 call); ids and names are quoted short. Through a real in-process server on port 0 over the fake
-mesh of _fake_mesh.py (_limits_helpers.py), plus the runner alone where no stream is needed. What
+mesh of tests/fakes/ports.py (tests/fakes/small_dispatcher.py), plus the runner alone where no stream is needed. What
 a job leaves behind once it ends, or once its client goes, is in test_job_footprint.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, CHAIN, WAIT_S, X, FakeMesh, Feed, fake_pipeline_mesh, runner_for, spec_for
-from _limits_helpers import LIMITS, run_job, serving, submit
+from fakes.ports import AFFINE, CHAIN, WAIT_S, X, FakeMesh, Feed, fake_pipeline_mesh, runner_for, spec_for
+from fakes.small_dispatcher import LIMITS, run_job, serving, submit
 from conftest import rpc_error
 
 from accelmesh.client import job_spec, request_parts

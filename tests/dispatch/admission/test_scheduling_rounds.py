@@ -5,7 +5,7 @@ rates or the catalog; over the fake mesh's devices, the reserved ones left out."
 from __future__ import annotations
 
 import pytest
-from _fake_mesh import AFFINE, FakeMesh
+from fakes.ports import AFFINE, FakeMesh
 
 from accelmesh import errors
 from dispatch_svc.jobs import records as m

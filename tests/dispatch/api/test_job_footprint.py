@@ -1,8 +1,8 @@
 """What the dispatcher keeps of a job: a client that goes away mid-stream leaves its job CANCELLED
 with how much arrived; an ended job leaves nothing of itself in the live maps and no reference to
 its buffers; a listing stays small, and a huge record stored before the limits existed is read
-without failing. Through a real in-process server on port 0 over the fake mesh of _fake_mesh.py
-(_limits_helpers.py), plus the runner alone where no stream is needed. The limits themselves are
+without failing. Through a real in-process server on port 0 over the fake mesh of tests/fakes/ports.py
+(tests/fakes/small_dispatcher.py), plus the runner alone where no stream is needed. The limits themselves are
 in test_limits.py."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import weakref
 import grpc
 import numpy as np
 import pytest
-from _fake_mesh import AFFINE, WAIT_S, FakeMesh, Feed, X, runner_for, spec_for
-from _limits_helpers import run_job, serving, submit
+from fakes.ports import AFFINE, WAIT_S, FakeMesh, Feed, X, runner_for, spec_for
+from fakes.small_dispatcher import run_job, serving, submit
 from conftest import rpc_error
 
 from accelmesh.client import job_spec, request_parts

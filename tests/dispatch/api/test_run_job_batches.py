@@ -1,14 +1,14 @@
 """RunJob's batches (RunJobRequest.accept_batches): a client that accepts them gets the same parts
 in the same order in fewer messages, nothing it could have now waits for the job's next step, and
 a client that does not ask gets no batch. Through a real in-process server on port 0 over the fake
-mesh of _fake_mesh.py (_limits_helpers.py)."""
+mesh of tests/fakes/ports.py (tests/fakes/small_dispatcher.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from _fake_mesh import BIAS, WAIT_S, X
-from _limits_helpers import requests, serving
+from fakes.ports import BIAS, WAIT_S, X
+from fakes.small_dispatcher import requests, serving
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb

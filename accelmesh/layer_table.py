@@ -1,4 +1,4 @@
-"""The rows of a model's layer table as the planner reads them (MISSION B3), and their check.
+"""The rows of a model's layer table as the planner reads them (requirements B3), and their check.
 
 Here, not in the dispatcher, so that a client (`accelmesh plan --layers`) refuses a bad table
 with the dispatcher's own words before it starts a mesh to ask.

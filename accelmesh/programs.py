@@ -43,7 +43,7 @@ class OutputSpec(TensorSpec):
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """One top-level entry of a model's params pytree (MISSION B3)."""
+    """One top-level entry of a model's params pytree (requirements B3)."""
 
     name: str
     kind: str  # e.g. "embedding", "transformer_block", "dense"
@@ -111,7 +111,7 @@ class Program:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What a compile rule decides for a target (MISSION A4)."""
+    """What a compile rule decides for a target (requirements A4)."""
 
     compute_dtype: str = "fp32"  # one of COMPUTE_DTYPES: dtype the math runs in; interfaces stay as declared
     matmul_precision: str = "default"  # one of MATMUL_PRECISIONS

@@ -1,6 +1,6 @@
 """A program's single-device fp32 answer on this machine, asked of the compile service.
 
-What a client compares a mesh job against (MISSION A7): the compile service builds the program
+What a client compares a mesh job against (requirements A7): the compile service builds the program
 for a plain CPU that has no flag any rule reads, so the catch-all fp32 rule (highest matmul
 precision) applies whatever this machine's CPU can do; the portable artifact and the program's
 initial parameters come over gRPC, are checked against the digest Compile announced, and run here.

@@ -1,4 +1,4 @@
-"""The status score of a device (MISSION B1, B2): one definition for the inventory's
+"""The status score of a device (requirements B1, B2): one definition for the inventory's
 ScoreDevices and for the dispatcher's layer placement, which re-scores devices after each
 layer it places (B5) without a round trip per layer.
 

@@ -1,4 +1,4 @@
-"""Compile a program for a set of devices: one build per target type, cached by content (MISSION A4, A5).
+"""Compile a program for a set of devices: one build per target type, cached by content (requirements A4, A5).
 
 A request may name consecutive layers of a layered model instead: the stage is derived as a
 program of its own (compile_svc.programs.stages) and built exactly like a whole program.

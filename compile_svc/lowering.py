@@ -1,4 +1,4 @@
-"""Lower a program once per target type under a compile rule's BuildOptions (MISSION A5).
+"""Lower a program once per target type under a compile rule's BuildOptions (requirements A5).
 
 Two artifact formats (accelmesh.programs.FORMATS; loading them is accelmesh.artifacts): "stablehlo" is portable `jax.export` bytes for any
 platform, with one symbolic batch dimension, compiled by the worker with the rule's XLA

@@ -1,4 +1,4 @@
-"""Compile rules (MISSION A4): an ordered table, read from TOML, that picks BuildOptions per device.
+"""Compile rules (requirements A4): an ordered table, read from TOML, that picks BuildOptions per device.
 
 The table is data an operator edits (deploy/rules/compile_rules.toml); this module only reads,
 validates and applies it. First match wins and the last rule must match every device.

@@ -1,5 +1,5 @@
 """ScoreDevices over the device index's columns: the filter as array masks and the task-aware
-score (``scoring.py``, MISSION B1, B2) as array arithmetic, the same operations in the same
+score (``scoring.py``, requirements B1, B2) as array arithmetic, the same operations in the same
 order as ``scoring.score_devices`` over records, so both rank alike to the last bit
 (tests/inventory/test_device_index.py holds them to it). Only the devices returned become records.
 """

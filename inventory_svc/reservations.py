@@ -1,6 +1,6 @@
 """Reservations: the rule that a job may claim only memory no other job holds, applied inside the
 store's transaction so that two jobs claiming the same bytes cannot both succeed, even from two
-inventory replicas on one PostgreSQL database (MISSION B5); and the renewal of a job's leases,
+inventory replicas on one PostgreSQL database (requirements B5); and the renewal of a job's leases,
 which extends what it holds and never claims anything anew.
 """
 

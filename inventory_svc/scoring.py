@@ -1,4 +1,4 @@
-"""Task-aware device status scores (MISSION B1, B2).
+"""Task-aware device status scores (requirements B1, B2).
 
 Status of a device (B1), from its spec, latest sample and live reservations:
 

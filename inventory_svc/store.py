@@ -1,4 +1,4 @@
-"""The inventory database: nodes, their devices, status samples and reservations (MISSION A1, A2, B1, B5).
+"""The inventory database: nodes, their devices, status samples and reservations (requirements A1, A2, B1, B5).
 
 ``Store`` is the narrow interface the servicer, poller and planner use; ``SqlStore`` is its one
 implementation, on SQLite (a file, the embedded default) or PostgreSQL (shared by replicas),

@@ -1,4 +1,4 @@
-"""Run a shard on one of this node's devices (MISSION A6).
+"""Run a shard on one of this node's devices (requirements A6).
 
 A shard is admitted only on a device this node owns whose target type is the one its artifact
 was built for. Its artifact becomes runnable once per (artifact, input shapes, device): an

@@ -16,7 +16,7 @@ PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
 
 def free_memory_bytes(total: int, used: int, reserved: int = 0) -> int:
-    """A device's free memory (MISSION B1): its total less what is in use and what jobs reserved;
+    """A device's free memory (requirements B1): its total less what is in use and what jobs reserved;
     never negative (reservations may exceed what is measured free). The one definition: the
     inventory's records, its reservation check, the status it reports and its SQL filter
     (inventory_svc/store.py, which mirrors it) all mean this."""
@@ -46,7 +46,7 @@ class Performance:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Static hardware information of one device (MISSION A1, A3)."""
+    """Static hardware information of one device (requirements A1, A3)."""
 
     id: str  # "<node ip>/<platform>:<local index>", e.g. "10.1.2.3/cuda:1"
     node_ip: str
@@ -70,7 +70,7 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class DeviceSample:
-    """One monitored status reading of a device (MISSION B1)."""
+    """One monitored status reading of a device (requirements B1)."""
 
     device_id: str
     timestamp: float  # unix seconds

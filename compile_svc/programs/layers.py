@@ -1,4 +1,4 @@
-"""The layer table of a model (MISSION B3), measured on abstract shapes only.
+"""The layer table of a model (requirements B3), measured on abstract shapes only.
 
 Parameter figures come from TensorSpecs and compute figures from XLA's cost analysis of each
 layer's function lowered on jax.ShapeDtypeStructs, so no weight is ever allocated and a

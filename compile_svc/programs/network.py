@@ -1,5 +1,5 @@
 """A model as an ordered list of layers, so one definition yields the whole-model function,
-the per-layer stage functions (pipeline placement, MISSION B3/B7) and the parameter specs.
+the per-layer stage functions (pipeline placement, requirements B3/B7) and the parameter specs.
 
 Tied weights: a layer may also read parameters owned by an earlier layer (a language-model
 head reusing the token embedding). They stay one leaf of the owner; the reader names them with

@@ -1,4 +1,4 @@
-"""Pipeline stages as programs of their own: consecutive layers of a layered model (MISSION B7).
+"""Pipeline stages as programs of their own: consecutive layers of a layered model (requirements B7).
 
 A stage takes the parameter leaves its layers read, then one activation; it returns one
 activation, or the model's outputs when it ends at the last layer. Its backward pass (for

@@ -1,5 +1,5 @@
 """One ExecuteMany stream per (job, device) carrying the job's shards for that device to its
-worker, instead of an Execute call per shard (MISSION A6; bench/README.md, "Where the data plane's time goes").
+worker, instead of an Execute call per shard (requirements A6; bench/README.md, "Where the data plane's time goes").
 
 A call costs the dispatcher more than a small shard's bytes do: gRPC's synchronous client starts
 a thread per streaming call to write its requests, and each call is set up and torn down on both

@@ -1,4 +1,4 @@
-"""Folding per-shard "sum" and "mean" outputs into a job's outputs (MISSION A7), in shard order.
+"""Folding per-shard "sum" and "mean" outputs into a job's outputs (requirements A7), in shard order.
 
 Rules (OutputSpec.combine): "sum" adds the shards' values; "mean" is the mean weighted by shard
 rows, so per-shard mean gradients give the full-batch mean gradient ("concat" outputs are written

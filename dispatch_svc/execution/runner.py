@@ -1,4 +1,4 @@
-"""A job's lifecycle: start it, run its strategy, end it exactly once (MISSION A2, A3, A5-A7).
+"""A job's lifecycle: start it, run its strategy, end it exactly once (requirements A2, A3, A5-A7).
 
 The runner keeps what only the running dispatcher knows of each job (`LiveJob`), opens the job's
 trace span, has its strategy (execution/strategies: data-parallel inference or training, or a

@@ -1,4 +1,4 @@
-"""Dispatch replicas on one job book (MISSION scale-out): each unfinished job is leased to the
+"""Dispatch replicas on one job book (requirements D2): each unfinished job is leased to the
 replica running it, and one whose replica stopped is taken over by another.
 
 Every replica runs a `Takeover` thread that, every quarter lease:

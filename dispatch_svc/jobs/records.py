@@ -51,7 +51,7 @@ class Constraints:
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    """A model-parallel job: where its layers go and how micro-batches flow (MISSION B)."""
+    """A model-parallel job: where its layers go and how micro-batches flow (requirements B)."""
 
     strategy: str  # placement.RANKED, BALANCED or AUTO
     device_count: int = 0  # 0: derived from memory

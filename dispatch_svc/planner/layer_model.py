@@ -1,4 +1,4 @@
-"""The memory and cost model of a model placed layer by layer on devices (MISSION B3-B6):
+"""The memory and cost model of a model placed layer by layer on devices (requirements B3-B6):
 what a layer needs on a device, what a placement costs, how many devices a model needs.
 
 Per layer l on device d, for a micro-batch of b rows:

@@ -1,6 +1,6 @@
-"""Placing a model's layers on devices (MISSION B3-B6): one entry point for the strategies.
+"""Placing a model's layers on devices (requirements B3-B6): one entry point for the strategies.
 
-- ranked.py: the method of MISSION B4-B6 (largest layers first, best task-weighted status).
+- ranked.py: the method of requirements B4-B6 (largest layers first, best task-weighted status).
 - balanced.py: contiguous stages chosen by dynamic programming for the shortest step time.
 - baselines.py: sequential fill and a parameter-balanced split, for comparison.
 - layer_model.py: the memory and cost model they share, so predictions compare like for like.

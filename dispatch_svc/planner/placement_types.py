@@ -1,4 +1,4 @@
-"""The data of a layer placement (MISSION B3-B6): the devices and the task a placement is made for,
+"""The data of a layer placement (requirements B3-B6): the devices and the task a placement is made for,
 what a placement is predicted to cost, and the check of a task; the rows of a layer table and their
 check are accelmesh.layer_table's (a client checks a table with them before it asks). The cost
 model that fills them in is layer_model.py.

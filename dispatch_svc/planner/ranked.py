@@ -1,4 +1,4 @@
-"""The placement of MISSION B4-B6: layers sorted by parameter count, largest first; each goes
+"""The placement of requirements B4-B6: layers sorted by parameter count, largest first; each goes
 to the device with the best task-weighted status (accelmesh.scoring.combine, the inventory's own
 formula) among those whose free memory holds it; what the layer needs is reserved and the
 statuses are updated before the next layer (B5): free memory drops by what the layer needs, and
@@ -28,7 +28,7 @@ from dispatch_svc.planner.placement_types import RANKED, ByDevice, Device, NoRoo
 
 
 def place_ranked(model: Model, devices: Sequence[Device]) -> Placement:
-    """MISSION B4-B6; when the device count was derived and the chosen devices cannot take a
+    """requirements B4-B6; when the device count was derived and the chosen devices cannot take a
     layer, one more device is allowed and the placement starts over (explained)."""
     values = initial_score_array(devices, model.task.weights)
     count = required_devices(model, devices, values)
@@ -42,7 +42,7 @@ def place_ranked(model: Model, devices: Sequence[Device]) -> Placement:
 
 
 def _ranked(model: Model, devices: Sequence[Device], values: np.ndarray, count: int) -> Placement:
-    """MISSION B4-B6 as one loop: largest layer first, the best-scoring device with room, its status
+    """requirements B4-B6 as one loop: largest layer first, the best-scoring device with room, its status
     updated before the next layer. Kept in one function so that the status arrays it updates (B5)
     are visibly the ones the next choice reads."""
     task = model.task
@@ -64,7 +64,7 @@ def _ranked(model: Model, devices: Sequence[Device], values: np.ndarray, count: 
         f"weights compute {weights.compute:.2f}, memory {weights.memory:.2f}, bandwidth {weights.bandwidth:.2f}; "
         f"the model needs {model.total_need():,} bytes, so {count} device(s)"
         + (" (the client's count)" if task.device_count else
-           f" (usable memory after {task.headroom:.0%} headroom: MISSION B6's count, which ranked keeps; balanced "
+           f" (usable memory after {task.headroom:.0%} headroom: requirements B6's count, which ranked keeps; balanced "
            "and auto take as many devices as lower the step)")]
     order = sorted(range(len(model)), key=lambda i: (-model.layers[i].parameter_count, i))
     for i in order:

@@ -1,5 +1,5 @@
 """A model placed layer by layer across devices of two types, planned and run as a pipeline
-through the whole mesh as real processes (MISSION B3-B7); bad tables and options refused with
+through the whole mesh as real processes (requirements B3-B7); bad tables and options refused with
 the field named; nothing reserved is left behind."""
 
 from __future__ import annotations

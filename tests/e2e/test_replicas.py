@@ -1,5 +1,5 @@
-"""Replicas of every control-plane service on one PostgreSQL and one shared data dir (MISSION
-scale-out; the mesh is tests/replicas.py). Each loss is repeated five times:
+"""Replicas of every control-plane service on one PostgreSQL and one shared data dir (requirements
+D2; the mesh is tests/replicas.py). Each loss is repeated five times:
 
 - SIGKILL the dispatch replica running a job: the other takes it over (its lease lapses), keeps
   the shards finished, and the job's result equals a fault-free run's, with no reservation left;

@@ -39,6 +39,38 @@ def test_no_product_module_is_over_400_lines(package):
     assert long == {}
 
 
+CITATION = re.compile(r"\brequirements\s+([A-D])(\d+)?(?:-([A-D])?(\d+))?\b")
+REQUIREMENT = re.compile(r"^### ([A-D]\d+)\. ", re.M)
+
+
+def test_every_cited_requirement_has_an_entry_in_docs_requirements():
+    """Code and docs cite requirements by id (docs/requirements.md); a citation of an id the
+    document lacks, or a range over a missing one, is a broken reference."""
+    ids = set(REQUIREMENT.findall((ROOT / "docs" / "requirements.md").read_text()))
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    cited, missing = 0, []
+    for name in tracked:
+        path = ROOT / name
+        if name.endswith(("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")) or not path.is_file() or name == "docs/requirements.md":
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for match in CITATION.finditer(text):
+            section, first, last_section, last = match.groups()
+            cited += 1
+            if first is None:
+                wanted = [i for i in ids if i.startswith(section)]
+                if not wanted:
+                    missing.append(f"{name}: {match.group(0)}")
+                continue
+            last_section = last_section or section
+            numbers = range(int(first), int(last or first) + 1) if last_section == section else [int(first)]
+            missing += [f"{name}: {match.group(0)}" for n in numbers if f"{section}{n}" not in ids]
+    assert cited > 40 and missing == []
+
+
 def test_every_service_has_the_same_rooms():
     """The dispatcher, grown into sub-packages, keeps its proto adapter with the rest of its edge (api/)."""
     for service in SERVICES:

@@ -1,4 +1,4 @@
-"""Data-parallel planning (MISSION A2, A5): the program built once per target type, the batch
+"""Data-parallel planning (requirements A2, A5): the program built once per target type, the batch
 split into shards sized by what a shard costs on each device (a fixed part plus one per row, the
 throughput model's fit), executables for the shard sizes.
 Shard sizes come from the job's bucket ladder (dispatch_svc.planner.buckets): the rates choose

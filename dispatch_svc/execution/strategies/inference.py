@@ -1,4 +1,4 @@
-"""Data-parallel inference (MISSION A6, A7): every shard runs once on its planned device (retried
+"""Data-parallel inference (requirements A6, A7): every shard runs once on its planned device (retried
 elsewhere if that fails), and its outputs are taken as it finishes: concatenated outputs written
 in place, the others folded in shard order, so RunJob streams rows while later shards still run.
 

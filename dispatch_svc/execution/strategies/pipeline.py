@@ -1,4 +1,4 @@
-"""A placed model, run as a pipeline (MISSION B7): one artifact per stage built for its
+"""A placed model, run as a pipeline (requirements B7): one artifact per stage built for its
 device's rule, each device given only its own layers' parameters, micro-batches streamed stage
 to stage through the dispatcher as soon as each stage's output is back. A replicated stage
 spreads its micro-batches over its devices in proportion to the plan's shares (weighted_turns:
@@ -37,7 +37,7 @@ ALL_DONE_POLL_S = 0.5  # how often the collecting thread checks for a cancel whi
 
 def place(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, calibration: StageCalibration | None = None
           ) -> tuple[Program | None, PlacedJob]:
-    """A model-parallel plan (MISSION B); an explicit layer table needs no registered program."""
+    """A model-parallel plan (requirements B); an explicit layer table needs no registered program."""
     if spec.placement.layers:
         program = None
         rows = spec.inputs[0].rows if spec.inputs else 0

@@ -1,4 +1,4 @@
-"""Planning a model-parallel job (MISSION B): the layer table, the devices' status and the
+"""Planning a model-parallel job (requirements B): the layer table, the devices' status and the
 task's weights from the inventory, the rule each device gets, the placement, the plan.
 
 The weights come from the inventory's ScoreDevices (one definition, B2): the layer table gives

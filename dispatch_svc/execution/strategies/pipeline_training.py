@@ -1,4 +1,4 @@
-"""A placed model trained as a pipeline (MISSION B7 for training): GPipe's schedule per step.
+"""A placed model trained as a pipeline (requirements B7 for training): GPipe's schedule per step.
 
 Every optimizer step takes one mini-batch (dispatch_svc/jobs/training_options.py's order), cut into
 micro-batches of the plan's rows. Each micro-batch flows forward stage to stage as soon as the

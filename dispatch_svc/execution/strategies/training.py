@@ -1,4 +1,4 @@
-"""Data-parallel training (MISSION A7): each mini-batch split across the devices as the plan
+"""Data-parallel training (requirements A7): each mini-batch split across the devices as the plan
 splits a full batch, shard gradients averaged by rows, the optimizer applied here, the new
 parameters sent with every step; the trained parameters and the losses are the job's results.
 """

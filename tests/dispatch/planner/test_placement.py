@@ -1,4 +1,4 @@
-"""Layer placement (MISSION B4-B6): the ranked method on hand-checked cases, the balanced
+"""Layer placement (requirements B4-B6): the ranked method on hand-checked cases, the balanced
 strategy against brute force, and the layer-table checks."""
 
 from __future__ import annotations

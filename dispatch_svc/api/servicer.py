@@ -238,9 +238,9 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return pb.ListQuotasResponse(quotas=[tr.use_to_proto(use) for use in uses])
 
     def _quotas(self):
-        if self.runner.admission is None:
+        if self.runner.gate.quotas is None:
             raise errors.FailedPrecondition("this dispatcher runs without a queue, so it has no quotas")
-        return self.runner.admission.quotas
+        return self.runner.gate.quotas
 
 
 def _header(entry) -> common_pb2.TensorHeader:

@@ -23,10 +23,10 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.channels import open_channel
-from accelmesh.security.config import Security
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
+from accelmesh.security.config import Security
 
 # job_spec's `precision` -> JobConstraints.precision.
 PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32, "bf16": common_pb2.PRECISION_BF16_ALLOWED,

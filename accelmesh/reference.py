@@ -21,9 +21,9 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.model import DeviceSpec
 from accelmesh.programs import BuildOptions
 from accelmesh.runtime.channels import open_channel
-from accelmesh.security.config import Security
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.tensors import TensorCollector
+from accelmesh.security.config import Security
 
 CALL_TIMEOUT_S = 120.0
 # A CPU with no capability flags: no CPU rule's `requires` holds, so the catch-all fp32 rule does.

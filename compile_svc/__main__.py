@@ -7,7 +7,9 @@ from compile_svc.config import parse_args
 
 
 def build(config):
-    from compile_svc.server import build_compile_service  # after logging is configured: building imports the heavy parts
+    from compile_svc.server import (
+        build_compile_service,  # after logging is configured: building imports the heavy parts
+    )
 
     return build_compile_service(config)[0]
 

@@ -24,16 +24,21 @@ from dataclasses import dataclass
 import jax
 
 from accelmesh import errors
-from accelmesh.errors import quoted
 from accelmesh.artifacts import JaxCaches
+from accelmesh.errors import quoted
 from accelmesh.hardware.model import DeviceSpec
+from accelmesh.programs import Program, TargetType, TensorSpec
 from compile_svc import lowering
 from compile_svc.cache import ArtifactCache, CachedArtifact
-from accelmesh.programs import Program, TargetType, TensorSpec
 from compile_svc.programs import ProgramRegistry, check_signature
 from compile_svc.programs.stages import LayerRange, StageCatalog
 from compile_svc.rules import (
-    Explanation, PrecisionUnmet, Rule, RuleTable, allowed_compute_dtypes, describe_precision,
+    Explanation,
+    PrecisionUnmet,
+    Rule,
+    RuleTable,
+    allowed_compute_dtypes,
+    describe_precision,
 )
 
 STABLEHLO, EXECUTABLE = "stablehlo", "executable"
@@ -179,7 +184,7 @@ class Compiler:
                                                    functools.partial(build_executable, size)) for size in sizes)
             except BaseException:
                 if exporting and exporting[0].exception() is not None:
-                    raise exporting[0].exception()  # the export's error first, as when the export ran first
+                    raise exporting[0].exception() from None  # the export's error first, as when the export ran first
                 raise
             portable = exporting[0].result() if exporting else self._artifact(program, target, rule, STABLEHLO, 0, export)
         return TargetBuild(target, rule, tuple(ids), portable, executables)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
+from accelmesh.runtime import programs as programs_pb
 from accelmesh.runtime.devices import device_from_proto
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split_frames
-from accelmesh.runtime import programs as programs_pb
 from compile_svc import translate as tr
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig

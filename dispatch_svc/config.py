@@ -11,11 +11,11 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_i
 from accelmesh.runtime.database import database_url
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
-from dispatch_svc.jobs.limits import GIB, LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
-from dispatch_svc.planner.placement_types import MAX_LAYERS
 from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S
 from dispatch_svc.admission.queue import QUEUE_POLL_S
 from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
+from dispatch_svc.jobs.limits import LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
+from dispatch_svc.planner.placement_types import MAX_LAYERS
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
 

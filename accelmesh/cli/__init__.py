@@ -8,7 +8,6 @@ import sys
 import grpc
 
 from accelmesh import errors
-from accelmesh.runtime.errors import STATUS_BY_ERROR
 from accelmesh.cli import compile as compile_commands
 from accelmesh.cli import inventory as inventory_commands
 from accelmesh.cli import jobs as jobs_commands
@@ -16,6 +15,7 @@ from accelmesh.cli import mesh as mesh_commands
 from accelmesh.cli import nodes as nodes_commands
 from accelmesh.cli import plan as plan_commands
 from accelmesh.cli import quota as quota_commands
+from accelmesh.runtime.errors import STATUS_BY_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from accelmesh import errors
 from accelmesh.cli.inventory import DEFAULT_INVENTORY, inventory_stub, list_all_devices
 from accelmesh.cli.tables import format_builds, format_programs, format_rules

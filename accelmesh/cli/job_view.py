@@ -9,7 +9,7 @@ JobEvent messages alone.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from accelmesh.cli.tables import table
@@ -48,7 +48,7 @@ def clock(ts, *, date: bool = True) -> str:
     """A Timestamp in this machine's time zone; "-" when unset."""
     if not ts.seconds and not ts.nanos:
         return "-"
-    moment = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=timezone.utc).astimezone()
+    moment = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC).astimezone()
     return moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S.%f")[: None if date else -3]
 
 

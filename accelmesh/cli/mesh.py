@@ -13,7 +13,6 @@ from accelmesh.embedded import DEFAULT_DATA_DIR, DEFAULT_EMULATE, EmbeddedMesh, 
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.stopping import StopGuard
 
-
 DEFAULT_DISPATCH = "127.0.0.1:50071"
 
 

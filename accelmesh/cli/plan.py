@@ -21,7 +21,6 @@ import grpc
 from google.protobuf import json_format
 
 from accelmesh import errors
-from accelmesh.layer_table import check_layers, layer_cost_from_proto
 from accelmesh.cli.arguments import at_least
 from accelmesh.cli.compile import DEFAULT_COMPILE, compile_stub
 from accelmesh.cli.placement_plot import plot_placement
@@ -35,6 +34,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.hardware.catalog import resolve_type
+from accelmesh.layer_table import check_layers, layer_cost_from_proto
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.tensors import numpy_dtype
 

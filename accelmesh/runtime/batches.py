@@ -20,7 +20,6 @@ from google.protobuf.message import Message
 from accelmesh import errors
 from accelmesh.runtime.tensors import _length_delimited, _varint
 
-
 FLUSH = object()  # among `batched`'s parts: send what is gathered now (the source is about to wait)
 
 

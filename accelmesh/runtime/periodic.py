@@ -55,6 +55,6 @@ class Periodic:
                     log.warning("%s failed: %s; trying again every %g s", self._what, exc, self._interval_s)
                 failing = True
                 continue
-            except Exception:  # noqa: BLE001 - the loop must outlive a bug in one pass
+            except Exception:  # the loop must outlive a bug in one pass
                 log.exception("%s failed", self._what)
             failing = False

@@ -47,7 +47,7 @@ class CertificateAuthority:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         self._cert = (
             x509.CertificateBuilder()
             .subject_name(name).issuer_name(name)
@@ -70,7 +70,7 @@ class CertificateAuthority:
         """Issue ``<stem>.crt``/``<stem>.key`` (stem defaults to the name) for ``role``/``name``,
         valid for the role's mesh host name and each of ``hosts`` (DNS names or IP addresses)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         alt_names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_id(role, name))]
         for host in (role_host(role), *hosts):
             try:

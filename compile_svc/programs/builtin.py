@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+
 import jax
 
 from accelmesh.programs import OutputSpec, Program, TensorSpec

@@ -136,7 +136,7 @@ def derive_stage(program: Program, layer_fns: Sequence[LayerFn], layers: LayerRa
         outputs = (OutputSpec(output.name, output.dtype, output.shape, "concat"),)
     parameters = tuple(specs[n] for n in names)
     fn = _compose(chosen, names)
-    described = f"layers {layers.first}-{layers.last} ({', '.join(l.name for l in chosen)}) of {program.ref}"
+    described = f"layers {layers.first}-{layers.last} ({', '.join(layer.name for layer in chosen)}) of {program.ref}"
     if layers.backward:
         if len(outputs) != 1:
             raise FailedPrecondition(f"{program.ref} returns {len(outputs)} outputs; a trained pipeline's last stage "

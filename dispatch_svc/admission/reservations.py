@@ -79,7 +79,7 @@ class LeaseKeeper:
                     f"the reservations of job {self._job_id} could not be renewed ({exc}); the job stopped rather "
                     "than run on devices it may no longer hold"))
                 return
-            except Exception as exc:  # noqa: BLE001 - a bug: the job must not run on unreserved
+            except Exception as exc:  # a bug: the job must not run on unreserved
                 log.exception("renewing the reservations of job %s failed", self._job_id)
                 self._stop_job(errors.FailedPrecondition(
                     f"the reservations of job {self._job_id} could not be renewed (a dispatcher bug, "

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelmesh import errors
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import Cancelled
-from dispatch_svc.ports import InputFeed, LiveJob
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.jobs.results import ResultEntry
-from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.ports import InputFeed, LiveJob
 
 
 @dataclass(frozen=True)

@@ -15,23 +15,23 @@ import logging
 import numpy as np
 
 from accelmesh import errors
-from accelmesh.errors import quoted
+from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.common.v1 import common_pb2
+from accelmesh.errors import quoted
 from accelmesh.runtime.batches import FLUSH, batched
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
-from dispatch_svc.jobs import records as m
 from dispatch_svc.api import translate as tr
-from dispatch_svc.jobs.limits import JobLimits
-from dispatch_svc.dataplane.device_queues import Cancelled
-from dispatch_svc.jobs.book import job_not_found
-from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.api.stream_feed import StreamFeed
+from dispatch_svc.dataplane.device_queues import Cancelled
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import job_not_found
+from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.validation import check_job_id
 
 log = logging.getLogger(__name__)

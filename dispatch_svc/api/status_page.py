@@ -57,10 +57,10 @@ class StatusPage:
         class Handler(BaseHTTPRequestHandler):
             server_version = "accelmesh-dispatch"
 
-            def do_GET(self):  # noqa: N802 - the standard library's name
+            def do_GET(self):  # the standard library's name
                 page.answer(self)
 
-            def log_message(self, format, *args):  # noqa: A002 - the standard library's signature
+            def log_message(self, format, *args):  # the standard library's signature
                 log.debug("status page: " + format, *args)
 
         try:
@@ -105,7 +105,7 @@ class StatusPage:
             self._send(request, HTTPStatus.NOT_FOUND, _page("Not found", f"<p>{html.escape(str(exc))}</p>"))
         except errors.AccelmeshError as exc:  # the inventory or the book did not answer
             self._send(request, HTTPStatus.SERVICE_UNAVAILABLE, _page("Unavailable", f"<p>{html.escape(str(exc))}</p>"))
-        except Exception:  # noqa: BLE001 - a bug shows as a 500 and is logged; the server goes on
+        except Exception:  # a bug shows as a 500 and is logged; the server goes on
             log.exception("status page %s failed", request.path)
             self._send(request, HTTPStatus.INTERNAL_SERVER_ERROR, _page("Error", "<p>the page failed; see the "
                                                                             "dispatcher's log</p>"))

@@ -10,9 +10,9 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorCollector, from_proto
+from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import JobLimits
-from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.jobs.validation import check_parameter_header, input_bytes
 
 

@@ -8,19 +8,19 @@ import re
 from google.protobuf import duration_pb2
 
 from accelmesh import errors
-from accelmesh.errors import quoted
 from accelmesh.common.v1 import common_pb2
-from accelmesh.layer_table import layer_cost_from_proto, layer_cost_to_proto
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
+from accelmesh.errors import quoted
+from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from accelmesh.layer_table import layer_cost_from_proto, layer_cost_to_proto
 from accelmesh.runtime.devices import PLATFORM_FROM_PROTO, PLATFORM_TO_PROTO, timestamp
 from accelmesh.runtime.tensors import dtype_code_for_name, dtype_name
-from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
-from dispatch_svc.jobs import records as m
 from dispatch_svc.admission.quotas import LIMITS, Quota, Use, check_quota
-from dispatch_svc.planner import placement as pl
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
+from dispatch_svc.planner import placement as pl
 
 KIND_FROM_PROTO = {job_pb.JOB_KIND_UNSPECIFIED: m.INFERENCE, job_pb.JOB_KIND_INFERENCE: m.INFERENCE,
                    job_pb.JOB_KIND_TRAINING: m.TRAINING}

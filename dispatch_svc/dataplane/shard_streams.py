@@ -171,7 +171,8 @@ class ShardStream:
             self._fail_all(failure)
         except errors.InvalidArgument as exc:  # a malformed answer: this stream is done
             self._call.cancel()
-            self._fail_all(lambda waiting: ShardFailed(f"worker sent a malformed result: {exc}"))
+            malformed = f"worker sent a malformed result: {exc}"
+            self._fail_all(lambda waiting: ShardFailed(malformed))
         finally:
             self._unregister()
             self._fail_all(lambda waiting: ShardFailed("worker ended the stream before answering the shard"))

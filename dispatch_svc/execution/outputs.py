@@ -17,11 +17,11 @@ import numpy as np
 
 from accelmesh.programs import Program
 from accelmesh.runtime.tensors import Placed, PlaceTensor, WriteAt
-from dispatch_svc.jobs import records as m
 from dispatch_svc.execution.combine import Accumulator
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.ports import LiveJob, ShardWork
 from dispatch_svc.jobs.results import PARTS, ResultStore
+from dispatch_svc.ports import LiveJob, ShardWork
 
 
 class JobOutputs:

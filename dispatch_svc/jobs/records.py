@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dispatch_svc.planner.placement import LayerCost
 from dispatch_svc.jobs.training_options import TrainingOptions
+from dispatch_svc.planner.placement import LayerCost
 
 INFERENCE, TRAINING = "inference", "training"
 # A job's precision (Constraints.precision), as the compile service names it: fp32 only, bf16

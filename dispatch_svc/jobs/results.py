@@ -19,7 +19,6 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.runtime.tensors import WriteAt
 
-
 PARTS = "parts"  # a leased job's folded parts (outputs.py), in its results folder, until it ends
 
 

@@ -14,9 +14,9 @@ from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.programs import Program
 from accelmesh.runtime.tensors import Placed
+from dispatch_svc.dataplane.device_queues import ShardFailed
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import JobLimits
-from dispatch_svc.dataplane.device_queues import ShardFailed
 from dispatch_svc.planner.placement import DEFAULT_MICRO_BATCH_ROWS
 
 INFERENCE_KINDS = ("function", "model", "uploaded")

@@ -19,12 +19,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dispatch_svc.planner.cover_search import MAX_DENSE_STATES, cover_path, dense_cover, dense_size, search_states
 from dispatch_svc.planner.layer_model import (
-    MAX_STAGE_REPLICAS, alike_key, Model, by_score, capacity, evaluate, link_gbps, rates, required_devices, status_scores,
+    MAX_STAGE_REPLICAS,
+    Model,
+    alike_key,
+    by_score,
+    capacity,
+    evaluate,
+    link_gbps,
+    rates,
+    required_devices,
+    status_scores,
     summary,
 )
 from dispatch_svc.planner.placement_types import BALANCED, ByDevice, Device, NoRoom, Placement
-from dispatch_svc.planner.cover_search import MAX_DENSE_STATES, cover_path, dense_cover, dense_size, search_states
 from dispatch_svc.planner.stage_spans import Spans, memory_reach, stage_tables
 
 # Count vectors the search may visit before it merges device classes (see _classes).

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
 MAX_DENSE_STATES = 1 << 22  # vectors of devices used per class dense_cover keeps arrays over
 
 

@@ -66,7 +66,16 @@ import numpy as np
 from accelmesh.errors import InvalidArgument
 from accelmesh.scoring import Weights, normalised, weighted
 from dispatch_svc.planner.placement_types import (
-    DEFAULT_STEP_MICRO_BATCHES, INFERENCE, TRAINING, Device, Evaluation, LayerCost, NoRoom, Stage, Task, check_task,
+    DEFAULT_STEP_MICRO_BATCHES,
+    INFERENCE,
+    TRAINING,
+    Device,
+    Evaluation,
+    LayerCost,
+    NoRoom,
+    Stage,
+    Task,
+    check_task,
 )
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 

@@ -125,6 +125,6 @@ def _work_bound(model: Model, devices: Sequence[Device]) -> float:
     best = flops / sum(rates) if sum(rates) > 0 else math.inf
     if moved > 0:
         best = max(best, moved / sum(links))
-        for t in {r / l for r, l in zip(rates, links) if l > 0}:
-            best = max(best, (flops + t * moved) / sum(max(r, t * l) for r, l in zip(rates, links)))
+        for t in {rate / link for rate, link in zip(rates, links) if link > 0}:
+            best = max(best, (flops + t * moved) / sum(max(rate, t * link) for rate, link in zip(rates, links)))
     return best

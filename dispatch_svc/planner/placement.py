@@ -10,14 +10,40 @@
 from dispatch_svc.planner.balanced import MAX_SEARCH_STATES, place_balanced
 from dispatch_svc.planner.baselines import parameter_split, sequential_fill
 from dispatch_svc.planner.layer_model import (
-    BANDWIDTH_EFFICIENCY, COMPUTE_FACTOR, DEFAULT_LINK_GBPS, FLOPS_PER_PARAMETER, PARAMETER_COPIES, TRAINING_IN_FLIGHT,
-    WORKING_COPIES, WORKSPACE_COPIES,
-    Model, capacity, evaluate, initial_scores, link_gbps, required_devices,
+    BANDWIDTH_EFFICIENCY,
+    COMPUTE_FACTOR,
+    DEFAULT_LINK_GBPS,
+    FLOPS_PER_PARAMETER,
+    PARAMETER_COPIES,
+    TRAINING_IN_FLIGHT,
+    WORKING_COPIES,
+    WORKSPACE_COPIES,
+    Model,
+    capacity,
+    evaluate,
+    initial_scores,
+    link_gbps,
+    required_devices,
 )
 from dispatch_svc.planner.lower_bound import lower_bound_seconds
 from dispatch_svc.planner.placement_types import (
-    AUTO, BALANCED, DEFAULT_HEADROOM, DEFAULT_MICRO_BATCH_ROWS, INFERENCE, RANKED, STRATEGIES, TRAINING, Device,
-    Evaluation, LayerCost, NoRoom, Placement, Stage, Task, check_layers, check_task,
+    AUTO,
+    BALANCED,
+    DEFAULT_HEADROOM,
+    DEFAULT_MICRO_BATCH_ROWS,
+    INFERENCE,
+    RANKED,
+    STRATEGIES,
+    TRAINING,
+    Device,
+    Evaluation,
+    LayerCost,
+    NoRoom,
+    Placement,
+    Stage,
+    Task,
+    check_layers,
+    check_task,
 )
 from dispatch_svc.planner.ranked import place_ranked
 

@@ -21,7 +21,15 @@ import numpy as np
 
 from accelmesh.scoring import Weights, normalised, weighted
 from dispatch_svc.planner.layer_model import (
-    Model, capacities, evaluate, initial_score_array, rates, required_devices, status_scores, summary, top_by_score,
+    Model,
+    capacities,
+    evaluate,
+    initial_score_array,
+    rates,
+    required_devices,
+    status_scores,
+    summary,
+    top_by_score,
 )
 from dispatch_svc.planner.lower_bound import lower_bound_seconds
 from dispatch_svc.planner.placement_types import RANKED, ByDevice, Device, NoRoom, Placement

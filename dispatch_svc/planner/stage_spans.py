@@ -11,7 +11,6 @@ from dispatch_svc.planner.layer_model import BANDWIDTH_EFFICIENCY, Model, link_g
 from dispatch_svc.planner.placement_types import Device
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 
-
 SPAN_CELLS = 1 << 22  # (class, first layer, last layer) cells held as one array; past it, one per first layer
 
 

@@ -14,6 +14,13 @@ import logging
 
 import grpc
 import pytest
+from _service_helpers import (  # noqa: F401 (fixtures)
+    compile_config_fixture,
+    exported_affine,
+    service_fixture,
+    serving,
+    upload,
+)
 
 from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
@@ -24,10 +31,8 @@ from accelmesh.security.identity import Role
 from compile_svc.config import CompileConfig, parse_args
 from compile_svc.programs import ProgramRegistry
 from compile_svc.uploads import UploadStore
+
 from conftest import CREDENTIALS, rpc_error
-from _service_helpers import (  # noqa: F401 (fixtures)
-    compile_config_fixture, exported_affine, service_fixture, serving, upload,
-)
 
 V100 = device_to_proto(resolve_type("v100-32gb").device_spec("127.0.0.1", 0, emulated_on="cpu:0"))
 CALL_TIMEOUT_S = 30.0  # a stream the server failed to cut off ends as DEADLINE_EXCEEDED, not a hang

@@ -8,11 +8,12 @@ import logging
 
 import grpc
 from _service_helpers import compile_config_fixture, exported_affine, serving, upload  # noqa: F401 (fixtures)
-from conftest import rpc_error
 
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from compile_svc.programs import ProgramRegistry
 from compile_svc.uploads import UploadStore
+
+from conftest import rpc_error
 
 
 def test_an_upload_through_one_replica_is_known_to_the_other_at_its_next_call(compile_config):

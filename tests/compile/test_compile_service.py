@@ -12,23 +12,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _service_helpers import (  # noqa: F401 (fixtures)
+    compile_config_at,
+    compile_config_fixture,
+    exported_affine,
+    service_fixture,
+    serving,
+    upload,
+)
 
+from accelmesh import artifacts, errors
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.compile.v1 import program_pb2 as program_pb
 from accelmesh.hardware.catalog import resolve_type
+from accelmesh.reference import reference_outputs
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.launcher import start_service
-from accelmesh import artifacts, errors
-from accelmesh.reference import reference_outputs
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
+
 from conftest import rpc_error
-from _service_helpers import (  # noqa: F401 (fixtures)
-    compile_config_at, compile_config_fixture, exported_affine, service_fixture, serving, upload,
-)
 
 
 def device(type_name, index=0, emulated_on="cpu:0", ip="127.0.0.1"):

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from jax import export
 
-from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh import artifacts
-from compile_svc import lowering
+from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh.programs import BuildOptions, OutputSpec, Program, TensorSpec
+from compile_svc import lowering
 
 FP32, BF16 = BuildOptions(), BuildOptions(compute_dtype="bf16")
 

@@ -21,7 +21,6 @@ from compile_svc.programs.layers import ProgramEntry
 from compile_svc.programs.network import Layer, Network
 from compile_svc.programs.zoo import bert, gpt2, llama, vit
 
-
 # --- reference counts, from each architecture's published description --------------------------
 
 def _dense(fan_in: int, fan_out: int, bias: bool = True) -> int:

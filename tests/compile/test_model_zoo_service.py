@@ -23,6 +23,7 @@ from compile_svc.programs import ProgramRegistry, default_registry
 from compile_svc.programs.layers import DeferredEntry
 from compile_svc.programs.zoo import gpt2
 from compile_svc.server import build_compile_service
+
 from conftest import CREDENTIALS, peak_rss_bytes, rpc_error
 
 ZOO_NAMES = ("gpt2_xl", "bert_large", "llama_7b", "vit_l16")

@@ -12,20 +12,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _service_helpers import compile_config_at, compile_config_fixture, service_fixture, serving  # noqa: F401
 
 from accelmesh import artifacts
 from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.errors import FailedPrecondition, InvalidArgument
 from accelmesh.hardware.catalog import resolve_type
+from accelmesh.hardware.model import DeviceSpec, Performance
 from accelmesh.programs import BuildOptions
 from accelmesh.runtime.devices import device_to_proto
 from compile_svc.lowering import apply_build_options
 from compile_svc.programs import default_registry
 from compile_svc.rules import DEFAULT_RULES_PATH, PrecisionUnmet, load_rules, loads_rules
-from accelmesh.hardware.model import DeviceSpec, Performance
+
 from conftest import rpc_error
-from _service_helpers import compile_config_at, compile_config_fixture, service_fixture, serving  # noqa: F401
 
 SHIPPED = load_rules(DEFAULT_RULES_PATH)
 

@@ -11,6 +11,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from _service_helpers import (  # noqa: F401 (fixtures)
+    compile_config_at,
+    compile_config_fixture,
+    exported_affine,
+    service_fixture,
+    serving,
+    upload,
+)
 
 from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as pb
@@ -19,10 +27,8 @@ from accelmesh.runtime.devices import device_to_proto
 from compile_svc.programs import ProgramRegistry, default_registry
 from compile_svc.programs.builtin import identity
 from compile_svc.uploads import UploadStore
+
 from conftest import rpc_error
-from _service_helpers import (  # noqa: F401 (fixtures)
-    compile_config_at, compile_config_fixture, exported_affine, service_fixture, serving, upload,
-)
 
 V100 = device_to_proto(resolve_type("v100-32gb").device_spec("127.0.0.1", 0, emulated_on="cpu:0"))
 

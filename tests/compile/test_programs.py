@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _program_helpers import _inputs, _params
 from jax import export
 
 from accelmesh import errors
@@ -22,7 +23,6 @@ from compile_svc.programs.builtin import identity
 from compile_svc.programs.mlp import mlp_classifier, mlp_train_step
 from compile_svc.programs.network import Layer, Network
 from compile_svc.programs.transformer import transformer_encoder
-from _program_helpers import _inputs, _params
 
 BUILTIN_NAMES = ("identity", "mlp_classifier", "mlp_train_step", "transformer_encoder")
 

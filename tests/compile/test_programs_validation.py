@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _program_helpers import _params
 from jax import export
 
 from accelmesh import errors
@@ -22,13 +23,16 @@ from accelmesh.errors import InvalidArgument
 from accelmesh.programs import OutputSpec, Program, TargetType, TensorSpec
 from accelmesh.runtime.programs import program_from_proto, program_to_proto
 from compile_svc.programs import (
-    check_signature, default_registry, load_params, program_digest, program_from_export, save_params,
+    check_signature,
+    default_registry,
+    load_params,
+    program_digest,
+    program_from_export,
+    save_params,
 )
 from compile_svc.programs.builtin import builtin_entries
 from compile_svc.programs.mlp import mlp_classifier, mlp_train_step
 from compile_svc.programs.transformer import transformer_encoder
-from _program_helpers import _params
-
 
 # --- signatures -------------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, DispatchClients, mesh_stub, rpc_error
 
 from accelmesh import artifacts
 from accelmesh.compile.v1 import compile_service_pb2 as pb
@@ -34,6 +33,8 @@ from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
 from dispatch_svc.dataplane.device_queues import CancelScope
 from dispatch_svc.ports import JobDevice
+
+from conftest import CREDENTIALS, DispatchClients, mesh_stub, rpc_error
 
 pytestmark = pytest.mark.slow
 

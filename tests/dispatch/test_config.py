@@ -9,9 +9,10 @@ import pytest
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.security.identity import Role
-from conftest import CREDENTIALS
 from dispatch_svc.config import parse_args
 from dispatch_svc.jobs.limits import LIMIT_VARIABLES, JobLimits
+
+from conftest import CREDENTIALS
 
 CREDENTIAL_ENV = CREDENTIALS.env(Role.DISPATCH)  # a dispatcher starts only with its credentials
 

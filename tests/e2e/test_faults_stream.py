@@ -16,6 +16,7 @@ import pytest
 from conftest import CREDENTIALS
 
 from accelmesh import errors
+from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import Placed, split
@@ -32,11 +33,13 @@ pytestmark = pytest.mark.slow
 
 
 CLEAN_END = "clean end"
+STRAY = "stray chunk"  # a chunk of a tensor the answer never declared: a malformed answer
 
 
 class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
     """Answers every shard with a two-chunk output. `cut` ends the call after the first chunk: with
-    that status, or with CLEAN_END as a normal end (timings sent, half the tensor never)."""
+    that status, or with CLEAN_END as a normal end (timings sent, half the tensor never); STRAY
+    adds a chunk of a tensor it sent no header for."""
 
     def __init__(self, cut: grpc.StatusCode | str | None = None):
         self.cut = cut
@@ -57,6 +60,7 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
 
     def _answer(self, context, into):
         header, chunks = split("output_0", np.arange(2048, dtype=np.float32), 4096)
+        chunks = list(chunks)
         yield into(tensor=header)
         for chunk in chunks:
             yield into(chunk=chunk)
@@ -64,6 +68,11 @@ class FakeWorker(worker_service_pb2_grpc.WorkerServiceServicer):
                 context.abort(self.cut, "worker went away")
             if self.cut == CLEAN_END:
                 break
+        if self.cut == STRAY:
+            stray = common_pb2.TensorChunk()
+            stray.CopyFrom(chunks[-1])
+            stray.name = "output_9"
+            yield into(chunk=stray)
         yield into(timings=worker_pb.ShardTimings(execute_seconds=0.001))
 
 
@@ -95,7 +104,8 @@ CUTS = [(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE: "), (grpc.StatusCode.CANCELL
         (grpc.StatusCode.INTERNAL, "INTERNAL: "), (CLEAN_END, "worker sent a malformed result: ")]
 
 
-@pytest.mark.parametrize("cut, cause", CUTS, ids=["unavailable", "cancelled", "internal", "clean-end"])
+@pytest.mark.parametrize("cut, cause", [*CUTS, (STRAY, "worker sent a malformed result: ")],
+                         ids=["unavailable", "cancelled", "internal", "clean-end", "stray-chunk"])
 def test_a_result_cut_short_fails_the_attempt_and_is_never_used(workers, cut, cause):
     server = serve_fake(FakeWorker(cut))  # the error interceptor keeps the status it aborted with
     try:

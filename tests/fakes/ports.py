@@ -14,14 +14,14 @@ from accelmesh import errors
 from accelmesh.hardware.catalog import resolve_type
 from accelmesh.programs import LayerInfo, OutputSpec, Program, TensorSpec
 from accelmesh.runtime.tensors import TensorCollector, split
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import ShardFailed
-from dispatch_svc.jobs.limits import Limits
-from dispatch_svc.ports import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
-from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.jobs.training_options import TrainingOptions, minibatches
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.ports import ArtifactRef, Build, JobDevice, RuleChoice, ScoredStatus, Scoring, ShardOutput
 
 WAIT_S = 30.0
 AFFINE = Program(

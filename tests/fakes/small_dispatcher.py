@@ -7,21 +7,21 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
-from fakes.ports import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeMesh
-from conftest import CREDENTIALS
-
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import Authenticator
 from accelmesh.security.identity import Role
-from dispatch_svc.jobs.limits import JobLimits, Limits
-from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.execution.runner import JobRunner
-from dispatch_svc.server import ACCESS, SERVICE_NAME, dependencies
 from dispatch_svc.api.servicer import DispatchServicer
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.jobs.limits import JobLimits, Limits
+from dispatch_svc.planner import ThroughputModel
+from dispatch_svc.server import ACCESS, SERVICE_NAME, dependencies
+
+from conftest import CREDENTIALS
+from fakes.ports import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeMesh
 
 LIMITS = JobLimits(max_rows=1000, max_bytes=64 * 1024, max_shards=8, max_training_bytes=4096, max_training_steps=50,
                    max_layers=4, max_spec_entries=4, max_parameter_tensors=2, max_name_chars=40, max_filter_chars=100)

@@ -49,11 +49,11 @@ from pathlib import Path
 
 from accelmesh import errors
 from accelmesh.errors import quoted
-from dispatch_svc.jobs import records as m
-from dispatch_svc.ports import Inventory, JobDevice
-from dispatch_svc.planner import Target, ThroughputModel
 from dispatch_svc.admission.scheduling.policy import POLICIES
 from dispatch_svc.admission.scheduling.problem import Job
+from dispatch_svc.jobs import records as m
+from dispatch_svc.planner import Target, ThroughputModel
+from dispatch_svc.ports import Inventory, JobDevice
 
 log = logging.getLogger(__name__)
 

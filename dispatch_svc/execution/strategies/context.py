@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,14 +24,24 @@ from opentelemetry import trace
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.jobs.validation import check_parameters, check_shard_outputs
 from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.ports import Build, Compiler, InputFeed, Inventory, JobDevice, LiveJob, ShardOutput, ShardWork, Workers
+from dispatch_svc.ports import (
+    Build,
+    Compiler,
+    InputFeed,
+    Inventory,
+    JobDevice,
+    LiveJob,
+    ShardOutput,
+    ShardWork,
+    Workers,
+)
 
 log = logging.getLogger(__name__)
 

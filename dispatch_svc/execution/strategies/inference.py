@@ -9,11 +9,11 @@ only the rest: the finished shards' outputs are on disk already.
 from __future__ import annotations
 
 from accelmesh.programs import Program
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import DevicePool
-from dispatch_svc.ports import ShardOutput, ShardWork
 from dispatch_svc.execution.outputs import JobOutputs
 from dispatch_svc.execution.strategies.context import InflightBudget, JobContext
+from dispatch_svc.jobs import records as m
+from dispatch_svc.ports import ShardOutput, ShardWork
 
 
 def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: frozenset[int] = frozenset(),

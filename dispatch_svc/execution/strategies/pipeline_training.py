@@ -32,13 +32,13 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import DevicePool
-from dispatch_svc.ports import ShardOutput
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.execution.strategies.training import read_all
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import steps_per_epoch
 from dispatch_svc.jobs.validation import check_inputs
+from dispatch_svc.ports import ShardOutput
 
 LABELS = "labels"  # a placed training job's second input: one class index per row
 ALL_DONE_POLL_S = 0.5  # how often a waiting step checks for a cancel

@@ -9,12 +9,12 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import DevicePool
-from dispatch_svc.ports import ShardWork
-from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, plan_shards
 from dispatch_svc.execution.strategies.context import JobContext
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import minibatches, steps_per_epoch
+from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, plan_shards
+from dispatch_svc.ports import ShardWork
 
 
 def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray]):

@@ -11,18 +11,19 @@ import threading
 
 import numpy as np
 import pytest
-from fakes.ports import AFFINE, BIAS, WAIT_S, X, FakeInventory, FakeMesh, FakeWorkers, Feed, spec_for
 
 from accelmesh import errors
-from dispatch_svc.jobs import records as m
-from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.admission.admission import AdmissionGate
 from dispatch_svc.admission.queue import JobQueue, QueueSignals
-from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.admission.quotas import Quota, Quotas
-from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.admission.scheduling.rounds import Round
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.jobs.limits import Limits
+from dispatch_svc.planner import ThroughputModel
+
+from fakes.ports import AFFINE, BIAS, WAIT_S, FakeInventory, FakeMesh, FakeWorkers, Feed, X, spec_for
 
 CLAIM = 16 + 1024  # what an AFFINE job reserves on each device it uses: its parameters and a shard
 ALICE, BOB = "user:alice", "user:bob"

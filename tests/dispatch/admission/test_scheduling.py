@@ -13,8 +13,19 @@ import numpy as np
 import pytest
 
 from dispatch_svc.admission.scheduling import (
-    FIFO, MAX_MIN_FAIRNESS, MIN_TOTAL_TIME, POLICIES, Assignment, InvalidSchedulingInput, Job, assign_by_shares,
-    build_problem, fifo, max_min_fairness, max_min_shares, min_total_time,
+    FIFO,
+    MAX_MIN_FAIRNESS,
+    MIN_TOTAL_TIME,
+    POLICIES,
+    Assignment,
+    InvalidSchedulingInput,
+    Job,
+    assign_by_shares,
+    build_problem,
+    fifo,
+    max_min_fairness,
+    max_min_shares,
+    min_total_time,
 )
 from dispatch_svc.admission.scheduling.fair_shares import LEVEL_SLACK, equal_share_throughput
 

@@ -5,12 +5,13 @@ rates or the catalog; over the fake mesh's devices, the reserved ones left out."
 from __future__ import annotations
 
 import pytest
-from fakes.ports import AFFINE, FakeMesh
 
 from accelmesh import errors
+from dispatch_svc.admission.scheduling.rounds import Narrowing, Round, Waiting, check_policy, load_throughputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.admission.scheduling.rounds import Narrowing, Round, Waiting, check_policy, load_throughputs
+
+from fakes.ports import AFFINE, FakeMesh
 
 V100, A100 = "v100-32gb", "a100-80gb"
 # "gains" runs 10x faster on an A100; "even" barely gains from one. Gavel's point: the A100 should

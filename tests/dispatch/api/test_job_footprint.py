@@ -16,9 +16,6 @@ import weakref
 import grpc
 import numpy as np
 import pytest
-from fakes.ports import AFFINE, WAIT_S, FakeMesh, Feed, X, runner_for, spec_for
-from fakes.small_dispatcher import run_job, serving, submit
-from conftest import rpc_error
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -26,8 +23,12 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.errors import InvalidArgument
 from accelmesh.runtime.tensors import to_proto
 from dispatch_svc.jobs import records as m
-from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.book import JobBook
+from dispatch_svc.jobs.limits import JobLimits
+
+from conftest import rpc_error
+from fakes.ports import AFFINE, WAIT_S, FakeMesh, Feed, X, runner_for, spec_for
+from fakes.small_dispatcher import run_job, serving, submit
 
 
 @pytest.fixture
@@ -313,11 +314,11 @@ def test_list_and_get_still_work_with_an_oversized_stored_record_present(tmp_pat
 
 def test_a_job_book_database_that_goes_away_answers_unavailable_and_keeps_every_finished_result(
         tmp_path, postgres_url):
-    from conftest import _postgres_server
-
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from dispatch_svc.server import SERVICE_NAME
+
+    from conftest import _postgres_server
 
     def health(service=""):
         stub = health_pb2_grpc.HealthStub(d.channel)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from fakes.ports import AFFINE, CHAIN, WAIT_S, X, FakeMesh, Feed, fake_pipeline_mesh, runner_for, spec_for
-from fakes.small_dispatcher import LIMITS, run_job, serving, submit
-from conftest import rpc_error
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -21,9 +18,10 @@ from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.runtime.tensors import dtype_code, to_proto
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import JobLimits
-from dispatch_svc.jobs.book import JobBook
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.execution.runner import JobRunner
+
+from conftest import rpc_error
+from fakes.ports import AFFINE, CHAIN, WAIT_S, FakeMesh, Feed, X, fake_pipeline_mesh, runner_for, spec_for
+from fakes.small_dispatcher import LIMITS, run_job, serving, submit
 
 SHORT_MESSAGE = 400  # a refusal quoting client input stays this short, whatever the input's size
 

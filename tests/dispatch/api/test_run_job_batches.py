@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes.ports import BIAS, WAIT_S, X
-from fakes.small_dispatcher import requests, serving
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import TensorCollector
+
+from fakes.ports import BIAS, WAIT_S, X
+from fakes.small_dispatcher import requests, serving
 
 
 @pytest.fixture

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import pytest
 
 from accelmesh import errors
-from dispatch_svc.dataplane.device_queues import SHARDS_IN_FLIGHT_PER_DEVICE, Cancelled, CancelScope, DevicePool, ShardFailed
+from dispatch_svc.dataplane.device_queues import (
+    SHARDS_IN_FLIGHT_PER_DEVICE,
+    Cancelled,
+    CancelScope,
+    DevicePool,
+    ShardFailed,
+)
 
 GUARD_S = 30.0  # a blocked shard gives up after this: only a broken wait_all would make it
 

@@ -23,13 +23,14 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.config import CompileConfig
 from compile_svc.programs import default_registry
 from compile_svc.server import build_compile_service
-from conftest import CREDENTIALS, DispatchClients, mesh_stub
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.dataplane.device_queues import CancelScope
 from dispatch_svc.dataplane.held_keys import MAX_MISSES, HeldKeys
 from dispatch_svc.ports import JobDevice
 from dispatch_svc.server import build_dispatch
 from worker_svc.held_tensors import HeldTensors
+
+from conftest import CREDENTIALS, DispatchClients, mesh_stub
 
 CALL_TIMEOUT_S = 60.0
 ROWS = 32

@@ -14,12 +14,27 @@ import pytest
 
 from accelmesh import errors
 from accelmesh.programs import OutputSpec, Program, TensorSpec
-from dispatch_svc.jobs import records as m
 from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
 from dispatch_svc.jobs.validation import check_shard_outputs
-from fakes.ports import (AFFINE, BIAS, CHAIN, KS, LINREG, X, FakeMesh, fake_pipeline_mesh, Feed, linreg_data,
-                        linreg_sgd, result, runner_for, spec_for)
+
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    CHAIN,
+    KS,
+    LINREG,
+    FakeMesh,
+    Feed,
+    X,
+    fake_pipeline_mesh,
+    linreg_data,
+    linreg_sgd,
+    result,
+    runner_for,
+    spec_for,
+)
 
 ROWS = r"\(\d+, 4\); the shard has (?P<rows>\d+) rows, so expected \((?P=rows), 4\)"  # a batched output
 # How a forging worker rewrites the affine program's outputs [y (rows, 4), s (4,)], and the

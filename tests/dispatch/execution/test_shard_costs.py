@@ -11,11 +11,12 @@ import json
 import numpy as np
 import pytest
 
+from dispatch_svc.api.translate import job_to_proto
 from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
-from dispatch_svc.api.translate import job_to_proto
-from fakes.ports import AFFINE, LINREG, X, FakeMesh, Feed, linreg_data, run, runner_for, spec_for
+
+from fakes.ports import AFFINE, LINREG, FakeMesh, Feed, X, linreg_data, run, runner_for, spec_for
 
 
 def test_every_shard_of_an_inference_job_records_its_prediction_and_the_job_its_measured_makespan(tmp_path):

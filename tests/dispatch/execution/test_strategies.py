@@ -16,8 +16,26 @@ from accelmesh.runtime.tensors import Placed
 from dispatch_svc.api import delivery
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
-from fakes.ports import (AFFINE, BIAS, CHAIN, KS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, fake_pipeline_mesh, linreg_data,
-                        linreg_sgd, result, run, runner_for, spec_for)
+
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    CHAIN,
+    KS,
+    LINREG,
+    WAIT_S,
+    FakeMesh,
+    FakeWorkers,
+    Feed,
+    X,
+    fake_pipeline_mesh,
+    linreg_data,
+    linreg_sgd,
+    result,
+    run,
+    runner_for,
+    spec_for,
+)
 
 
 def test_inference_concatenates_in_row_order_and_sums_across_devices(tmp_path):

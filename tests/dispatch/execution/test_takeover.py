@@ -11,18 +11,32 @@ import threading
 
 import numpy as np
 import pytest
-from fakes.ports import AFFINE, BIAS, LINREG, WAIT_S, X, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, runner_for, spec_for
 
 from accelmesh import errors
+from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.execution.runner import JobRunner
+from dispatch_svc.execution.takeover import Takeover
 from dispatch_svc.jobs import events as jobs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import INPUTS_LOST_ERROR, JobBook, LeaseLost
-from dispatch_svc.dataplane.device_queues import ShardFailed
 from dispatch_svc.jobs.limits import Limits
-from dispatch_svc.planner import ThroughputModel
-from dispatch_svc.execution.runner import JobRunner
-from dispatch_svc.execution.takeover import Takeover
 from dispatch_svc.jobs.training_options import TrainingOptions
+from dispatch_svc.planner import ThroughputModel
+
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    LINREG,
+    WAIT_S,
+    FakeMesh,
+    FakeWorkers,
+    Feed,
+    X,
+    linreg_data,
+    linreg_sgd,
+    runner_for,
+    spec_for,
+)
 
 LEASE_S = 10.0
 

@@ -14,10 +14,11 @@ import pytest
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from dispatch_svc.api import translate as tr
 from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
-from dispatch_svc.api import translate as tr
-from fakes.ports import AFFINE, CHAIN, X, FakeMesh, fake_pipeline_mesh, Feed, run, runner_for, spec_for
+
+from fakes.ports import AFFINE, CHAIN, FakeMesh, Feed, X, fake_pipeline_mesh, run, runner_for, spec_for
 
 
 def spec_message(precision: int, kind: int = job_pb.JOB_KIND_INFERENCE) -> job_pb.JobSpec:

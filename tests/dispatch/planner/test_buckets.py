@@ -17,9 +17,24 @@ import random
 import numpy as np
 
 from dispatch_svc.jobs import records as m
-from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
 from dispatch_svc.jobs.training_options import TrainingOptions
-from fakes.ports import AFFINE, BIAS, LINREG, FakeCompiler, FakeMesh, FakeWorkers, Feed, linreg_data, linreg_sgd, result, run, runner_for, spec_for
+from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, bucket_ladder, plan_shards
+
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    LINREG,
+    FakeCompiler,
+    FakeMesh,
+    FakeWorkers,
+    Feed,
+    linreg_data,
+    linreg_sgd,
+    result,
+    run,
+    runner_for,
+    spec_for,
+)
 
 JOBS = 100
 TYPES = ("v100-32gb", "v100-32gb", "a100-80gb", "t4")

@@ -14,8 +14,20 @@ import pytest
 from accelmesh.errors import InvalidArgument, ResourceExhausted
 from accelmesh.scoring import Weights
 from dispatch_svc.planner.placement import (
-    FLOPS_PER_PARAMETER, TRAINING_IN_FLIGHT, Device, LayerCost, Model, NoRoom, Task, check_layers, evaluate, lower_bound_seconds, parameter_split,
-    place_balanced, place_ranked, sequential_fill,
+    FLOPS_PER_PARAMETER,
+    TRAINING_IN_FLIGHT,
+    Device,
+    LayerCost,
+    Model,
+    NoRoom,
+    Task,
+    check_layers,
+    evaluate,
+    lower_bound_seconds,
+    parameter_split,
+    place_balanced,
+    place_ranked,
+    sequential_fill,
 )
 
 GB = 10**9

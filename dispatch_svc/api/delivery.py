@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelmesh import errors
-from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
@@ -135,7 +134,7 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
                 yield from whole(entry, slab_bytes)
     elif live.error is not None or failure:
         error = live.error or failure[0]
-        if isinstance(error, Cancelled):  # a status, not a bug: CANCELLED with the job's reason
+        if isinstance(error, errors.Cancelled):  # a status, not a bug: CANCELLED with the job's reason
             raise errors.Cancelled(str(error) or final.error or "the job was cancelled") from None
         raise error
     yield JobOut(final)

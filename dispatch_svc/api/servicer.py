@@ -27,7 +27,6 @@ from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
 from dispatch_svc.api import translate as tr
 from dispatch_svc.api.stream_feed import StreamFeed
-from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import job_not_found
@@ -92,7 +91,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
         try:
             feed.read_ahead()
-        except Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
+        except errors.Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
             raise errors.Unavailable(f"{exc}; no job was started") from None
         try:
             job, live = self.runner.start(spec, owner)
@@ -106,7 +105,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             return pb.SubmitJobResponse(job_id=job.job_id)
         try:
             self.runner.run(job, live, feed)
-        except Cancelled:  # CancelJob or a disconnect while the input arrived: GetJob says which
+        except errors.Cancelled:  # CancelJob or a disconnect while the input arrived: GetJob says which
             pass
         return pb.SubmitJobResponse(job_id=job.job_id)
 

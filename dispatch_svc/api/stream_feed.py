@@ -10,7 +10,6 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorCollector, from_proto
-from dispatch_svc.dataplane.device_queues import Cancelled
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.validation import check_parameter_header, input_bytes
@@ -61,7 +60,7 @@ class StreamFeed:
                     self._received += sum(len(t.data) for t in message.block.tensors)
                 yield message
         except grpc.RpcError:  # the transport's word for a client that is gone: no status to send it
-            raise Cancelled(self.gone()) from None
+            raise errors.Cancelled(self.gone()) from None
 
     def read_ahead(self) -> None:
         if self._first is not None:

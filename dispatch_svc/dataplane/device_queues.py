@@ -48,8 +48,13 @@ class ShardFailed(Exception):
         self.cause, self.code = cause, code
 
 
-class Cancelled(Exception):
-    """The job was cancelled; the message, when there is one, says why (the job's record keeps it)."""
+class Cancelled(errors.Cancelled):
+    """The job was cancelled; the message, when there is one, says why (the job's record keeps it).
+    Above the data plane it is an `accelmesh.errors.Cancelled` like any other (the edge's own,
+    when a client goes away), which the error table answers with CANCELLED."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(message)
 
 
 @dataclass

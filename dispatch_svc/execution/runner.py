@@ -27,7 +27,7 @@ from accelmesh.runtime.errors import bounded
 from dispatch_svc.admission.admission import AdmissionGate, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
-from dispatch_svc.dataplane.device_queues import Cancelled, DevicePool
+from dispatch_svc.dataplane.device_queues import DevicePool
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.jobs import records as m
@@ -270,7 +270,7 @@ class JobRunner:
                 exc = lease.lapse  # a lapsed lease stopped the job: FAILED with why, not CANCELLED
         # Decided before this method cancels the scope itself: only a cancel from outside (CancelJob,
         # the client's deadline or disconnect) makes the job CANCELLED; a bug stays a failure.
-        cancelled = isinstance(exc, Cancelled) or (
+        cancelled = isinstance(exc, errors.Cancelled) or (
             exc is not None and live.scope.cancelled.is_set() and not isinstance(exc, errors.AccelmeshError))
         if exc is not None:
             live.scope.cancel()  # stop the job's other shards on their workers
@@ -333,7 +333,7 @@ class JobRunner:
             self.book.finish(job, m.SUCCEEDED, message="done")
         elif cancelled:
             self.book.finish(job, m.CANCELLED, error=bounded(
-                (str(exc) if isinstance(exc, Cancelled) else "") or live.scope.reason or "cancelled", MAX_ERROR_BYTES))
+                (str(exc) if isinstance(exc, errors.Cancelled) else "") or live.scope.reason or "cancelled", MAX_ERROR_BYTES))
         else:
             if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see _let_go)
                 log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())

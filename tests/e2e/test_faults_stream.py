@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from conftest import CREDENTIALS
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
@@ -26,8 +25,10 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
 from dispatch_svc.dataplane.workers import GrpcWorkers
 from dispatch_svc.ports import ArtifactRef, Build, JobDevice
-from fakes.worker_streams import shards
 from worker_svc.server import ACCESS as WORKER_ACCESS
+
+from conftest import CREDENTIALS
+from fakes.worker_streams import shards
 
 pytestmark = pytest.mark.slow
 

@@ -25,10 +25,11 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
+from dispatch_svc.execution.output_checks import check_shard_outputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.jobs.limits import Limits
-from dispatch_svc.jobs.validation import check_parameters, check_shard_outputs
+from dispatch_svc.jobs.validation import check_parameters
 from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.planner import ThroughputModel
 from dispatch_svc.ports import (

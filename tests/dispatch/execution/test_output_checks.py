@@ -1,5 +1,5 @@
 """A worker's outputs for a shard are checked against the program before anything combines them
-(dispatch_svc.jobs.validation.check_shard_outputs, called by JobContext.execute for every strategy).
+(dispatch_svc.execution.output_checks.check_shard_outputs, called by JobContext.execute for every strategy).
 A rogue or broken worker (the fake's `forge`) fails its shard, which is retried on another
 device: the job succeeds with the right result when another device answers correctly, and fails
 naming the mismatch when none does. Inference, training steps and pipeline stages."""
@@ -15,9 +15,9 @@ import pytest
 from accelmesh import errors
 from accelmesh.programs import OutputSpec, Program, TensorSpec
 from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.execution.output_checks import check_shard_outputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
-from dispatch_svc.jobs.validation import check_shard_outputs
 
 from fakes.ports import (
     AFFINE,

@@ -54,7 +54,14 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from dispatch_svc.admission.scheduling import (
-    FIFO, MAX_MIN_FAIRNESS, POLICIES, Assignment, Job, assign_by_shares, build_problem, max_min_shares,
+    FIFO,
+    MAX_MIN_FAIRNESS,
+    POLICIES,
+    Assignment,
+    Job,
+    assign_by_shares,
+    build_problem,
+    max_min_shares,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -43,24 +43,24 @@ from typing import Any
 
 import grpc
 import jax
-from common import percentile, progress, ratio, summary_ms, time_calls, tls_vs_plaintext
 import jaxlib
 import numpy as np
+from common import percentile, progress, ratio, summary_ms, time_calls, tls_vs_plaintext
 from jax.experimental import serialize_executable
 
+from accelmesh import artifacts
 from accelmesh.compile.v1 import compile_service_pb2 as pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.hardware.catalog import resolve_type
+from accelmesh.programs import OutputSpec, Program, TensorSpec
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.security.config import INSECURE
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import Role
-from accelmesh import artifacts
 from compile_svc import lowering
 from compile_svc.compiler import Compiler
 from compile_svc.config import CompileConfig
-from accelmesh.programs import OutputSpec, Program, TensorSpec
 from compile_svc.programs import default_registry, network, program_digest, pytrees, transformer
 from compile_svc.programs.network import Layer, Network
 from compile_svc.rules import load_rules

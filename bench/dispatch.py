@@ -85,9 +85,16 @@ import numpy as np
 
 # bench/common.py: this file runs from bench/, which Python puts first on sys.path
 from common import fresh_memory, tls_vs_plaintext
+
 # bench/ray_baseline.py: Ray is imported there only when a baseline starts, so the bare roles stay bare
-from ray_baseline import (ABSENT_NOTE, STREAM_PIECE_BYTES, RayBaseline, measure_per_shard, object_store_bytes,
-                          ray_version)
+from ray_baseline import (
+    ABSENT_NOTE,
+    STREAM_PIECE_BYTES,
+    RayBaseline,
+    measure_per_shard,
+    object_store_bytes,
+    ray_version,
+)
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 
@@ -441,14 +448,14 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     import jax
 
     from accelmesh.client import MeshClient
+    from accelmesh.security.identity import Role
     from compile_svc.programs import default_registry
     from compile_svc.rules import load_rules
-    from dispatch_svc.jobs import records as m
-    from dispatch_svc.dataplane.device_queues import CancelScope
     from dispatch_svc.clients.compiler import GrpcCompiler
     from dispatch_svc.clients.inventory import GrpcInventory
+    from dispatch_svc.dataplane.device_queues import CancelScope
     from dispatch_svc.dataplane.workers import GrpcWorkers
-    from accelmesh.security.identity import Role
+    from dispatch_svc.jobs import records as m
     from dispatch_svc.ports import JobDevice
     from worker_svc.artifacts import ArtifactStore
 

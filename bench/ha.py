@@ -38,13 +38,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the test harness: postgres.py and replicas.py
 
-import postgres  # noqa: E402
 from common import progress, ratio  # noqa: E402
-from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds  # noqa: E402
 
 from accelmesh.client import MeshClient  # noqa: E402
 from accelmesh.dispatch.v1 import job_pb2 as job_pb  # noqa: E402
 from accelmesh.embedded import mesh_credentials  # noqa: E402
+
+import postgres  # noqa: E402
+from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds  # noqa: E402
 
 PROGRAM = "transformer_encoder"
 TOKENS = np.random.default_rng(20240601).integers(0, 512, size=(1024, 32), dtype=np.int32)  # 32 shards

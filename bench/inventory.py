@@ -42,16 +42,16 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.security.config import Security
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import Role
-from worker_svc.agent import NodeAgent
-from worker_svc.config import WorkerConfig
-from worker_svc.server import build_worker
 from inventory_svc.config import InventoryConfig
 from inventory_svc.filtering import DeviceFilter
 from inventory_svc.inventory import POLL_WORKERS, Inventory
 from inventory_svc.node_client import NodeClient
-from worker_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, DEFAULT_CLOCK_GHZ, FMA_UNITS_PER_CORE
 from inventory_svc.scoring import TaskProfile
 from inventory_svc.server import build_inventory
+from worker_svc.agent import NodeAgent
+from worker_svc.config import WorkerConfig
+from worker_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, DEFAULT_CLOCK_GHZ, FMA_UNITS_PER_CORE
+from worker_svc.server import build_worker
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PAI_CSV = DATA_DIR / "pai_machine_spec.csv"

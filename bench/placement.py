@@ -60,9 +60,26 @@ from accelmesh.hardware.model import DeviceSpec
 from compile_svc.programs.registry import ProgramRegistry, default_registry
 from compile_svc.rules import RuleTable, load_rules
 from dispatch_svc.planner.placement import (
-    BANDWIDTH_EFFICIENCY, INFERENCE, TRAINING, Device, Evaluation, LayerCost, Model, NoRoom, Placement, Task,
-    capacity, check_layers, initial_scores, lower_bound_seconds, parameter_split, place, place_balanced, place_ranked,
-    required_devices, sequential_fill,
+    BANDWIDTH_EFFICIENCY,
+    INFERENCE,
+    TRAINING,
+    Device,
+    Evaluation,
+    LayerCost,
+    Model,
+    NoRoom,
+    Placement,
+    Task,
+    capacity,
+    check_layers,
+    initial_scores,
+    lower_bound_seconds,
+    parameter_split,
+    place,
+    place_balanced,
+    place_ranked,
+    required_devices,
+    sequential_fill,
 )
 from dispatch_svc.planner.throughput import CATALOG_EFFICIENCY
 

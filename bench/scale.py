@@ -340,12 +340,12 @@ def bench_planning(inventory, plan: Plan) -> dict:
     from accelmesh.scoring import free_status
     from compile_svc.programs.registry import default_registry
     from compile_svc.rules import load_rules
-    from dispatch_svc.jobs import records as m
-    from dispatch_svc.ports import ArtifactRef, Build, JobDevice
-    from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, Target, ThroughputModel, plan_shards
-    from dispatch_svc.jobs.limits import Limits
     from dispatch_svc.execution.strategies.data_parallel import _split as data_parallel_split
+    from dispatch_svc.jobs import records as m
+    from dispatch_svc.jobs.limits import Limits
+    from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, Target, ThroughputModel, plan_shards
     from dispatch_svc.planner.placement import INFERENCE, Device, Model, NoRoom, Task, place_balanced, place_ranked
+    from dispatch_svc.ports import ArtifactRef, Build, JobDevice
 
     ranking = inventory.score(profile(), "", 0).devices  # every healthy device with its status
     rules, per_type = load_rules(), {}

@@ -12,7 +12,6 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, scrape, value
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -28,6 +27,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.security.identity import Role
 from compile_svc.programs import default_registry
+
+from conftest import CREDENTIALS, scrape, value
 
 NODE_IPS = ("127.0.0.2", "127.0.0.3")
 EMULATE = ("v100-32gb", "v100-32gb")  # no bf16: the fp32 rule, so a moved shard changes nothing

@@ -22,17 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, small_mesh
 
 from accelmesh.cli import main
 from accelmesh.cli.job_view import RunProgress
-from accelmesh.common.v1 import common_pb2
 from accelmesh.client import MeshClient
+from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs.builtin import IDENTITY_WIDTH
+
+from conftest import CREDENTIALS, small_mesh
 
 WAIT_S = 60.0  # a bound on a failing test, never a pause: every wait below ends on what it waits for
 OCCUPIER = "occupier-of-the-cli-test"

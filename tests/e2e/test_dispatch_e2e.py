@@ -18,6 +18,7 @@ from accelmesh.embedded import start_embedded_mesh
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.tensors import to_proto
 from compile_svc.programs import default_registry
+
 from conftest import peak_rss_bytes, reservations, rpc_error
 
 pytestmark = pytest.mark.slow

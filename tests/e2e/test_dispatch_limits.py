@@ -10,7 +10,6 @@ import threading
 import grpc
 import numpy as np
 import pytest
-from conftest import reservations, rpc_error
 
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.common.v1 import common_pb2
@@ -18,6 +17,8 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.runtime.tensors import dtype_code, to_proto
+
+from conftest import reservations, rpc_error
 
 pytestmark = pytest.mark.slow
 

@@ -11,15 +11,28 @@ import time
 
 import numpy as np
 import pytest
-from conftest import reservations
+from _fault_helpers import (  # noqa: F401  (fixtures)
+    EMULATE,
+    JOB_ROWS,
+    LOST_WINDOW_S,
+    NODE_IPS,
+    TOKENS,
+    client_fixture,
+    expected_fixture,
+    inventory_stub,
+    mesh_fixture,
+    node_state,
+    pool_fixture,
+    port_of,
+    seconds,
+    start_node,
+)
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from _fault_helpers import (
-    EMULATE, JOB_ROWS, LOST_WINDOW_S, NODE_IPS, TOKENS, inventory_stub, node_state, port_of, seconds, start_node,
-)
-from _fault_helpers import client_fixture, expected_fixture, mesh_fixture, pool_fixture  # noqa: F401  (fixtures)
+
+from conftest import reservations
 
 pytestmark = pytest.mark.slow
 

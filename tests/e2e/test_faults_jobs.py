@@ -11,18 +11,30 @@ import time
 import grpc
 import numpy as np
 import pytest
-from conftest import reservations, rpc_error
+from _fault_helpers import (  # noqa: F401  (fixtures)
+    DISPATCH_ENV,
+    EMULATE,
+    JOB_ROWS,
+    NODE_IPS,
+    TOKENS,
+    await_shards_running,
+    client_fixture,
+    expected_fixture,
+    inventory_stub,
+    mesh_fixture,
+    pool_fixture,
+    port_of,
+    seconds,
+    shards_run,
+)
 
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_dispatch
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
-from _fault_helpers import (
-    DISPATCH_ENV, EMULATE, JOB_ROWS, NODE_IPS, TOKENS, await_shards_running, inventory_stub, port_of, seconds,
-    shards_run,
-)
-from _fault_helpers import client_fixture, expected_fixture, mesh_fixture, pool_fixture  # noqa: F401  (fixtures)
+
+from conftest import reservations, rpc_error
 
 pytestmark = pytest.mark.slow
 

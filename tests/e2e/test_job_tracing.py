@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -29,6 +28,8 @@ from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import ANYONE
 from accelmesh.security.config import INSECURE
 from accelmesh.security.identity import Role
+
+from conftest import CREDENTIALS
 
 pytestmark = pytest.mark.slow
 

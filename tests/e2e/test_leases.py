@@ -21,7 +21,6 @@ import time
 import grpc
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub
 
 from accelmesh import errors
 from accelmesh.client import MeshClient, job_spec
@@ -32,10 +31,12 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.tensors import TensorCollector, to_proto
 from compile_svc.programs.builtin import IDENTITY_WIDTH
+from dispatch_svc.admission.reservations import LeaseKeeper
 from dispatch_svc.config import DispatchConfig
 from dispatch_svc.ports import LiveJob
 from dispatch_svc.server import build_dispatch
-from dispatch_svc.admission.reservations import LeaseKeeper
+
+from conftest import CREDENTIALS, mesh_stub
 
 LEASE_TTL_S = 2  # renewed every 2/3 s: a job waiting a few seconds outlives several leases
 SHARD_ROWS = 4  # identity rows are 4 KiB; 16 KiB shards hold at most 4

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import mesh_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -20,6 +19,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.security.config import INSECURE
+
+from conftest import mesh_stub
 from fakes import host
 
 POLL_INTERVAL_S = 0.25

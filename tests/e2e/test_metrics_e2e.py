@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, mesh_stub, scrape, scraper_context, value
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -31,6 +30,8 @@ from dispatch_svc.config import DispatchConfig
 from dispatch_svc.server import build_dispatch
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory
+
+from conftest import CREDENTIALS, mesh_stub, scrape, value
 
 WAIT_S = 60.0
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "accelmesh.json"

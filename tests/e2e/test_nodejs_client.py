@@ -26,8 +26,9 @@ from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.security.identity import Role
-from fakes import host
 from compile_svc.programs import default_registry
+
+from fakes import host
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,9 @@ from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.embedded import start_embedded_mesh
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs import default_registry
-from conftest import reservations, rpc_error
 from dispatch_svc.execution.strategies.pipeline import weighted_turns
+
+from conftest import reservations, rpc_error
 
 pytestmark = pytest.mark.slow
 

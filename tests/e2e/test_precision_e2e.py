@@ -8,11 +8,19 @@ import grpc
 import numpy as np
 import pytest
 
-from accelmesh.common.v1 import common_pb2
 from accelmesh.client import MeshClient, job_spec
+from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.embedded import EmbeddedMesh, start_compile, start_dispatch, start_embedded_mesh, start_inventory, start_worker
+from accelmesh.embedded import (
+    EmbeddedMesh,
+    start_compile,
+    start_dispatch,
+    start_embedded_mesh,
+    start_inventory,
+    start_worker,
+)
+
 from conftest import CREDENTIALS, reservations, rpc_error
 
 pytestmark = pytest.mark.slow

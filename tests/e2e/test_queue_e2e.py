@@ -15,7 +15,6 @@ import dataclasses
 import grpc
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, rpc_error, small_mesh
 
 from accelmesh.client import MeshClient, job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -24,6 +23,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import TensorCollector
 from compile_svc.programs.builtin import IDENTITY_WIDTH
+
+from conftest import CREDENTIALS, rpc_error, small_mesh
 
 WAIT_S = 60.0
 OCCUPIER = "occupier-of-the-test"

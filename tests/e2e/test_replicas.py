@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from _fault_helpers import TOKENS, await_shards_running
-from conftest import CREDENTIALS, _postgres_server
-from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 
+from conftest import CREDENTIALS, _postgres_server
+from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds
 
 pytestmark = pytest.mark.slow
 

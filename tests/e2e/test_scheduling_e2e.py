@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import small_mesh
 from test_queue_e2e import Running
 
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs.builtin import IDENTITY_WIDTH
+
+from conftest import small_mesh
 
 OCCUPIER = "occupier-of-the-test"
 V100, A100 = "v100-32gb", "a100-80gb"

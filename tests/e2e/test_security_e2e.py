@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from accelmesh import artifacts
+from accelmesh import errors as mesh_errors
 from accelmesh.client import MeshClient
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
@@ -20,18 +22,17 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.embedded import start_embedded_mesh, start_worker
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
-from accelmesh import artifacts
-from accelmesh import errors as mesh_errors
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.runtime.tensors import TensorCollector, split
-from compile_svc.server import ACCESS as COMPILE_ACCESS
 from accelmesh.security.config import Security
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import Role
 from accelmesh.security.tls import TlsFiles
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
+from compile_svc.server import ACCESS as COMPILE_ACCESS
+
 from conftest import CREDENTIALS, rpc_error
 from fakes.worker_streams import shards
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import CREDENTIALS, small_mesh
 
 from accelmesh.client import MeshClient, job_spec
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -40,6 +39,8 @@ from accelmesh.runtime.tensors import to_proto
 from accelmesh.security.identity import Role
 from compile_svc.programs.builtin import IDENTITY_WIDTH
 from dispatch_svc.api.status_page import STATE_COLOURS
+
+from conftest import CREDENTIALS, small_mesh
 
 WAIT_S = 60.0
 ROWS, FIRST_ROWS = 16, 4

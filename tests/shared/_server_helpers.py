@@ -19,6 +19,7 @@ from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import ANYONE
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+
 from conftest import CREDENTIALS
 
 WORKER_SERVICE = "accelmesh.worker.v1.WorkerService"

@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from _server_helpers import NODE_IP, WORKER_SERVICE, ScriptedWorker, describe
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accelmesh import errors
@@ -23,8 +24,8 @@ from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import ANYONE
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+
 from conftest import CREDENTIALS, as_role
-from _server_helpers import NODE_IP, WORKER_SERVICE, ScriptedWorker, describe
 
 WAIT_S = 30.0
 

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from _server_helpers import (  # noqa: F401  (fixtures)
+    CALL_TIMEOUT_S,
+    WORKER_SERVICE,
+    build_server,
+    channel_fixture,
+    server_fixture,
+    servicer_fixture,
+)
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accelmesh.runtime.health import MAX_LISTED_SERVICES, HealthServicer
-from _server_helpers import CALL_TIMEOUT_S, WORKER_SERVICE, build_server
-from _server_helpers import channel_fixture, server_fixture, servicer_fixture  # noqa: F401  (fixtures)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

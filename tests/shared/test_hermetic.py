@@ -13,10 +13,11 @@ from accelmesh.runtime.launcher import start_service
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from conftest import CREDENTIALS, mesh_stub
 from worker_svc.config import parse_args
-from fakes import host
 from worker_svc.probes.cpu import probe_cpu
+
+from conftest import CREDENTIALS, mesh_stub
+from fakes import host
 
 
 def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():

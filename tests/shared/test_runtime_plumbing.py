@@ -9,6 +9,7 @@ from accelmesh import errors
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.security.identity import Role
+
 from conftest import CREDENTIALS
 
 

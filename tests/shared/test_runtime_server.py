@@ -11,16 +11,26 @@ import threading
 
 import grpc
 import pytest
+from _server_helpers import (  # noqa: F401  (fixtures)
+    CALL_TIMEOUT_S,
+    GATE_TIMEOUT_S,
+    NODE_IP,
+    WORKER_SERVICE,
+    Gate,
+    assert_serves,
+    build_server,
+    channel_fixture,
+    describe,
+    server_fixture,
+    servicer_fixture,
+    start_server,
+)
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from accelmesh.runtime.channels import open_channel
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
-from _server_helpers import (
-    CALL_TIMEOUT_S, GATE_TIMEOUT_S, NODE_IP, WORKER_SERVICE, Gate, assert_serves, build_server, describe, start_server,
-)
-from _server_helpers import channel_fixture, server_fixture, servicer_fixture  # noqa: F401  (fixtures)
 
 GRACE_S = 10.0  # generous: the shutdown test releases the call long before it runs out
 MIB = 1024 * 1024

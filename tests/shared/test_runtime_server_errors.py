@@ -12,7 +12,19 @@ import re
 
 import grpc
 import pytest
-
+from _server_helpers import (  # noqa: F401  (fixtures)
+    ABORT_TEXT,
+    BUG_TEXT,
+    NODE_IP,
+    ScriptedWorker,
+    assert_serves,
+    channel_fixture,
+    describe,
+    message_for,
+    server_fixture,
+    servicer_fixture,
+    start_server,
+)
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -20,10 +32,6 @@ from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.errors import MAX_FIELD_BYTES, MAX_MESSAGE_BYTES, bounded, error_reason
-from _server_helpers import (
-    ABORT_TEXT, BUG_TEXT, NODE_IP, ScriptedWorker, assert_serves, describe, message_for, start_server,
-)
-from _server_helpers import channel_fixture, server_fixture, servicer_fixture  # noqa: F401  (fixtures)
 
 
 def test_ok_call_returns_the_servicer_response(channel):

@@ -23,6 +23,7 @@ from accelmesh.security.access import ANYONE
 from accelmesh.security.config import INSECURE
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
+
 from conftest import CREDENTIALS
 
 SERVICE_NAME = "accelmesh-test"

@@ -14,7 +14,15 @@ import pytest
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.tensors import (
-    Placed, TensorAssembler, TensorCollector, dtype_code, from_proto, serialized_or, split, split_frames, to_proto,
+    Placed,
+    TensorAssembler,
+    TensorCollector,
+    dtype_code,
+    from_proto,
+    serialized_or,
+    split,
+    split_frames,
+    to_proto,
 )
 
 MIB = 1024 * 1024

@@ -29,8 +29,8 @@ from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtyp
 from accelmesh.security.config import Security
 
 # job_spec's `precision` -> JobConstraints.precision.
-PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32, "bf16": common_pb2.PRECISION_BF16_ALLOWED,
-              "fp16": common_pb2.PRECISION_FP16_ALLOWED}
+PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32,
+              "bf16": common_pb2.PRECISION_BF16_ALLOWED, "fp16": common_pb2.PRECISION_FP16_ALLOWED}
 
 
 @dataclass
@@ -89,7 +89,8 @@ def job_spec(
 
 
 def request_parts(spec: job_pb.JobSpec, inputs: Mapping[str, np.ndarray],
-                  parameters: Sequence[tuple[str, np.ndarray]] | None, chunk_bytes: int) -> Iterator[tuple[str, object]]:
+                  parameters: Sequence[tuple[str, np.ndarray]] | None,
+                  chunk_bytes: int) -> Iterator[tuple[str, object]]:
     """(field, message) pairs of a SubmitJob / RunJob stream: spec, parameters, row blocks."""
     yield "spec", spec
     for name, value in parameters or ():

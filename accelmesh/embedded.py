@@ -80,7 +80,8 @@ def start_worker(
 
 
 def start_inventory(
-    data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0, lost_after_polls: int = 3,
+    data_dir: Path, credentials: MeshCredentials | None, *, listen: str = "127.0.0.1:0", poll_interval_s: float = 5.0,
+    lost_after_polls: int = 3,
     echo: bool = False, db: str = "", name: str = "inventory",
 ) -> ServiceProcess:
     """`db`: the inventory's database URL (replicas share one); default, the SQLite file in `data_dir`."""
@@ -93,7 +94,8 @@ def start_compile(data_dir: Path, credentials: MeshCredentials | None, *, listen
                   echo: bool = False, name: str = "compile", rules: Path | None = None) -> ServiceProcess:
     """Replicas started on one `data_dir` share its artifact store and uploaded programs. `rules`:
     a compile rule file of the operator's (default: the shipped deploy/rules/compile_rules.toml)."""
-    args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"), "--programs-dir", str(data_dir / "programs")]
+    args = ["--listen", listen, "--cache-dir", str(data_dir / "artifacts"),
+            "--programs-dir", str(data_dir / "programs")]
     if rules is not None:
         args += ["--rules", str(rules)]
     return start_service(name, "compile_svc", args, echo=echo, env=service_env(credentials, Role.COMPILE))

@@ -63,7 +63,8 @@ def check_layers(layers: Sequence[LayerCost], where: str = "spec.placement.layer
                 continue
             if not math.isfinite(value) or value < 0:
                 raise InvalidArgument(f"{row}.{name} of layer {layer.name!r} must be a finite number >= 0, got {value}")
-        if layer.parameter_count and not layer.parameter_count / 8 <= layer.parameter_bytes <= layer.parameter_count * 8:
+        if layer.parameter_count and not (
+                layer.parameter_count / 8 <= layer.parameter_bytes <= layer.parameter_count * 8):
             raise InvalidArgument(
                 f"{row}.parameter_bytes of layer {layer.name!r} is {layer.parameter_bytes} for "
                 f"{layer.parameter_count} parameters ({layer.parameter_bytes / layer.parameter_count:.3g} bytes each); "

@@ -177,7 +177,8 @@ class ArtifactCache:
         with self._locked():
             return sum(size for _, _, size in self._entries())
 
-    def get_or_build(self, key: str, build: Callable[[], tuple[bytes, Mapping[str, Any]]]) -> tuple[CachedArtifact, bool]:
+    def get_or_build(self, key: str,
+                     build: Callable[[], tuple[bytes, Mapping[str, Any]]]) -> tuple[CachedArtifact, bool]:
         """The cached artifact, building it once however many threads ask at the same time.
 
         Returns (artifact, True) to the caller whose build ran. A build that raises reaches

@@ -127,7 +127,8 @@ class Compiler:
         if inputs:
             check_signature(to_build, list(inputs))
         if not targets:
-            raise errors.InvalidArgument("targets is empty; pass the devices to build for (as ListDevices returns them)")
+            raise errors.InvalidArgument(
+                "targets is empty; pass the devices to build for (as ListDevices returns them)")
         sizes = sorted(set(batch_sizes))
         if len(sizes) > self._max_batch_sizes:
             raise errors.InvalidArgument(
@@ -186,7 +187,8 @@ class Compiler:
                 if exporting and exporting[0].exception() is not None:
                     raise exporting[0].exception() from None  # the export's error first, as when the export ran first
                 raise
-            portable = exporting[0].result() if exporting else self._artifact(program, target, rule, STABLEHLO, 0, export)
+            portable = (exporting[0].result() if exporting
+                        else self._artifact(program, target, rule, STABLEHLO, 0, export))
         return TargetBuild(target, rule, tuple(ids), portable, executables)
 
     def _artifact(self, program: Program, target: TargetType, rule: Rule, fmt: str, batch: int, make) -> BuiltArtifact:

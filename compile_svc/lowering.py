@@ -1,7 +1,7 @@
 """Lower a program once per target type under a compile rule's BuildOptions (requirements A5).
 
-Two artifact formats (accelmesh.programs.FORMATS; loading them is accelmesh.artifacts): "stablehlo" is portable `jax.export` bytes for any
-platform, with one symbolic batch dimension, compiled by the worker with the rule's XLA
+Two artifact formats (accelmesh.programs.FORMATS; loading them is accelmesh.artifacts): "stablehlo" is portable
+`jax.export` bytes for any platform, with one symbolic batch dimension, compiled by the worker with the rule's XLA
 options; "executable" is a compiled XLA executable for the local backend at one batch size.
 Every artifact keeps the program's declared interface whatever the rule: the compute dtype
 lives inside the function, so shards built under different rules combine without casts.

@@ -257,7 +257,8 @@ def _parse_rule(table: object, index: int, locator: _Locator) -> Rule:
         if not isinstance(value, list) or not all(isinstance(flag, str) for flag in value):
             raise fail(f"match.{key}", f"is {value!r}, it must be a list of capability names")
         if unknown := unknown_capabilities(value):
-            raise fail(f"match.{key}", f"names unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}")
+            raise fail(f"match.{key}",
+                       f"names unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}")
         flags[key] = frozenset(value)
     if both := sorted(flags["requires"] & flags["forbids"]):
         raise fail("match.forbids", f"also requires {', '.join(both)}, so the rule can never match")

@@ -36,7 +36,8 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
             raise errors.InvalidArgument("name is required; ListPrograms shows what is registered")
         check_reference(request.name, request.version)
         self.uploads.refresh()
-        return pb.DescribeProgramResponse(program=programs_pb.program_to_proto(self.compiler.registry.get(request.name, request.version)))
+        program = self.compiler.registry.get(request.name, request.version)
+        return pb.DescribeProgramResponse(program=programs_pb.program_to_proto(program))
 
     def UploadProgram(self, request_iterator, context):
         first = next(request_iterator, None)
@@ -114,7 +115,8 @@ class CompileServicer(compile_service_pb2_grpc.CompileServiceServicer):
     def FetchArtifact(self, request, context):
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
         if not 0 < chunk <= self._max_chunk_bytes:
-            raise errors.InvalidArgument(f"chunk_bytes must be within 1..{self._max_chunk_bytes}, got {request.chunk_bytes}")
+            raise errors.InvalidArgument(
+                f"chunk_bytes must be within 1..{self._max_chunk_bytes}, got {request.chunk_bytes}")
         artifact = self.compiler.fetch(request.key)
         view = memoryview(artifact.payload)
         yield pb.FetchArtifactResponse(digest=artifact.digest, total_bytes=len(view), chunk=bytes(view[:chunk]))

@@ -13,8 +13,8 @@ from compile_svc.compiler import BuiltArtifact, TargetBuild
 from compile_svc.programs.stages import LayerRange
 from compile_svc.rules import Explanation, Rule
 
-PRECISION_FROM_PROTO = {common_pb2.PRECISION_UNSPECIFIED: "", common_pb2.PRECISION_FP32: "fp32", common_pb2.PRECISION_BF16_ALLOWED: "bf16",
-                        common_pb2.PRECISION_FP16_ALLOWED: "fp16"}
+PRECISION_FROM_PROTO = {common_pb2.PRECISION_UNSPECIFIED: "", common_pb2.PRECISION_FP32: "fp32",
+                        common_pb2.PRECISION_BF16_ALLOWED: "bf16", common_pb2.PRECISION_FP16_ALLOWED: "fp16"}
 
 
 def precision_from_proto(value: int) -> str:

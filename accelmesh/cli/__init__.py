@@ -19,7 +19,8 @@ from accelmesh.runtime.errors import STATUS_BY_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="accelmesh", description="run deep-learning jobs on a pool of mixed accelerators")
+    parser = argparse.ArgumentParser(prog="accelmesh",
+                                     description="run deep-learning jobs on a pool of mixed accelerators")
     sub = parser.add_subparsers(dest="command", required=True)
     mesh_commands.add_commands(sub)
     inventory_commands.add_commands(sub)
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 def _hint(exc: grpc.RpcError) -> str:
     """What to do about a status whose own words do not say it."""
     details = (exc.details() or "").lower()
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and ("connection refused" in details or "failed to connect" in details):
+    refused = "connection refused" in details or "failed to connect" in details
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and refused:
         return ("\naccelmesh: nothing answers at that address: start the mesh with `accelmesh up`, or point the "
                 "command at yours (--inventory / --dispatch / --compile HOST:PORT)")
     return ""

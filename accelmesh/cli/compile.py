@@ -65,7 +65,8 @@ def cmd_compile(args) -> int:
     with open_channel(args.compile) as channel:
         response = compile_stub(channel).Compile(pb.CompileRequest(
             program=args.program, version=args.version, targets=targets, batch_sizes=args.batch_size or []))
-    print(f"{response.program}@{response.version} for {len(targets)} device(s), {len(response.builds)} target type(s):\n")
+    print(f"{response.program}@{response.version} for {len(targets)} device(s), "
+          f"{len(response.builds)} target type(s):\n")
     print(format_builds(response.builds))
     return 0
 
@@ -80,7 +81,8 @@ def add_commands(sub) -> None:
     build = sub.add_parser("compile", help="build a program for target devices, one artifact per target type")
     build.add_argument("program")
     build.add_argument("--version", default="")
-    build.add_argument("--target", action="append", help="catalog type (a100-80gb, tpu-v4, ...) or 'cpu' (the inventory's CPU devices); repeatable")
+    build.add_argument("--target", action="append",
+                       help="catalog type (a100-80gb, tpu-v4, ...) or 'cpu' (the inventory's CPU devices); repeatable")
     build.add_argument("--emulated", action="store_true", help="targets are emulated on this machine's CPU")
     build.add_argument("--from-inventory", action="store_true", help="build for every device the inventory lists")
     build.add_argument("--inventory", default=DEFAULT_INVENTORY)

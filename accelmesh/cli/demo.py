@@ -46,7 +46,8 @@ class Progress:
         fraction = min(1.0, max(0.0, fraction))
         if self.tty:
             filled = int(fraction * BAR_WIDTH)
-            print(f"\r{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {fraction:5.1%} {note:<30}", end="", flush=True)
+            print(f"\r{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {fraction:5.1%} {note:<30}",
+                  end="", flush=True)
         elif int(fraction * 10) > self._last_tenth:
             self._last_tenth = int(fraction * 10)
             print(f"{self.label} {fraction:5.1%} {note}", flush=True)

@@ -46,7 +46,8 @@ def cmd_devices(args) -> int:
             lost = 'health = "lost"' + (f" AND {args.filter}" if args.filter.strip() else "")
             devices += list_all_devices(stub, lost)
         if not devices and args.filter.strip():
-            unknown = unknown_values(args.filter, list_all_devices(stub, "") + list_all_devices(stub, 'health = "lost"'))
+            everywhere = list_all_devices(stub, "") + list_all_devices(stub, 'health = "lost"')
+            unknown = unknown_values(args.filter, everywhere)
             if unknown:
                 print(f"accelmesh: no device matches: {unknown}", file=sys.stderr)
                 return 1
@@ -82,7 +83,8 @@ def cmd_score(args) -> int:
     kind = inv_pb.TASK_KIND_TRAINING if args.kind == "training" else inv_pb.TASK_KIND_INFERENCE
     with open_channel(args.inventory) as channel:
         task = inv_pb.TaskProfile(kind=kind, precision=args.precision)
-        print(format_ranking(inventory_stub(channel).ScoreDevices(inv_pb.ScoreDevicesRequest(task=task, filter=args.filter))))
+        ranking = inventory_stub(channel).ScoreDevices(inv_pb.ScoreDevicesRequest(task=task, filter=args.filter))
+        print(format_ranking(ranking))
     return 0
 
 
@@ -90,7 +92,8 @@ def add_commands(sub) -> None:
     devices = sub.add_parser("devices", help="print the inventory as a table")
     devices.add_argument("--inventory", default=DEFAULT_INVENTORY)
     devices.add_argument("--filter", default="", help='e.g. platform = "cuda" AND capabilities:bf16')
-    devices.add_argument("--hide-lost", action="store_true", help="leave out the devices of nodes that stopped answering")
+    devices.add_argument("--hide-lost", action="store_true",
+                         help="leave out the devices of nodes that stopped answering")
     devices.set_defaults(func=cmd_devices)
     score = sub.add_parser("score", help="rank devices for a task")
     score.add_argument("--inventory", default=DEFAULT_INVENTORY)

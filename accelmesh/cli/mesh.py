@@ -66,7 +66,8 @@ def add_commands(sub) -> None:
     def mesh_flags(p):
         p.add_argument("--devices", type=int, default=4, help="split the CPU into N XLA devices (default 4)")
         p.add_argument("--emulate", default=None,
-                       help=f"comma list of catalog types emulated on the CPU devices (default {','.join(DEFAULT_EMULATE)}; '' for none)")
+                       help="comma list of catalog types emulated on the CPU devices "
+                            f"(default {','.join(DEFAULT_EMULATE)}; '' for none)")
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="inventory database, artifact cache, uploads")
         p.add_argument("--inventory-listen", default="127.0.0.1:0")
         p.add_argument("--compile-listen", default="127.0.0.1:0")
@@ -81,7 +82,8 @@ def add_commands(sub) -> None:
     # `up` serves on the well-known ports, so the other commands' defaults find it.
     up.set_defaults(func=cmd_up, inventory_listen=DEFAULT_INVENTORY, compile_listen=DEFAULT_COMPILE,
                     dispatch_listen=DEFAULT_DISPATCH)
-    demo = sub.add_parser("demo", help="start the embedded mesh, run an inference and a training job across its devices, stop")
+    demo = sub.add_parser(
+        "demo", help="start the embedded mesh, run an inference and a training job across its devices, stop")
     mesh_flags(demo)
     demo.add_argument("--samples", type=int, default=4096, help="sequences for the inference job")
     demo.add_argument("--epochs", type=int, default=10, help="epochs of the training job")

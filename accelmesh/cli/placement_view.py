@@ -92,8 +92,8 @@ def format_summary(placement: plan_pb.Placement) -> str:
               f"on {placement.device_count} device(s)")]
     for stage in placement.stages:
         if stage.replica_device_ids:
-            lines.append(f"stage {stage.index} runs on {1 + len(stage.replica_device_ids)} devices taking micro-batches "
-                         f"in turn: {', '.join([stage.device_id, *stage.replica_device_ids])}")
+            lines.append(f"stage {stage.index} runs on {1 + len(stage.replica_device_ids)} devices taking "
+                         f"micro-batches in turn: {', '.join([stage.device_id, *stage.replica_device_ids])}")
     if placement.micro_batches:
         lines.append(f"predicted {_ms(placement.predicted_seconds)} ms for {placement.micro_batches} micro-batch(es): "
                      f"one pass to fill the pipeline, then one step each")

@@ -64,7 +64,8 @@ def format_programs(programs) -> str:
             p.version,
             _tail(program_pb.ProgramKind, p.kind, "PROGRAM_KIND_"),
             ", ".join(f"{i.name}{list(i.shape)}" for i in p.inputs),
-            ", ".join(f"{o.tensor.name}:{_tail(program_pb.CombineRule, o.combine, 'COMBINE_RULE_')}" for o in p.outputs[:3])
+            ", ".join(f"{o.tensor.name}:{_tail(program_pb.CombineRule, o.combine, 'COMBINE_RULE_')}"
+                      for o in p.outputs[:3])
             + (f" +{len(p.outputs) - 3}" if len(p.outputs) > 3 else ""),
             f"{p.parameter_count:,}",
         ))

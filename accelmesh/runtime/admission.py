@@ -82,7 +82,8 @@ class StreamCount:
     def enter(self, client: str) -> Callable[[], None] | None:
         """A release function for an admitted stream, or None when a limit is reached."""
         with self._lock:
-            if self.open >= self.admission.max_streams or self._clients[client] >= self.admission.max_streams_per_client:
+            if (self.open >= self.admission.max_streams
+                    or self._clients[client] >= self.admission.max_streams_per_client):
                 return None
             self.open += 1
             self._clients[client] += 1

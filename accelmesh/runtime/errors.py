@@ -43,7 +43,8 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
 # A downstream service refusing this service's own credentials is a fault of the mesh, not of the
 # caller: it stays UNAVAILABLE with the reason, rather than telling the caller it was denied.
 _NOT_PASSED_ON = (errors.Unavailable, errors.Unauthenticated, errors.PermissionDenied)
-_DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items() if error_type not in _NOT_PASSED_ON}
+_DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items()
+                    if error_type not in _NOT_PASSED_ON}
 
 
 def error_from_rpc(exc: grpc.RpcError, what: str) -> errors.AccelmeshError:

@@ -32,14 +32,17 @@ def tensor_spec_to_proto(spec: TensorSpec) -> program_pb.TensorSpec:
 
 def tensor_spec_from_proto(msg: program_pb.TensorSpec, field: str) -> TensorSpec:
     if any(d < BATCH for d in msg.shape):
-        raise errors.InvalidArgument(f"{field}.shape {errors.quoted(list(msg.shape))}: dimensions are >= 0, or -1 for the batch")
-    return TensorSpec(msg.name, dtype_name(msg.dtype, f"{field}.dtype"), tuple(None if d == BATCH else d for d in msg.shape))
+        raise errors.InvalidArgument(f"{field}.shape {errors.quoted(list(msg.shape))}: "
+                                     "dimensions are >= 0, or -1 for the batch")
+    return TensorSpec(msg.name, dtype_name(msg.dtype, f"{field}.dtype"),
+                      tuple(None if d == BATCH else d for d in msg.shape))
 
 
 def layer_to_proto(layer: LayerInfo) -> program_pb.Layer:
     return program_pb.Layer(
         kind=layer.kind,
-        parameters=[tensor_spec_to_proto(TensorSpec(n, "float32", tuple(s))) for n, s in layer.parameter_shapes.items()],
+        parameters=[tensor_spec_to_proto(TensorSpec(n, "float32", tuple(s)))
+                    for n, s in layer.parameter_shapes.items()],
         **proto_fields(layer_cost_fields(layer)),
     )
 

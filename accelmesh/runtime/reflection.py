@@ -53,4 +53,5 @@ def enable_server_reflection(service_names: Sequence[str], server: grpc.Server) 
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(V1_SERVICE_NAME, {"ServerReflectionInfo": v1}),))
+    handler = grpc.method_handlers_generic_handler(V1_SERVICE_NAME, {"ServerReflectionInfo": v1})
+    server.add_generic_rpc_handlers((handler,))

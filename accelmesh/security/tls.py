@@ -43,17 +43,20 @@ class TlsFiles:
             try:
                 parts.append(Path(path).read_bytes())
             except OSError as exc:
+                env = f"ACCELMESH_{'CA' if label == 'CA' else label[:4].upper()}_FILE"
                 raise errors.FailedPrecondition(f"the {label} file {path} cannot be read ({exc.strerror}); "
-                                                f"check ACCELMESH_{'CA' if label == 'CA' else label[:4].upper()}_FILE") from None
+                                                f"check {env}") from None
         ca, chain, key = parts
         try:
             cert = x509.load_pem_x509_certificate(chain)
             private = serialization.load_pem_private_key(key, password=None)
             x509.load_pem_x509_certificates(ca)
         except ValueError as exc:
-            raise errors.FailedPrecondition(f"{self.cert_file}, {self.key_file} or {self.ca_file} is not PEM ({exc})") from None
+            raise errors.FailedPrecondition(
+                f"{self.cert_file}, {self.key_file} or {self.ca_file} is not PEM ({exc})") from None
         if cert.public_key().public_bytes(*_SPKI) != private.public_key().public_bytes(*_SPKI):
-            raise errors.FailedPrecondition(f"the key {self.key_file} does not belong to the certificate {self.cert_file}")
+            raise errors.FailedPrecondition(
+                f"the key {self.key_file} does not belong to the certificate {self.cert_file}")
         return ca, chain, key
 
 

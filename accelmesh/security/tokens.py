@@ -82,7 +82,8 @@ def _parse_keys(raw: bytes) -> dict[str | None, object]:
     text = raw.decode()
     if text.lstrip().startswith("{"):
         return {key.key_id: key.key for key in jwt.PyJWKSet.from_json(text).keys}
-    pems = [block + "-----END PUBLIC KEY-----\n" for block in text.split("-----END PUBLIC KEY-----") if "BEGIN" in block]
+    end = "-----END PUBLIC KEY-----"
+    pems = [block + end + "\n" for block in text.split(end) if "BEGIN" in block]
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     return {None if len(pems) == 1 else str(i): load_pem_public_key(p.encode()) for i, p in enumerate(pems)}
@@ -113,7 +114,8 @@ class JwtVerifier:
             except jwt.InvalidTokenError as exc:
                 last = exc
         if claims is None:
-            raise errors.Unauthenticated(f"the bearer token is not accepted: {last}; ask the identity provider for a new one")
+            raise errors.Unauthenticated(
+                f"the bearer token is not accepted: {last}; ask the identity provider for a new one")
         roles = claims.get(s.role_claim, [])
         roles = [roles] if isinstance(roles, str) else list(roles)
         for role in (Role.OPERATOR, Role.USER):

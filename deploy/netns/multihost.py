@@ -431,7 +431,8 @@ def run_job(mesh: MultiHostMesh, rows: int, *, cut: Host | None, seed: int = 0,
         log("")
         print_shards(job, limit=8)
         for shard in retried[:8]:
-            log(f"shard {shard.index}: {shard.attempts} attempts, ran on {shard.device_id}; failed: {'; '.join(shard.failures)}")
+            log(f"shard {shard.index}: {shard.attempts} attempts, ran on {shard.device_id}; "
+                f"failed: {'; '.join(shard.failures)}")
         if len(retried) > 8:
             log(f"... {len(retried)} shards were retried in all")
         status = 1

@@ -47,7 +47,8 @@ class DispatchConfig:
     # ACCELMESH_RESERVATION_TTL_S: lease of a job's reservations, renewed every third of it while it runs
     reservation_ttl_s: int = RESERVATION_TTL_S
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
-    max_client_parameter_bytes: int = 1024 * MIB  # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
+    # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
+    max_client_parameter_bytes: int = 1024 * MIB
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # ACCELMESH_MAX_MESSAGE_BYTES
     limits: JobLimits = JobLimits()  # ACCELMESH_MAX_JOB_ROWS, _JOB_BYTES, ...: see JobLimits
     # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,

@@ -33,14 +33,16 @@ LIMITS = ("max_jobs", "max_devices", "max_memory_bytes", "max_priority")
 
 _J, _Q = jobs_table.c, quotas_table.c
 _HOLDING = sa.and_(_J.held_devices > 0, _J.state.not_in((*m.FINAL_STATES, m.QUEUED)))
-_QUOTA = sa.select(_Q.tenant, *(_Q[name] for name in LIMITS)).where(_Q.tenant.in_(sa.bindparam("tenants", expanding=True)))
+_QUOTA = sa.select(_Q.tenant, *(_Q[name] for name in LIMITS)).where(
+    _Q.tenant.in_(sa.bindparam("tenants", expanding=True)))
 _HELD = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_J.held_devices), 0),
                   sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger)).where(
     _J.owner == sa.bindparam("owner"), _J.job_id != sa.bindparam("job"), _HOLDING)
 _HOLD = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(
     held_devices=sa.bindparam("devices"), held_bytes=sa.bindparam("nbytes"))
-_USE = sa.select(_J.owner, sa.func.count(), sa.func.coalesce(sa.func.sum(_J.held_devices), 0),
-                 sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger)).where(_HOLDING).group_by(_J.owner)
+_USE = (sa.select(_J.owner, sa.func.count(), sa.func.coalesce(sa.func.sum(_J.held_devices), 0),
+                  sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger))
+        .where(_HOLDING).group_by(_J.owner))
 _QUEUED_BY_OWNER = sa.select(_J.owner, sa.func.count()).where(_J.state == m.QUEUED).group_by(_J.owner)
 _QUEUED_OF_OWNER = sa.select(sa.func.count()).where(_J.state == m.QUEUED, _J.owner == sa.bindparam("owner"))
 
@@ -73,7 +75,8 @@ class OverQuota(errors.ResourceExhausted):
 def check_quota(quota: Quota) -> Quota:
     """The quota if every field is usable; InvalidArgument naming the field otherwise."""
     role, _, name = quota.tenant.partition(":")
-    if quota.tenant != DEFAULT_TENANT and (role not in TENANT_ROLES or not name or len(quota.tenant) > MAX_TENANT_CHARS):
+    if quota.tenant != DEFAULT_TENANT and (
+            role not in TENANT_ROLES or not name or len(quota.tenant) > MAX_TENANT_CHARS):
         raise errors.InvalidArgument(
             f"quota.tenant {quoted(quota.tenant, 80)} is not a tenant: give a job owner as Job.owner shows it "
             f"(\"user:alice\", \"operator:ops\"), or \"*\" for every tenant without a quota of its own",
@@ -161,11 +164,13 @@ class Quotas:
                     *held.get(name, (0, 0, 0)), queued.get(name, 0)) for name in names]
 
 
-_WHAT = (("max_jobs", "jobs holding devices"), ("max_devices", "devices"), ("max_memory_bytes", "bytes of device memory"))
+_WHAT = (("max_jobs", "jobs holding devices"), ("max_devices", "devices"),
+         ("max_memory_bytes", "bytes of device memory"))
 
 
 def _check(quota: Quota, tenant: str, wanted: tuple[int, int, int], held: tuple[int, int, int]) -> None:
-    whose = f"the quota of {tenant}" if quota.tenant == tenant else f"the default quota (\"*\"), which applies to {tenant},"
+    whose = (f"the quota of {tenant}" if quota.tenant == tenant
+             else f"the default quota (\"*\"), which applies to {tenant},")
     for (name, what), want, have in zip(_WHAT, wanted, held):
         limit = getattr(quota, name)
         if limit is None:

@@ -221,7 +221,8 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
     def SetQuota(self, request, context):
         quotas = self._quotas()
         if not request.HasField("quota"):
-            raise errors.InvalidArgument("quota is required; set quota.tenant (\"user:alice\", or \"*\") and its limits",
+            raise errors.InvalidArgument("quota is required; set quota.tenant (\"user:alice\", or \"*\") "
+                                         "and its limits",
                                          field="quota")
         quota = tr.quota_from_proto(request.quota)
         if request.remove:

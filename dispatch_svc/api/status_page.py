@@ -214,7 +214,8 @@ def _page(title: str, body: str, refresh: bool = False, back: bool = False) -> s
     meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
     nav = '<p><a href="/">&larr; the pool</a></p>' if back else ""
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}<title>{html.escape(title)}</title>
-<style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}h1{{font-size:1.4em}}table{{border-collapse:collapse;
+<style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}h1{{font-size:1.4em}}
+table{{border-collapse:collapse;
 margin:.5em 0 1.2em}}th,td{{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:left}}th{{background:#f4f4f4}}
 code{{font-size:.95em}}.bar{{display:inline-block;width:80px;height:.7em;background:#eee;vertical-align:middle}}
 .bar i{{display:block;height:100%;background:#1e88e5}}.state{{padding:0 .4em;border-radius:3px;color:#fff}}

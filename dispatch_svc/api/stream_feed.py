@@ -122,11 +122,13 @@ class StreamFeed:
         """The block's tensors, if they are the next rows of the declared inputs."""
         decls = self._spec.inputs
         if not decls:
-            raise errors.InvalidArgument("a block arrived but spec.inputs declares no inputs; declare them (rows first)")
+            raise errors.InvalidArgument(
+                "a block arrived but spec.inputs declares no inputs; declare them (rows first)")
         if block.first_row != expected:
             raise errors.InvalidArgument(f"block.first_row is {block.first_row}; the next row expected is {expected}")
         if len(block.tensors) != len(decls):
-            raise errors.InvalidArgument(f"block at row {expected} has {len(block.tensors)} tensors, the spec declares {len(decls)}")
+            raise errors.InvalidArgument(
+                f"block at row {expected} has {len(block.tensors)} tensors, the spec declares {len(decls)}")
         arrays = [from_proto(t, f"block[{expected}].tensors[{i}]") for i, t in enumerate(block.tensors)]
         rows = arrays[0].shape[0] if arrays[0].ndim else -1
         for decl, array in zip(decls, arrays):

@@ -57,8 +57,8 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
     if c.max_devices < 0:
         raise errors.InvalidArgument(f"spec.constraints.max_devices is {c.max_devices}; use 0 for no limit")
     if c.precision not in PRECISION_FROM_PROTO:
-        raise errors.InvalidArgument(f"spec.constraints.precision {c.precision} is not a Precision; use PRECISION_FP32, "
-                                     "PRECISION_BF16_ALLOWED, PRECISION_FP16_ALLOWED or leave it unset",
+        raise errors.InvalidArgument(f"spec.constraints.precision {c.precision} is not a Precision; use "
+                                     "PRECISION_FP32, PRECISION_BF16_ALLOWED, PRECISION_FP16_ALLOWED or leave it unset",
                                      field="spec.constraints.precision")
     if c.precision == common_pb2.PRECISION_FP16_ALLOWED and msg.kind == job_pb.JOB_KIND_TRAINING:
         # Gradients underflow fp16's range without loss scaling, which no compile rule applies.
@@ -255,7 +255,8 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
                                           required_capabilities=list(spec.constraints.capabilities),
                                           max_devices=spec.constraints.max_devices, filter=spec.constraints.filter,
                                           precision=PRECISION_TO_PROTO[spec.constraints.precision]),
-        inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape) for i in spec.inputs],
+        inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape)
+                for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
         request_id=spec.request_id, priority=spec.priority,
         queue_timeout=None if spec.queue_timeout_s is None else _duration(spec.queue_timeout_s),

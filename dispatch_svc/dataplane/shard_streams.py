@@ -149,8 +149,8 @@ class ShardStream:
                 elif kind == "failure":
                     code = STATUS_BY_CODE.get(part.failure.code, grpc.StatusCode.UNKNOWN)
                     cause = f"{code.name}: {part.failure.message}"
-                    waiting.error = (NotHeld(cause) if waiting.referred and part.failure.reason == errors.TENSOR_NOT_HELD
-                                     else ShardFailed(cause, code.name))
+                    not_held = waiting.referred and part.failure.reason == errors.TENSOR_NOT_HELD
+                    waiting.error = NotHeld(cause) if not_held else ShardFailed(cause, code.name)
                     self._answered()
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
@@ -165,7 +165,8 @@ class ShardStream:
             def failure(waiting: _Waiting) -> Exception:
                 if waiting is not head and code in SHARD_STATUSES:
                     return Unanswered(f"{cause} (a shard sent before it on the same stream)", code.name)
-                if waiting.referred and code == grpc.StatusCode.FAILED_PRECONDITION and reason == errors.TENSOR_NOT_HELD:
+                if (waiting.referred and code == grpc.StatusCode.FAILED_PRECONDITION
+                        and reason == errors.TENSOR_NOT_HELD):
                     return NotHeld(cause)
                 return ShardFailed(cause, code.name)
             self._fail_all(failure)

@@ -35,7 +35,8 @@ class JobOutputs:
         concat = [(i, o) for i, o in enumerate(program.outputs) if o.combine == "concat"]
         # Reopened: a job taken over has the rows its first replica wrote, even of shards whose
         # SHARD_FINISHED never reached the book (they run again here); a new job has none yet.
-        self._writers = {i: book.results.reopen(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:])) for i, o in concat}
+        self._writers = {i: book.results.reopen(job.job_id, o.name, o.dtype, (self.total, *o.shape[1:]))
+                         for i, o in concat}
         self._folds = {i: Accumulator(o.combine, [p.rows for p in pieces]) for i, o in enumerate(program.outputs)
                        if o.combine != "concat"}
         live.concat_names = tuple(o.name for _, o in concat)

@@ -333,7 +333,8 @@ class JobRunner:
             self.book.finish(job, m.SUCCEEDED, message="done")
         elif cancelled:
             self.book.finish(job, m.CANCELLED, error=bounded(
-                (str(exc) if isinstance(exc, errors.Cancelled) else "") or live.scope.reason or "cancelled", MAX_ERROR_BYTES))
+                (str(exc) if isinstance(exc, errors.Cancelled) else "") or live.scope.reason or "cancelled",
+                MAX_ERROR_BYTES))
         else:
             if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see _let_go)
                 log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())

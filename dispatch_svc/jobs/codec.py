@@ -124,7 +124,8 @@ def _spec_from(d: dict) -> m.JobSpec:
     return m.JobSpec(
         **{
             **d,
-            "constraints": m.Constraints(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["constraints"].items()}),
+            "constraints": m.Constraints(
+                **{k: tuple(v) if isinstance(v, list) else v for k, v in d["constraints"].items()}),
             "inputs": tuple(m.InputDecl(i["name"], i["dtype"], tuple(i["shape"])) for i in d["inputs"]),
             "training": m.TrainingOptions(**d["training"]) if d["training"] else None,
             "placement": _placement_spec_from(d.get("placement")),

@@ -48,7 +48,8 @@ _INSERT_HELD_EVENT = events_table.insert().from_select(
               sa.bindparam("e_event", type_=sa.Text), sa.bindparam("e_brief", type_=sa.Text)).where(
         sa.exists().where(_J.job_id == sa.bindparam("e_job"), _J.runner == sa.bindparam("me")))).returning(_E.idx)
 _ALL_EVENTS = sa.select(_E.event).where(_E.job_id == sa.bindparam("job_id")).order_by(_E.idx)
-_EVENTS_FROM = sa.select(_E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
+_EVENTS_FROM = sa.select(
+    _E.idx, sa.case((sa.func.length(_E.event) <= MAX_RECORD_CHARS, _E.event), else_=_E.brief)).where(
     _E.job_id == sa.bindparam("job_id"), _E.idx >= sa.bindparam("from_index")).order_by(_E.idx)
 
 # A batched event not written yet: (index, its text as the database gets it, the text without

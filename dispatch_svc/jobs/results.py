@@ -42,7 +42,8 @@ class ResultEntry:
     def read_rows(self, first: int, last: int) -> np.ndarray:
         if not self.shape:
             return self._read(0, 1).reshape(())
-        return self._read(first * self.row_bytes, (last - first) * self.row_elements).reshape((last - first, *self.shape[1:]))
+        rows = last - first
+        return self._read(first * self.row_bytes, rows * self.row_elements).reshape((rows, *self.shape[1:]))
 
     def _read(self, at: int, count: int) -> np.ndarray:
         """`count` elements from byte `at`, read straight into their array (os.preadv: a small
@@ -134,7 +135,8 @@ class ResultStore:
         return json.loads(path.read_text()) if path.exists() else []
 
     def _entry(self, job_id: str, index: int, item: dict) -> ResultEntry:
-        return ResultEntry(item["name"], np.dtype(item["dtype"]), tuple(item["shape"]), self._dir(job_id) / f"{index}.bin")
+        return ResultEntry(item["name"], np.dtype(item["dtype"]), tuple(item["shape"]),
+                           self._dir(job_id) / f"{index}.bin")
 
     def entries(self, job_id: str) -> list[ResultEntry]:
         return [self._entry(job_id, i, item) for i, item in enumerate(self._manifest(job_id))]

@@ -55,7 +55,8 @@ _LISTING = sa.select(_J.job_id, _J.created, sa.case((sa.func.length(_J.record) <
 
 
 def job_not_found(job_id: str) -> errors.NotFound:
-    return errors.NotFound(f"job {quoted(job_id)} does not exist (or its results expired); ListJobs shows the jobs kept")
+    return errors.NotFound(
+        f"job {quoted(job_id)} does not exist (or its results expired); ListJobs shows the jobs kept")
 
 
 class LeaseLost(errors.FailedPrecondition):

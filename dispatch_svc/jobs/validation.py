@@ -187,7 +187,8 @@ def check_parameters(program: Program, given: list[tuple[str, np.ndarray]]) -> N
     for (name, value), spec in zip(given, wanted):
         if str(value.dtype) != spec.dtype or tuple(value.shape) != tuple(spec.shape):
             raise errors.InvalidArgument(
-                f"parameters '{name}': {value.dtype}{list(value.shape)}, {program.ref} expects {spec.dtype}{list(spec.shape)}"
+                f"parameters '{name}': {value.dtype}{list(value.shape)}, "
+                f"{program.ref} expects {spec.dtype}{list(spec.shape)}"
             )
 
 

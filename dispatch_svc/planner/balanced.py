@@ -232,8 +232,8 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
               else "")
     lines = [
         f"balanced: {n} layers in order over {len(devices)} devices in {all_classes} classes of identical devices"
-        f"{unused}{note}; at most {count} device(s) ({how}); binary search over {len(candidates):,} candidate step times "
-        f"-> {evaluation.step_seconds * 1e3:.3f} ms per micro-batch with {len(stages)} stage(s)"]
+        f"{unused}{note}; at most {count} device(s) ({how}); binary search over {len(candidates):,} "
+        f"candidate step times -> {evaluation.step_seconds * 1e3:.3f} ms per micro-batch with {len(stages)} stage(s)"]
     for stage in evaluation.stages:
         last = model.layers[stage.first_layer + stage.layer_count - 1].name
         lines.append(
@@ -369,7 +369,8 @@ def _no_split(model: Model, classes: Sequence[_Class], count: int | None = None)
     most = max(c.capacity for c in classes)
     if model.need[biggest] > most:
         return NoRoom(f"layer {model.layers[biggest].name!r} needs {model.need[biggest]:,} bytes but the largest "
-                      f"usable free memory of any device is {most:,} bytes: short by {model.need[biggest] - most:,} bytes",
+                      f"usable free memory of any device is {most:,} bytes: "
+                      f"short by {model.need[biggest] - most:,} bytes",
                       shortfall_bytes=model.need[biggest] - most)
     return NoRoom(f"no split of the {len(model)} layers into at most {count} contiguous stage(s) fits the devices' "
                   "memory", shortfall_bytes=0)

@@ -21,7 +21,8 @@ def sequential_fill(model: Model, devices: Sequence[Device]) -> Placement:
             k, first = k + 1, i
         assignment.append(devices[k].id)
     evaluation = evaluate(model, devices, assignment)
-    return Placement("sequential_fill", tuple(assignment), evaluation, caps, {}, [summary("sequential_fill", evaluation)])
+    return Placement("sequential_fill", tuple(assignment), evaluation, caps, {},
+                     [summary("sequential_fill", evaluation)])
 
 
 def parameter_split(model: Model, devices: Sequence[Device], count: int) -> Placement:
@@ -34,5 +35,6 @@ def parameter_split(model: Model, devices: Sequence[Device], count: int) -> Plac
         assignment.append(devices[stage].id)
         seen += layer.parameter_count
     evaluation = evaluate(model, devices, assignment)
-    return Placement("parameter_split", tuple(assignment), evaluation, caps, {}, [summary("parameter_split", evaluation)])
+    return Placement("parameter_split", tuple(assignment), evaluation, caps, {},
+                     [summary("parameter_split", evaluation)])
 

@@ -13,9 +13,10 @@ Per layer l on device d, for a micro-batch of b rows:
                      memory traffic / (memory bandwidth x BANDWIDTH_EFFICIENCY))
                  where memory traffic is the compulsory one: parameters read once per
                  micro-batch, b x (activation in + activation out); training multiplies both
-                 by 4 (forward, then the backward call's forward again and its backward). XLA's bytes accessed (in the layer table) is measured
-                 before fusion, counting every intermediate, so it overstates what fused
-                 kernels move (30x for a GPT-2 XL block at 1,024 tokens) and is not used here.
+                 by 4 (forward, then the backward call's forward again and its backward).
+                 XLA's bytes accessed (in the layer table) is measured before fusion, counting
+                 every intermediate, so it overstates what fused kernels move (30x for a
+                 GPT-2 XL block at 1,024 tokens) and is not used here.
     send(l)    = b x activation bytes / (sender's link bandwidth x BANDWIDTH_EFFICIENCY),
                  paid by the sender when the next layer runs on another device
 

@@ -71,6 +71,6 @@ __all__ = [
     "DEFAULT_LINK_GBPS", "DEFAULT_MICRO_BATCH_ROWS", "FLOPS_PER_PARAMETER", "INFERENCE", "MAX_SEARCH_STATES",
     "PARAMETER_COPIES", "RANKED", "STRATEGIES", "TRAINING", "Device", "Evaluation", "LayerCost", "Model", "NoRoom",
     "Placement", "Stage", "Task", "capacity", "check_layers", "check_task", "evaluate", "initial_scores",
-    "link_gbps", "lower_bound_seconds", "parameter_split", "place", "place_balanced", "place_ranked", "required_devices",
-    "sequential_fill", "TRAINING_IN_FLIGHT", "WORKING_COPIES", "WORKSPACE_COPIES",
+    "link_gbps", "lower_bound_seconds", "parameter_split", "place", "place_balanced", "place_ranked",
+    "required_devices", "sequential_fill", "TRAINING_IN_FLIGHT", "WORKING_COPIES", "WORKSPACE_COPIES",
 ]

@@ -149,4 +149,5 @@ def check_task(task: Task) -> None:
     if task.step_micro_batches < 0:
         raise InvalidArgument(f"the micro-batches per training step must be >= 0, got {task.step_micro_batches}")
     if task.device_count < 0:
-        raise InvalidArgument(f"spec.placement.device_count must be >= 0 (0 derives it from memory), got {task.device_count}")
+        raise InvalidArgument("spec.placement.device_count must be >= 0 (0 derives it from memory), "
+                              f"got {task.device_count}")

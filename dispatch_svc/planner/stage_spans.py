@@ -34,7 +34,8 @@ class Spans:
         if self._whole:  # times[k, i, j - 1]: stage i..j-1, the same arithmetic as the rows below
             self._times = cum[:, None, 1:] - cum[:, :n, None] + send[:, None, 1:] + overhead[:, None, None]
             self._grads = (gradients[None, 1:] - gradients[:n, None])[None]
-            self._fits = (last[None, None, :] > np.arange(n)[None, :, None]) & (last[None, None, :] <= reach_mem[:, :, None])
+            self._fits = ((last[None, None, :] > np.arange(n)[None, :, None])
+                          & (last[None, None, :] <= reach_mem[:, :, None]))
         else:
             self._rows = [(cum[:, i + 1:] - cum[:, i:i + 1] + send[:, i + 1:] + overhead[:, None],
                            gradients[None, i + 1:] - gradients[i],

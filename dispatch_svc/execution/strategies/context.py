@@ -156,8 +156,8 @@ class JobContext:
         self._started(started)
         try:
             with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
-                out = self.workers.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays,
-                                           shard.rows, self.live.scope, held_keys=held_keys,
+                out = self.workers.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact,
+                                           arrays, shard.rows, self.live.scope, held_keys=held_keys,
                                            place_outputs=shard.place_outputs)
                 # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
                 check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
@@ -233,7 +233,8 @@ class JobContext:
         with self._lock:
             if shard.index < len(self.job.shards):
                 self.job.shards[shard.index].failures.append(cause)
-        self.book.emit(self.job, m.SHARD_RETRIED, message=f"shard {shard.index} retried on {attempt.device.id}: {cause}")
+        self.book.emit(self.job, m.SHARD_RETRIED,
+                       message=f"shard {shard.index} retried on {attempt.device.id}: {cause}")
 
     def shards_from_feed(self, shards: Sequence[ShardWork], total: int, budget: InflightBudget) -> Iterator[ShardWork]:
         """Route the feed's row blocks into `shards` in order; yield each shard once its rows are

@@ -80,7 +80,8 @@ def plan(inventory: Inventory, compiler: Compiler, throughput: ThroughputModel, 
         if len(sizes | last) <= MAX_EXECUTABLE_SIZES:  # else the last mini-batch of an epoch runs portable
             sizes |= last
     if len(sizes) <= MAX_EXECUTABLE_SIZES:
-        builds = compiler.compile(program, devices, sorted(sizes), spec.constraints.precision)  # portables come from the cache
+        # portables come from the cache
+        builds = compiler.compile(program, devices, sorted(sizes), spec.constraints.precision)
     return program, job_plan, builds, devices
 
 

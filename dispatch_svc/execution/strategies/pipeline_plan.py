@@ -58,7 +58,8 @@ def plan_placement(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, pr
                 "(ListPrograms shows kind MODEL) or send spec.placement.layers to plan a table of your own")
         layers = layer_costs(program)
         pl.check_layers(layers, f"the layer table of {program.ref}")
-    micro = options.micro_batch_rows or max(1, min(rows, pl.DEFAULT_MICRO_BATCH_ROWS) if rows else pl.DEFAULT_MICRO_BATCH_ROWS)
+    micro = options.micro_batch_rows or max(
+        1, min(rows, pl.DEFAULT_MICRO_BATCH_ROWS) if rows else pl.DEFAULT_MICRO_BATCH_ROWS)
     headroom = pl.DEFAULT_HEADROOM if options.headroom is None else options.headroom
     # training: the micro-batches of one optimizer step, over which replicated stages exchange gradients
     steps = math.ceil(spec.training.batch_size / micro) if spec.kind == m.TRAINING and spec.training else 0
@@ -180,8 +181,9 @@ def _placement_plan(model: pl.Model, chosen: pl.Placement, strategy: str, by_id:
     used = chosen.devices
     return m.PlacementPlan(
         strategy=strategy,
-        layers=tuple(m.LayerPlacement(layer.name, layer.order, chosen.assignment[i], by_id[chosen.assignment[i]].target_type,
-                                      layer.parameter_count, ev.layer_memory[i], ev.layer_seconds[i], stage_of[i])
+        layers=tuple(m.LayerPlacement(layer.name, layer.order, chosen.assignment[i],
+                                      by_id[chosen.assignment[i]].target_type, layer.parameter_count,
+                                      ev.layer_memory[i], ev.layer_seconds[i], stage_of[i])
                      for i, layer in enumerate(model.layers)),
         stages=tuple(m.StagePlan(s.index, s.device_id, by_id[s.device_id].target_type, s.first_layer, s.layer_count,
                                  s.compute_seconds, s.transfer_seconds, "", rules[s.device_id].rule_name, s.replicas,

@@ -16,8 +16,9 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     device's rule applied, its XLA options, at the same batch size, input put on the device,
     block_until_ready, outputs back to numpy (parameters stay resident). Two finer baselines
     split the remainder: one shard sent by the dispatcher's own GrpcWorkers.execute from this
-    process (no job around it, so one ExecuteMany call per shard; every input in full, and again with the parameters held by the
-    worker as the dispatcher sends an inference job's shards), and one bare grpcio bidirectional
+    process (no job around it, so one ExecuteMany call per shard; every input in full, and again
+    with the parameters held by the worker as the dispatcher sends an inference job's shards), and
+    one bare grpcio bidirectional
     stream call of the full request's size to a plain echo process (the floor any streaming RPC
     pays here).
 (b) streaming: a 256 MiB `identity` job (float32 rows of 4 KiB) client -> dispatch -> worker ->
@@ -477,7 +478,8 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
             walls.append(time.perf_counter() - start)
             records.extend(result.job.shards)
             outputs = next(iter(result.outputs.values()))
-            progress(f"overhead {name} ({mesh.label}): job {job + 1}: {len(result.job.shards)} shards in {walls[-1]:.2f} s")
+            progress(f"overhead {name} ({mesh.label}): job {job + 1}: "
+                     f"{len(result.job.shards)} shards in {walls[-1]:.2f} s")
     shards_per_job = len(records) // plan.shard_jobs
     devices = sorted({r.device_id for r in records})
     target_types = sorted({r.target_type for r in records})
@@ -758,7 +760,8 @@ def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan:
         progress(f"streaming: warm-up, one {shard_rows}-row shard through each mesh, "
                  f"{data.nbytes // MIB} MiB through the bare pipeline")
         for _, client in clients:
-            client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)  # builds and loads the artifact
+            # builds and loads the artifact
+            client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)
         warm_bare = bare_run(pipe, relay, sink, data)
         if ray is not None:
             progress(f"streaming: warm-up, {data.nbytes // MIB} MiB through Ray")
@@ -769,7 +772,8 @@ def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan:
         def mesh_arm(mesh: Mesh, client) -> tuple[str, Callable[[], dict]]:
             return mesh.label, lambda: mesh_stream(mesh.default, mesh.worker, client, data)
 
-        arms = [*(mesh_arm(mesh, client) for mesh, client in clients), ("bare", lambda: bare_run(pipe, relay, sink, data))]
+        arms = [*(mesh_arm(mesh, client) for mesh, client in clients),
+                ("bare", lambda: bare_run(pipe, relay, sink, data))]
         if ray is not None:
             arms.append(("ray", lambda: ray.stream(STREAM_PROGRAM, data)))
         runs: dict[str, list[dict]] = {arm: [] for arm, _ in arms}
@@ -837,14 +841,16 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
     progress("streaming: how fast this machine hands out fresh memory, at once and after an idle pause")
     host_memory = fresh_memory(plan.stream_bytes)
     mesh_runs, plain_runs, bare_runs = runs[mesh.label], runs[plain.label], runs["bare"]
-    mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50) for arm in (mesh_runs, bare_runs))
+    mesh_p50, bare_p50 = (percentile([mbps(data.nbytes, r["seconds"]) for r in arm], 50)
+                          for arm in (mesh_runs, bare_runs))
     return {
         "program": STREAM_PROGRAM,
         "input_bytes": data.nbytes, "output_bytes": data.nbytes,
         "chunk_bytes": CHUNK_BYTES, "max_message_bytes": MAX_MESSAGE_BYTES,
         "dispatcher_settings": {"max_shard_bytes": defaults.max_shard_bytes, "inflight_bytes": defaults.inflight_bytes,
                                 "chunk_bytes": defaults.chunk_bytes, "source": "defaults (no ACCELMESH_* set)"},
-        "mesh_shape": "MeshClient.run -> dispatch RunJob -> worker ExecuteMany per device, shards in turn (both devices) -> back",
+        "mesh_shape": "MeshClient.run -> dispatch RunJob -> worker ExecuteMany per device, "
+                      "shards in turn (both devices) -> back",
         "bare_shape": "client -> relay process -> sink process (echo) -> relay -> client; grpcio generic "
                       "stream-stream handlers, raw bytes messages",
         "mb_per_s_definition": "input bytes / 1e6 / wall seconds of the whole call (the same bytes also come back)",
@@ -1158,7 +1164,8 @@ def summary(result: dict) -> dict:
                                     if pai else None),
         "pai_devices": pai["devices"] if pai else None,
         "security_cost": {
-            "overhead_ms_per_shard": {name: o["overhead_ms_per_shard"] for name, o in security["per_shard_overhead"].items()},
+            "overhead_ms_per_shard": {name: o["overhead_ms_per_shard"]
+                                      for name, o in security["per_shard_overhead"].items()},
             "stream_mb_per_s": security["streaming"]["mb_per_s_p50"],
             "dispatcher_peak_rss_bytes": security["streaming"]["dispatcher_peak_rss_bytes"],
         },
@@ -1175,7 +1182,8 @@ def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
         progress(f"ray: {next(iter(ray_absent.values()))}")
     # Processes stop (the stack) before their folder goes.
     with tempfile.TemporaryDirectory(prefix="accelmesh-bench-dispatch-") as tmp, ExitStack() as stack:
-        progress("starting inventory, compile, worker, three dispatchers, sink and relay; the same mesh again in plaintext")
+        progress("starting inventory, compile, worker, three dispatchers, sink and relay; "
+                 "the same mesh again in plaintext")
         mesh = start_mesh(stack, Path(tmp) / "tls")
         plain = start_mesh(stack, Path(tmp) / "plaintext", secure=False)
         sink = start_role("sink", "--listen", "127.0.0.1:0")

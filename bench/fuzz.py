@@ -54,7 +54,8 @@ def failures(result: dict) -> list[str]:
     if result["finding_count"]:
         out.append(f"{result['finding_count']} INTERNAL/UNKNOWN answers from a service")
     if result["status_lost_count"]:
-        out.append(f"{result['status_lost_count']} statuses lost on the way (trailers over the client's metadata limit)")
+        out.append(f"{result['status_lost_count']} statuses lost on the way "
+                   "(trailers over the client's metadata limit)")
     out += [f"{name} is not healthy: {p['health']} (alive: {p['alive']})"
             for name, p in result["processes"].items() if not p["healthy"]]
     if result["rss_within_10_percent"] is False:
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             found = fuzzing.fuzz(mesh, per_method, warmup=warmup, seed=args.seed, progress=progress)
     result = {
         "benchmark": "fuzz",
-        "mode": "quick" if args.quick and not args.per_method else "full" if per_method == FULL_PER_METHOD else "custom",
+        "mode": ("quick" if args.quick and not args.per_method
+                 else "full" if per_method == FULL_PER_METHOD else "custom"),
         "machine": machine(),
         "seed": args.seed,
         "per_method": per_method,

@@ -185,7 +185,8 @@ def hostile_string(rng: random.Random, current: str = "") -> str:
         return current[: rng.randrange(len(current) + 1)]
     if op == 6 and current:
         i = rng.randrange(len(current))
-        return current[:i] + chr(rng.choice([0, 0x22, 0x2f, 0x3a, 0x40, 0x7f, 0xe9, 0x2028, 0x10FFFF])) + current[i + 1:]
+        odd = chr(rng.choice([0, 0x22, 0x2f, 0x3a, 0x40, 0x7f, 0xe9, 0x2028, 0x10FFFF]))
+        return current[:i] + odd + current[i + 1:]
     if op == 7 and current:
         return current * _fit(rng.choice([2, 100, 10_000]), len(current), MAX_VALUE_BYTES)
     if op == 8:
@@ -497,7 +498,8 @@ def seeds(facts: Facts) -> dict[str, list]:
     dev, ids = facts.device, facts.device_ids
     out: dict[str, list] = {}
     out["inventory.RegisterNode"] = [i.RegisterNodeRequest(address=facts.worker_address)]
-    out["inventory.ListDevices"] = [i.ListDevicesRequest(filter='platform = "cpu" AND free_memory_bytes >= 1', page_size=1),
+    out["inventory.ListDevices"] = [i.ListDevicesRequest(filter='platform = "cpu" AND free_memory_bytes >= 1',
+                                                         page_size=1),
                                     i.ListDevicesRequest(page_size=1, page_token=facts.page_token),
                                     i.ListDevicesRequest(filter="capabilities:bf16 AND emulated = true")]
     out["inventory.GetDevice"] = [i.GetDeviceRequest(device_id=dev.id, history_limit=5)]
@@ -507,10 +509,12 @@ def seeds(facts: Facts) -> dict[str, list]:
     task = i.TaskProfile(kind=i.TASK_KIND_TRAINING, precision="bf16", arithmetic_intensity=10,
                          weights=i.TaskWeights(compute=0.5, memory=0.3, bandwidth=0.2))
     out["inventory.ScoreDevices"] = [i.ScoreDevicesRequest(task=task, device_ids=ids, limit=2),
-                                     i.ScoreDevicesRequest(task=i.TaskProfile(kind=i.TASK_KIND_INFERENCE), filter="platform = cpu")]
+                                     i.ScoreDevicesRequest(task=i.TaskProfile(kind=i.TASK_KIND_INFERENCE),
+                                                           filter="platform = cpu")]
     claim = i.DeviceClaim(device_id=dev.id, memory_bytes=1 << 20, compute_fraction=0.1)
     out["inventory.ReserveDevices"] = [i.ReserveDevicesRequest(job_id="fuzz-job", claims=[claim], ttl_seconds=5)]
-    out["inventory.RenewReservations"] = [i.RenewReservationsRequest(job_id="fuzz-job", ttl_seconds=5, device_ids=[dev.id]),
+    out["inventory.RenewReservations"] = [i.RenewReservationsRequest(job_id="fuzz-job", ttl_seconds=5,
+                                                                     device_ids=[dev.id]),
                                           i.RenewReservationsRequest(job_id="fuzz-job")]
     out["inventory.ReleaseDevices"] = [i.ReleaseDevicesRequest(job_id="fuzz-job", device_ids=[dev.id])]
     out["inventory.ListReservations"] = [i.ListReservationsRequest(job_id="fuzz-job"),
@@ -545,7 +549,8 @@ def seeds(facts: Facts) -> dict[str, list]:
                    placement=plan_pb2.PlacementOptions(strategy=plan_pb2.PLACEMENT_STRATEGY_AUTO, device_count=1))
     training = job_spec("mlp_train_step", {"x": mlp_x, "y": np.zeros(8, np.int32)},
                         training=job_pb2.TrainingOptions(epochs=1, batch_size=4, learning_rate=0.1))
-    out["dispatch.PlanJob"] = [d.PlanJobRequest(spec=identity), d.PlanJobRequest(spec=mlp), d.PlanJobRequest(spec=training)]
+    out["dispatch.PlanJob"] = [d.PlanJobRequest(spec=identity), d.PlanJobRequest(spec=mlp),
+                               d.PlanJobRequest(spec=training)]
     for method, cls in (("SubmitJob", d.SubmitJobRequest), ("RunJob", d.RunJobRequest)):
         out[f"dispatch.{method}"] = [[cls(**{k: v}) for k, v in request_parts(spec, inputs, None, 8192)]
                                      for spec, inputs in ((identity, {"x": x}), (mlp, {"x": mlp_x}))]
@@ -566,7 +571,8 @@ def seeds(facts: Facts) -> dict[str, list]:
     keep.report_stages = True
     keep.keep_tensors.append(w.TensorRef(name="x", key="fuzz-x"))
     out["worker.Execute"] = [[w.ExecuteRequest(header=shard), *parts], [w.ExecuteRequest(header=keep), *parts],
-                             [w.ExecuteRequest(header=shard), w.ExecuteRequest(held=w.TensorRef(name="x", key="fuzz-x"))]]
+                             [w.ExecuteRequest(header=shard),
+                              w.ExecuteRequest(held=w.TensorRef(name="x", key="fuzz-x"))]]
     return out
 
 
@@ -702,7 +708,8 @@ class MethodStats:
     wall_s: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"caller": self.caller, "calls": self.calls, "decoded": self.decoded, "codes": dict(sorted(self.codes.items())),
+        return {"caller": self.caller, "calls": self.calls, "decoded": self.decoded,
+                "codes": dict(sorted(self.codes.items())),
                 "undecodable_internal": self.undecodable, "refused": self.refused, "findings": self.finding_count,
                 "status_lost": self.status_lost,
                 "wall_s": round(self.wall_s, 1), "examples": dict(sorted(self.examples.items()))}
@@ -828,7 +835,8 @@ class Fuzzer:
         stub = inventory_service_pb2_grpc.InventoryServiceStub(self.callers.channel("inventory", Role.DISPATCH))
         released = 0
         try:
-            for job_id in {r.job_id for r in stub.ListReservations(i.ListReservationsRequest(), timeout=10).reservations}:
+            held = stub.ListReservations(i.ListReservationsRequest(), timeout=10).reservations
+            for job_id in {r.job_id for r in held}:
                 released += stub.ReleaseDevices(i.ReleaseDevicesRequest(job_id=job_id), timeout=10).released_count
         except grpc.RpcError as exc:
             self.progress(f"could not release the fuzz's reservations: {exc.code().name} {exc.details()}")

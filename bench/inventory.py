@@ -136,7 +136,8 @@ def sample_for(spec: DeviceSpec, now: float, rng: random.Random) -> DeviceSample
     return DeviceSample(spec.id, now, total, int(total * rng.uniform(0.0, 0.9)), utilization=rng.uniform(0.0, 1.0))
 
 
-def node_description(ip: str, hostname: str, specs: list[DeviceSpec], now: float, rng: random.Random) -> NodeDescription:
+def node_description(ip: str, hostname: str, specs: list[DeviceSpec], now: float,
+                     rng: random.Random) -> NodeDescription:
     return NodeDescription(ip, hostname, tuple(specs), tuple(sample_for(s, now, rng) for s in specs))
 
 

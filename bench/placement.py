@@ -48,6 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -170,10 +171,10 @@ def listed_order(devices: Sequence[Device]) -> list[str]:
 
 
 def layer_table(registry: ProgramRegistry, name: str) -> list[LayerCost]:
-    layers = [LayerCost(l.name, l.order, l.parameter_count, l.parameter_bytes, l.flops_per_sample,
-                        l.bytes_accessed_per_sample, l.activation_bytes_per_sample, l.shared_from,
-                        l.shared_parameter_bytes)
-              for l in registry.get(name).layers]
+    layers = [LayerCost(layer.name, layer.order, layer.parameter_count, layer.parameter_bytes,
+                        layer.flops_per_sample, layer.bytes_accessed_per_sample, layer.activation_bytes_per_sample,
+                        layer.shared_from, layer.shared_parameter_bytes)
+              for layer in registry.get(name).layers]
     check_layers(layers)
     return layers
 
@@ -337,8 +338,10 @@ def goal(rows: list[dict]) -> dict:
     cases = [r for r in rows if r["count_mode"] == MEMORY_DERIVED]
     geomean_default = _geomean_of(cases, DEFAULT_STRATEGY, "ratio_to_lower_bound")
     refused = sorted(f"{r['model']}/{r['mix']}/{r['kind']}" for r in cases
-                     if r["strategies"]["sequential_fill"]["feasible"] and not r["strategies"][DEFAULT_STRATEGY]["feasible"])
-    worst = sorted(((r["strategies"][DEFAULT_STRATEGY].get("ratio_to_lower_bound") or 0, f"{r['model']}/{r['mix']}/{r['kind']}")
+                     if r["strategies"]["sequential_fill"]["feasible"]
+                     and not r["strategies"][DEFAULT_STRATEGY]["feasible"])
+    worst = sorted(((r["strategies"][DEFAULT_STRATEGY].get("ratio_to_lower_bound") or 0,
+                     f"{r['model']}/{r['mix']}/{r['kind']}")
                     for r in cases), reverse=True)[:5]
     return {"strategy": DEFAULT_STRATEGY, "device_count": "unset (every device offered)",
             "geomean_ratio_to_lower_bound_over_offered": geomean_default, "target": GOAL_GEOMEAN,
@@ -399,12 +402,13 @@ def bench_planning_cost(layers: list[LayerCost], pools: dict[str, list[Device]],
         for kind in KINDS:
             for label, count in ((MEMORY_DERIVED, 0), (f"device_count_{PLANNING_WIDE_COUNT}", PLANNING_WIDE_COUNT)):
                 model = Model(layers, Task(kind=kind, micro_batch_rows=MICRO_BATCH_ROWS, device_count=count))
-                baseline = median_times_ms(lambda: sequential_fill(model, devices), runs)
+                baseline = median_times_ms(partial(sequential_fill, model, devices), runs)
                 entry = {"device_count_planned_from": _derived_count(model, devices),
                          "baseline_sequential_fill": baseline}
                 for strategy, planner in (("ranked", place_ranked), ("balanced", place_balanced)):
-                    placement, error = attempt(lambda: planner(model, devices))
-                    times = median_times_ms(lambda: attempt(lambda: planner(model, devices)), runs)
+                    plan = partial(planner, model, devices)
+                    placement, error = attempt(plan)
+                    times = median_times_ms(partial(attempt, plan), runs)
                     entry[strategy] = {
                         **times,
                         "ratio_to_baseline_wall": ratio(times["median_wall_ms"], baseline["median_wall_ms"]),
@@ -468,7 +472,8 @@ def measured_pipelines() -> dict:
 
     out = {}
     tokens = np.random.default_rng(0).integers(0, 512, size=(MEASURED_ROWS, 32), dtype=np.int32)
-    options = plan_pb.PlacementOptions(strategy=plan_pb.PLACEMENT_STRATEGY_BALANCED, micro_batch_rows=MEASURED_MICRO_ROWS)
+    options = plan_pb.PlacementOptions(strategy=plan_pb.PLACEMENT_STRATEGY_BALANCED,
+                                       micro_batch_rows=MEASURED_MICRO_ROWS)
     for name, emulate in MEASURED_SETS.items():
         with tempfile.TemporaryDirectory(prefix="accelmesh-bench-placement-") as tmp, \
                 start_embedded_mesh(Path(tmp), devices=3, emulate=emulate, nvml=False) as mesh, \

@@ -29,6 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +95,7 @@ def bench_gavel(rules: RuleTable) -> dict:
                 continue
             job, batch = row["job_type"], batch_size(row["job_type"])
             model = ThroughputModel()
-            for (spec, key, _), column in zip(gpus, GAVEL_GPUS):
+            for (_, key, _), column in zip(gpus, GAVEL_GPUS):
                 steps_per_s = float(row[f"{column}_steps_per_s"])
                 model.record(job, key, rows=batch, seconds=1 / steps_per_s)  # one step of `batch` rows
             measured = [PlannedDevice(s.id, k, model.rate(job, k, s.performance, dt).rows_per_second)
@@ -177,8 +178,8 @@ def bench_pai(rules: RuleTable, runs: int) -> dict:
     result = {"baseline_sort_by_peak": baseline, "throughput_all_devices": throughput, "variants": {}}
     for name, options in variants.items():
         plan = plan_shards(PAI_ROWS, planned, **options)
-        shard_only = time_ms(lambda: plan_shards(PAI_ROWS, planned, **options), runs)
-        end_to_end = time_ms(lambda: plan_shards(PAI_ROWS, rates(), **options), runs)
+        shard_only = time_ms(partial(plan_shards, PAI_ROWS, planned, **options), runs)
+        end_to_end = time_ms(lambda options=options: plan_shards(PAI_ROWS, rates(), **options), runs)
         rows_by_type = Counter()
         for shard in plan.shards:
             rows_by_type[shard.target_type] += shard.rows

@@ -255,7 +255,8 @@ def bench_polls(replicas: Replicas, addresses: list[str], describe_p50_ms: float
             for k, (ms, _, failed) in enumerate(results):
                 cycles[k].append(ms)
                 failures += len(failed)
-        per_replica = [{"nodes": size, "cycle": summary_ms(ms), "per_node_ms": round(percentile(ms, 50) / max(1, size), 3)}
+        per_replica = [{"nodes": size, "cycle": summary_ms(ms),
+                        "per_node_ms": round(percentile(ms, 50) / max(1, size), 3)}
                        for size, ms in zip(sizes, cycles)]
         slowest = max(percentile(ms, 50) for ms in cycles)
         single_p50 = single_p50 or slowest
@@ -291,7 +292,8 @@ def bench_queries(inventory, stub, replicas: Replicas, plan: Plan) -> dict:
     for name, text in (("first_page", ""), ("filtered", LIST_FILTER)):
         request = pb.ListDevicesRequest(filter=text, page_size=PAGE_SIZE)
         ms = time_calls(lambda r=request: stub.ListDevices(r, timeout=RPC_TIMEOUT_S), plan.list_calls, plan.warmup)
-        listing[name] = {"filter": text, "grpc": summary_ms(ms), "ratio_over_get_device_p50": ratio(percentile(ms, 50), floor_p50)}
+        listing[name] = {"filter": text, "grpc": summary_ms(ms),
+                         "ratio_over_get_device_p50": ratio(percentile(ms, 50), floor_p50)}
     progress("queries: ListDevices done")
     scoring = {}
     for name, text in (("all", ""), ("filtered", SCORE_FILTER)):
@@ -403,7 +405,8 @@ def bench_planning(inventory, plan: Plan) -> dict:
     sharding = data_parallel()
     for name, call in (("data_parallel_split", data_parallel),
                        ("data_parallel_job_planning", data_parallel_with_inputs),
-                       ("place_ranked", lambda: attempt(place_ranked)), ("place_balanced", lambda: attempt(place_balanced))):
+                       ("place_ranked", lambda: attempt(place_ranked)),
+                       ("place_balanced", lambda: attempt(place_balanced))):
         ms = time_calls(call, plan.planning_calls, 1)
         out[name] = {"wall": summary_ms(ms), "goal_met": percentile(ms, 50) < GOAL_MS,
                      "ratio_over_baseline_p50": ratio(percentile(ms, 50), percentile(baseline, 50))}
@@ -448,7 +451,7 @@ def node_hosts(context, nodes: int, credentials_dir: str) -> Iterator[None]:
                 raise RuntimeError("a node host did not start")
         yield
     finally:
-        for proc, conn in hosts:
+        for _, conn in hosts:
             with contextlib.suppress(OSError):
                 conn.send("stop")
         for proc, _ in hosts:
@@ -520,7 +523,8 @@ def run(nodes: int, plan: Plan, postgres) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_NODES} nodes, few repetitions: a smoke run")
-    parser.add_argument("--nodes", type=int, default=None, help=f"simulated nodes (default {NODES}, --quick {QUICK_NODES})")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help=f"simulated nodes (default {NODES}, --quick {QUICK_NODES})")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     nodes = args.nodes or (QUICK_NODES if args.quick else NODES)

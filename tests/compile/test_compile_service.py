@@ -62,7 +62,8 @@ def test_programs_are_listed_and_the_transformer_layer_table_sums_to_its_total(s
 
 def test_same_program_built_differently_for_a_device_with_bf16_and_one_without(service):
     stub, _ = service
-    response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("a100-80gb"), device("v100-32gb", 1, "cpu:1")]))
+    response = stub.Compile(pb.CompileRequest(program="mlp_classifier",
+                                              targets=[device("a100-80gb"), device("v100-32gb", 1, "cpu:1")]))
     builds = {b.rule.name: b for b in response.builds}
     assert set(builds) == {"cuda-bf16", "cuda-fp32"}
     bf16_text = artifacts.hlo_text(fetch(stub, builds["cuda-bf16"].portable.key))
@@ -101,7 +102,8 @@ def test_artifacts_for_platforms_this_machine_lacks_are_portable_stablehlo(servi
 
 def test_six_devices_of_two_types_are_compiled_exactly_twice(service):
     stub, compiler = service
-    targets = [device("a100-80gb", i, f"cpu:{i}") for i in range(3)] + [device("v100-32gb", i, f"cpu:{i + 3}") for i in range(3, 6)]
+    targets = ([device("a100-80gb", i, f"cpu:{i}") for i in range(3)]
+               + [device("v100-32gb", i, f"cpu:{i + 3}") for i in range(3, 6)])
     response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=targets))
     assert compiler.cache.builds == 2
     assert sorted(len(b.device_ids) for b in response.builds) == [3, 3]
@@ -110,7 +112,8 @@ def test_six_devices_of_two_types_are_compiled_exactly_twice(service):
 
 def test_local_targets_also_get_executables_for_the_planned_batch_sizes(service):
     stub, _ = service
-    response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("a100-80gb")], batch_sizes=[16, 4]))
+    response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("a100-80gb")],
+                                              batch_sizes=[16, 4]))
     (build,) = response.builds
     assert [e.batch_size for e in build.executables] == [4, 16]
     assert all(e.format == build_pb.ARTIFACT_FORMAT_EXECUTABLE for e in build.executables)
@@ -130,7 +133,8 @@ def test_eight_concurrent_identical_compile_calls_compile_once(service):
     def call():
         barrier.wait()
         try:
-            results.append(stub.Compile(pb.CompileRequest(program="transformer_encoder", targets=[device("a100-80gb")])))
+            results.append(stub.Compile(pb.CompileRequest(program="transformer_encoder",
+                                                          targets=[device("a100-80gb")])))
         except grpc.RpcError as exc:  # pragma: no cover - reported below
             failures.append(exc)
 
@@ -211,7 +215,8 @@ def spec(name, dtype, shape):
         ({"program": "mlp_classifier", "version": "9", "targets": [device("t4")]}, grpc.StatusCode.NOT_FOUND, "9"),
         ({"program": "", "targets": [device("t4")]}, grpc.StatusCode.INVALID_ARGUMENT, "program"),
         ({"program": "mlp_classifier"}, grpc.StatusCode.INVALID_ARGUMENT, "targets"),
-        ({"program": "mlp_classifier", "targets": [device("t4")], "batch_sizes": [0]}, grpc.StatusCode.INVALID_ARGUMENT, "batch_sizes"),
+        ({"program": "mlp_classifier", "targets": [device("t4")], "batch_sizes": [0]},
+         grpc.StatusCode.INVALID_ARGUMENT, "batch_sizes"),
         ({"program": "transformer_encoder", "targets": [device("t4")], "inputs": [spec("tokens", 1, [-1, 32])]},
          grpc.StatusCode.INVALID_ARGUMENT, "tokens"),
         ({"program": "transformer_encoder", "targets": [device("t4")], "inputs": [spec("tokens", 7, [-1, 16])]},
@@ -238,7 +243,8 @@ def test_a_compile_xla_refuses_is_failed_precondition_and_the_service_keeps_serv
     try:
         with open_channel(f"127.0.0.1:{server.port}") as channel:
             stub = compile_service_pb2_grpc.CompileServiceStub(channel)
-            cpu = device_to_proto(resolve_type("a100-80gb").device_spec("127.0.0.1", 0).replace(platform="cpu", id="127.0.0.1/cpu:0", type="cpu"))
+            a100 = resolve_type("a100-80gb").device_spec("127.0.0.1", 0)
+            cpu = device_to_proto(a100.replace(platform="cpu", id="127.0.0.1/cpu:0", type="cpu"))
             error = rpc_error(stub.Compile, pb.CompileRequest(program="mlp_classifier", targets=[cpu], batch_sizes=[2]))
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "xla_no_such_option_here" in error.details()
@@ -303,8 +309,10 @@ def test_an_export_failure_is_reported_though_the_executables_build_concurrently
     spec = TensorSpec("x", "float32", (None, 3))
     compiler.registry.register(Program(
         name="branchy", version="1", kind="function", description="branches on the batch size",
-        parameters=(), inputs=(spec,), outputs=(OutputSpec("y", "float32", (None, 3)),), digest="branchy-1", fn=branchy))
-    error = rpc_error(stub.Compile, pb.CompileRequest(program="branchy", targets=[device("v100-32gb")], batch_sizes=[8]))
+        parameters=(), inputs=(spec,), outputs=(OutputSpec("y", "float32", (None, 3)),), digest="branchy-1",
+        fn=branchy))
+    error = rpc_error(stub.Compile, pb.CompileRequest(program="branchy", targets=[device("v100-32gb")],
+                                                      batch_sizes=[8]))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "exporting branchy@1" in error.details()
     response = stub.Compile(pb.CompileRequest(program="mlp_classifier", targets=[device("v100-32gb")], batch_sizes=[8]))
     assert [e.batch_size for e in response.builds[0].executables] == [8]

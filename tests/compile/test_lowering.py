@@ -85,8 +85,9 @@ def test_portable_artifact_runs_on_cpu_within_the_rule_tolerance(options, tolera
 
 
 def test_fp32_is_tighter_than_bf16_so_the_tolerance_test_can_fail():
-    errors = {o.compute_dtype: rel_error(artifacts.run_portable(artifacts.load_portable(portable(o)), o, *PARAMS, X8)[0],
-                                         reference(X8)) for o in (FP32, BF16)}
+    errors = {o.compute_dtype: rel_error(
+        artifacts.run_portable(artifacts.load_portable(portable(o)), o, *PARAMS, X8)[0], reference(X8))
+        for o in (FP32, BF16)}
     assert errors["fp32"] < 1e-5 < errors["bf16"]
 
 
@@ -153,7 +154,8 @@ def test_executable_round_trips_and_matches():
 
 def test_executable_from_another_jaxlib_or_schema_is_refused():
     header, payload = artifacts.split_executable(lowering.compile_executable(MLP, FP32, batch_size=2))
-    assert header["inputs"] == [[str(np.dtype(p.dtype)), list(p.shape)] for p in PARAMS] + [["float32", [2, X8.shape[1]]]]
+    assert header["inputs"] == ([[str(np.dtype(p.dtype)), list(p.shape)] for p in PARAMS]
+                                + [["float32", [2, X8.shape[1]]]])
     with pytest.raises(FailedPrecondition, match="jaxlib 0.0.1"):
         artifacts.load_executable(artifacts.join_executable({**header, "jaxlib": "0.0.1"}, payload))
     with pytest.raises(FailedPrecondition, match="schema 1"):

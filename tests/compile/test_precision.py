@@ -178,11 +178,12 @@ def test_an_a100s_fp32_and_bf16_builds_are_cached_apart_and_never_served_for_eac
     assert bf16.target_type == fp32.target_type  # one target type, two rules: the rule keys the artifact
     assert bf16.portable.key != fp32.portable.key and bf16.executables[0].key != fp32.executables[0].key
     assert compiler.cache.builds == 4  # a portable and an executable each
-    again = {p: build(p) for p in (common_pb2.PRECISION_BF16_ALLOWED, common_pb2.PRECISION_FP32, common_pb2.PRECISION_UNSPECIFIED)}
+    again = {p: build(p) for p in (common_pb2.PRECISION_BF16_ALLOWED, common_pb2.PRECISION_FP32,
+                                   common_pb2.PRECISION_UNSPECIFIED)}
     assert compiler.cache.builds == 4 and all(b.portable.cache_hit for b in again.values())
     assert again[common_pb2.PRECISION_FP32].portable.key == fp32.portable.key
-    assert again[common_pb2.PRECISION_BF16_ALLOWED].portable.key == again[common_pb2.PRECISION_UNSPECIFIED].portable.key == \
-        bf16.portable.key
+    assert (again[common_pb2.PRECISION_BF16_ALLOWED].portable.key
+            == again[common_pb2.PRECISION_UNSPECIFIED].portable.key == bf16.portable.key)
     fetched = {rule: artifacts.hlo_text(b"".join(p.chunk for p in stub.FetchArtifact(
         pb.FetchArtifactRequest(key=key)))) for rule, key in (("bf16", bf16.portable.key), ("fp32", fp32.portable.key))}
     assert "xbf16>" in fetched["bf16"] and "xbf16>" not in fetched["fp32"]
@@ -202,7 +203,8 @@ def test_a_mixed_request_under_fp16_builds_fp16_only_where_a_rule_allows_it(serv
 
 def test_explain_rule_applies_the_precision(service):
     stub, _ = service
-    explained = stub.ExplainRule(pb.ExplainRuleRequest(device=device("t4"), precision=common_pb2.PRECISION_FP16_ALLOWED))
+    explained = stub.ExplainRule(pb.ExplainRuleRequest(device=device("t4"),
+                                                       precision=common_pb2.PRECISION_FP16_ALLOWED))
     assert explained.rule.name == "cuda-fp16-turing" and explained.rule.build.compute_dtype == "fp16"
     assert explained.rule.build.tolerance == pytest.approx(1e-2)
     fp32 = stub.ExplainRule(pb.ExplainRuleRequest(device=device("a100-80gb"), precision=common_pb2.PRECISION_FP32))
@@ -213,7 +215,8 @@ def test_explain_rule_applies_the_precision(service):
 @pytest.mark.parametrize(("request_for", "message"), [
     (lambda: pb.CompileRequest(program="mlp_classifier", targets=[device("t4")], precision=99),
      "precision 99 is not a Precision"),
-    (lambda: pb.CompileRequest(program="mlp_train_step", targets=[device("t4")], precision=common_pb2.PRECISION_FP16_ALLOWED),
+    (lambda: pb.CompileRequest(program="mlp_train_step", targets=[device("t4")],
+                               precision=common_pb2.PRECISION_FP16_ALLOWED),
      "precision fp16 is for inference only, and mlp_train_step@1 is a training step"),
     (lambda: pb.CompileRequest(program="transformer_encoder", targets=[device("t4")],
                                layers=pb.LayerRange(first=1, count=2, backward=True),
@@ -249,7 +252,8 @@ def test_a_precision_that_leaves_devices_without_a_rule_is_failed_precondition(t
         assert "127.0.0.1/tpu:2" in details and "127.0.0.1/cuda:1" not in details  # one line per target type
         assert "Allow bf16 in precision, leave these devices out (constraints)" in details
         assert compiler.cache.builds == 0
-        explain = rpc_error(stub.ExplainRule, pb.ExplainRuleRequest(device=targets[2], precision=common_pb2.PRECISION_FP32))
+        explain = rpc_error(stub.ExplainRule,
+                            pb.ExplainRuleRequest(device=targets[2], precision=common_pb2.PRECISION_FP32))
         assert explain.code() == grpc.StatusCode.FAILED_PRECONDITION and "everything-bf16 (bf16)" in explain.details()
         # Without the precision, the same devices build.
         assert len(stub.Compile(pb.CompileRequest(program="identity", targets=targets)).builds) == 2

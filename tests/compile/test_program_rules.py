@@ -161,7 +161,8 @@ def test_a_deleted_upload_stays_deleted_after_a_restart(service, compile_config)
     assert stub.DescribeProgram(pb.DescribeProgramRequest(name="affine")).program.version == "1"
     error = rpc_error(stub.DescribeProgram, pb.DescribeProgramRequest(name="affine", version="2"))
     assert error.code() == grpc.StatusCode.NOT_FOUND
-    assert sorted(p.name for p in Path(compile_config.programs_dir).iterdir()) == ["affine@1.jaxexport", "affine@1.json"]
+    assert sorted(p.name for p in Path(compile_config.programs_dir).iterdir()) == [
+        "affine@1.jaxexport", "affine@1.json"]
     with serving(compile_config) as (restarted, _):
         refs = {f"{p.name}@{p.version}" for p in restarted.ListPrograms(pb.ListProgramsRequest()).programs}
     assert "affine@1" in refs and "affine@2" not in refs

@@ -75,4 +75,5 @@ def test_a_backward_stage_is_its_own_program_and_cache_entry():
     backward = catalog.stage(program, layer_fns, LayerRange(2, 2, backward=True))
     assert backward.name == forward.name + ":backward" and backward.digest != forward.digest
     assert [i.name for i in backward.inputs] == ["activation", COTANGENT]
-    assert [o.name for o in backward.outputs] == [f"{GRADIENT_PREFIX}{p.name}" for p in forward.parameters] + [COTANGENT]
+    assert [o.name for o in backward.outputs] == [
+        *(f"{GRADIENT_PREFIX}{p.name}" for p in forward.parameters), COTANGENT]

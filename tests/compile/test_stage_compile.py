@@ -70,7 +70,8 @@ def stub(compile_service):
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory, compile_service):
     process = start_service("worker", "worker_svc", [
-        "--listen", "127.0.0.1:0", "--devices", "3", "--emulate", "a100-80gb,v100-32gb", "--compile", compile_service[0],
+        "--listen", "127.0.0.1:0", "--devices", "3", "--emulate", "a100-80gb,v100-32gb",
+        "--compile", compile_service[0],
         "--artifact-dir", str(tmp_path_factory.mktemp("worker-artifacts"))], env=CREDENTIALS.env(Role.WORKER))
     yield process
     process.terminate()
@@ -125,7 +126,8 @@ def cpu_stages(mesh, devices, model):
     """(stage program, its one build) per stage, for the CPU device, with executables at BATCH."""
     out = []
     for layers in STAGES:
-        stage, (build,) = mesh.compiler.compile_stage(model, [devices[CPU]], layers.first, layers.count, batch_sizes=[BATCH])
+        stage, (build,) = mesh.compiler.compile_stage(model, [devices[CPU]], layers.first, layers.count,
+                                                      batch_sizes=[BATCH])
         out.append((stage, build))
     return out
 
@@ -208,7 +210,8 @@ def test_stages_run_on_a_worker_compose_to_the_whole_program(mesh, devices, cpu_
     x, scope = tokens, CancelScope()
     for index, (stage, build) in enumerate(cpu_stages):
         arrays = [*((spec.name, params[spec.name]) for spec in stage.parameters), (stage.inputs[0].name, x)]
-        result = mesh.workers.execute("stage-job", index, 1, devices[CPU], build, build.executables[BATCH], arrays, BATCH, scope)
+        result = mesh.workers.execute("stage-job", index, 1, devices[CPU], build, build.executables[BATCH],
+                                      arrays, BATCH, scope)
         (x,) = result.outputs
         assert result.load_kind == "executable"
     assert_within_rule(x, reference, cpu_stages[-1][1])

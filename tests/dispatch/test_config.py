@@ -42,7 +42,8 @@ def test_every_job_limit_has_its_own_variable():
     assert names == set(LIMIT_VARIABLES) and len(set(LIMIT_VARIABLES.values())) == len(names)
     for name in names:
         value = getattr(JobLimits, name) - 1
-        assert getattr(parse_args([], env={**CREDENTIAL_ENV, JobLimits.variable(name): str(value)}).limits, name) == value
+        limits = parse_args([], env={**CREDENTIAL_ENV, JobLimits.variable(name): str(value)}).limits
+        assert getattr(limits, name) == value
 
 
 @pytest.mark.parametrize("variable, value, words", [

@@ -281,7 +281,8 @@ def test_ctrl_c_on_run_cancels_its_job_and_exits_130(mesh, tmp_path):
     with Full(mesh):
         process = subprocess.Popen(
             [sys.executable, "-m", "accelmesh.cli", "run", "identity", "--input", f"x={path}",
-             "--name", "cli-interrupted", "--dispatch", mesh.address], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             "--name", "cli-interrupted", "--dispatch", mesh.address],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue[str | None] = queue.Queue()
 
         def read() -> None:

@@ -155,14 +155,16 @@ def spec_for(program, inputs, **options):
 
 X = np.zeros((10, 64), np.float32)
 BAD_JOBS = [
-    pytest.param([spec_for("no_such_program", {"x": X})], grpc.StatusCode.NOT_FOUND, "no_such_program", id="unknown-program"),
+    pytest.param([spec_for("no_such_program", {"x": X})], grpc.StatusCode.NOT_FOUND, "no_such_program",
+                 id="unknown-program"),
     pytest.param([spec_for("mlp_classifier", {"x": np.zeros((10, 63), np.float32)})], grpc.StatusCode.INVALID_ARGUMENT,
                  "shape", id="signature-mismatch"),
     pytest.param([spec_for("mlp_classifier", {"x": np.zeros((10, 64), np.int32)})], grpc.StatusCode.INVALID_ARGUMENT,
                  "dtype", id="wrong-dtype"),
     pytest.param([spec_for("mlp_classifier", {"x": np.zeros((0, 64), np.float32)})], grpc.StatusCode.INVALID_ARGUMENT,
                  "empty", id="empty-batch"),
-    pytest.param([spec_for("mlp_classifier", {"x": X}), ("block", pb.InputBlock(first_row=0, tensors=[to_proto(X[:4])]))],
+    pytest.param([spec_for("mlp_classifier", {"x": X}),
+                  ("block", pb.InputBlock(first_row=0, tensors=[to_proto(X[:4])]))],
                  grpc.StatusCode.INVALID_ARGUMENT, "ended after 4 of the 10 rows", id="stream-ends-early"),
     pytest.param([spec_for("mlp_classifier", {"x": X}),
                   ("block", pb.InputBlock(first_row=0, tensors=[to_proto(np.zeros((12, 64), np.float32))]))],

@@ -113,7 +113,8 @@ def test_a_passed_client_deadline_cancels_the_job_and_releases_the_devices(pool,
     assert events[-1].type == job_pb.JOB_EVENT_TYPE_CANCELLED
     assert client.get(job.job_id).state == job_pb.JOB_STATE_CANCELLED
     assert seconds(events[-1].time) - failed_at < stop_s
-    assert later == at_bound, f"the workers ran {later - at_bound:g} shard(s) more than {stop_s:.2f} s after the deadline"
+    assert later == at_bound, (
+        f"the workers ran {later - at_bound:g} shard(s) more than {stop_s:.2f} s after the deadline")
     assert reservations(pool) == []
 
 

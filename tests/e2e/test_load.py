@@ -82,14 +82,16 @@ from accelmesh.client import MeshClient
 
 PROGRAMS = {PROGRAMS!r}
 SMALL_PROGRAMS = {SMALL_PROGRAMS!r}
-address, folder, first, count, threads = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+address, folder, first = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+count, threads = int(sys.argv[4]), int(sys.argv[5])
 PROGRAMS, prefix = (PROGRAMS if sys.argv[6] == "large" else SMALL_PROGRAMS), sys.argv[7]
 with MeshClient(address, chunk_bytes={CHUNK_BYTES}) as client:
     print("ready", flush=True)
     sys.stdin.readline()  # every client starts its jobs at once, however long this one took to start
     def run(seed):
         program, name, output, _ = PROGRAMS[seed % len(PROGRAMS)]
-        result = client.run(program, {{name: np.load(folder / f"in-{{seed}}.npy")}}, name=f"{{prefix}}{{seed}}", timeout=120)
+        result = client.run(program, {{name: np.load(folder / f"in-{{seed}}.npy")}}, name=f"{{prefix}}{{seed}}",
+                            timeout=120)
         np.save(folder / f"out-{{seed}}.npy", result.outputs[output])
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(run, range(first, first + count)))  # re-raises a thread's error: non-zero exit
@@ -98,7 +100,8 @@ with MeshClient(address, chunk_bytes={CHUNK_BYTES}) as client:
 
 def most_at_once(jobs) -> int:
     """The most jobs the dispatcher held between their creation and their end at one time."""
-    edges = sorted([(j.create_time.ToNanoseconds(), 1) for j in jobs] + [(j.end_time.ToNanoseconds(), -1) for j in jobs])
+    edges = sorted([(j.create_time.ToNanoseconds(), 1) for j in jobs]
+                   + [(j.end_time.ToNanoseconds(), -1) for j in jobs])
     running = peak = 0
     for _, step in edges:  # an end sorts before a start at the same instant
         running += step
@@ -114,7 +117,8 @@ def mesh(tmp_path_factory):
     with EmbeddedMesh(data_dir, inventory, CREDENTIALS) as running:
         running.compile = start_compile(data_dir, CREDENTIALS)
         running.workers = [start_worker(inventory.address, running.compile.address, CREDENTIALS,
-                                        devices=len(EMULATE), emulate=EMULATE, artifact_dir=data_dir / "worker-artifacts")]
+                                        devices=len(EMULATE), emulate=EMULATE,
+                                        artifact_dir=data_dir / "worker-artifacts")]
         running.dispatch = start_dispatch(data_dir, inventory.address, running.compile.address, CREDENTIALS, env={
             "ACCELMESH_INFLIGHT_BYTES": str(INFLIGHT_BYTES), "ACCELMESH_MAX_SHARD_BYTES": str(SHARD_BYTES)})
         yield running
@@ -185,8 +189,9 @@ def test_twenty_concurrent_jobs_from_five_processes_are_correct_in_bounded_memor
     overlap = most_at_once(run.jobs)
     assert overlap >= MIN_AT_ONCE, f"at most {overlap} jobs ran at once"
     assert run.growth_bytes < GROWTH_BOUND_BYTES, f"the dispatcher grew by {run.growth_bytes / MIB:.0f} MiB"
-    print(f"\n{JOBS} jobs in {run.wall_s:.1f} s, {overlap} at once; dispatcher peak grew {run.growth_bytes / MIB:.0f} "
-          f"MiB (bound {GROWTH_BOUND_BYTES / MIB:.0f} MiB), peak {peak_rss_bytes(mesh.dispatch.process.pid) / MIB:.0f} MiB")
+    print(f"\n{JOBS} jobs in {run.wall_s:.1f} s, {overlap} at once; dispatcher peak grew "
+          f"{run.growth_bytes / MIB:.0f} MiB (bound {GROWTH_BOUND_BYTES / MIB:.0f} MiB), "
+          f"peak {peak_rss_bytes(mesh.dispatch.process.pid) / MIB:.0f} MiB")
 
 
 def test_a_hundred_jobs_from_ten_processes_at_once_are_correct_in_memory_bounded_by_the_jobs_at_once(mesh, tmp_path):

@@ -102,7 +102,8 @@ def test_reflection_lists_every_service(mesh, process, service):
     address = mesh.inventory.address if process == "inventory" else mesh.workers[0].address
     with open_channel(address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        (answer,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (answer,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
     names = {s.name for s in answer.list_services_response.service}
     assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
 

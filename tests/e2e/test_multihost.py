@@ -114,7 +114,8 @@ def test_each_hosts_devices_carry_its_own_ip(lab, inventory):
     assert len({h.ip for h in hosts.hosts}) == 2  # two hosts, two addresses
     assert all(d.type == "v100-32gb" and "emulated" in d.kind for d in devices)
     nodes = inventory.ListNodes(inv_pb.ListNodesRequest()).nodes
-    assert sorted((n.ip, n.address) for n in nodes) == sorted((h.ip, mesh.workers[h.index].address) for h in hosts.hosts)
+    assert sorted((n.ip, n.address) for n in nodes) == sorted(
+        (h.ip, mesh.workers[h.index].address) for h in hosts.hosts)
     assert all(n.address.startswith(f"{n.ip}:") and n.state == inv_pb.NODE_STATE_ACTIVE for n in nodes)
 
 
@@ -172,8 +173,9 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
             hosts.cut(cut)
             marks["cut"] = time.monotonic()
             stream.cancel()
-            watcher = threading.Thread(target=watch_for_lost, args=(inventory, cut_address, marks["cut"] + LOST_WINDOW_S,
-                                                                    marks), daemon=True)
+            watcher = threading.Thread(target=watch_for_lost,
+                                       args=(inventory, cut_address, marks["cut"] + LOST_WINDOW_S, marks),
+                                       daemon=True)
             watcher.start()
             final = None
             try:
@@ -214,7 +216,8 @@ def test_a_host_cut_off_mid_job_is_survived_like_a_crash(lab, inventory):
             assert shard.failures and all(node_ip(f.split(": ", 1)[0]) == cut.ip for f in shard.failures)
         assert len(job.shards) == len(job.plan.shards) and all(s.done for s in job.shards)
         print(f"cut after {marks['cut'] - started:.2f} s; node lost after {marks['lost'] - marks['cut']:.2f} s; "
-              f"first retry after {marks['retried'] - marks['cut']:.2f} s; job ended {marks['end'] - marks['cut']:.2f} s "
+              f"first retry after {marks['retried'] - marks['cut']:.2f} s; "
+              f"job ended {marks['end'] - marks['cut']:.2f} s "
               f"after the cut ({marks['end'] - started:.2f} s in all); {len(retried)} shard(s) retried")
 
         hosts.restore(cut)  # the cable is back: the inventory finds the node again

@@ -113,7 +113,8 @@ def test_a_job_that_finds_the_pool_full_is_queued_and_runs_once_it_frees_up(mesh
             job_id = job_id_of(alice, "waits")
             job = alice.get(job_id)
             assert job.state == job_pb.JOB_STATE_QUEUED and job.queue.position == 1
-            assert job.queue.reason == queued.queue.reason and job.queue.deadline.seconds > job.queue.enqueue_time.seconds
+            assert job.queue.reason == queued.queue.reason
+            assert job.queue.deadline.seconds > job.queue.enqueue_time.seconds
 
             # Bob sees nothing of it, and cannot touch it.
             for call in (lambda: bob.get(job_id), lambda: bob.cancel(job_id), lambda: list(bob.watch(job_id))):
@@ -173,7 +174,8 @@ def test_quotas_are_set_by_operators_and_bound_priorities(mesh):
             assert result.job.state == job_pb.JOB_STATE_SUCCEEDED and result.job.spec.priority == 2
             mine = alice.stub.ListQuotas(pb.ListQuotasRequest()).quotas
             assert [(u.tenant, u.quota.max_jobs) for u in mine] == [("user:alice", 4)]
-            bad = rpc_error(operator.stub.SetQuota, pb.SetQuotaRequest(quota=pb.Quota(tenant="user:alice", max_jobs=-1)))
+            bad = rpc_error(operator.stub.SetQuota,
+                            pb.SetQuotaRequest(quota=pb.Quota(tenant="user:alice", max_jobs=-1)))
             assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and "quota.max_jobs is -1" in bad.details()
             out_of_range = rpc_error(lambda: alice.run("identity", {"x": rows(4)}, priority=1001, timeout=WAIT_S))
             assert out_of_range.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.priority" in out_of_range.details()

@@ -219,7 +219,8 @@ def test_a_held_tensor_serves_only_the_dispatcher_that_kept_it(mesh):
     assert error is not None and error.code() == grpc.StatusCode.FAILED_PRECONDITION  # cannot use ours
     assert "TENSOR_NOT_HELD" in str(error.trailing_metadata())
     zeros = [(name, np.zeros_like(value)) for name, value in params]  # and keeping its own replaces nothing of ours
-    assert _execute(address, other, _header(device, build, input_count=count, keep_tensors=keep), inputs(zeros))[0] is None
+    keeping = _header(device, build, input_count=count, keep_tensors=keep)
+    assert _execute(address, other, keeping, inputs(zeros))[0] is None
     error, again = _execute(address, ours, _header(device, build, input_count=count), refs)
     assert error is None and kept and all(np.array_equal(again[name], value) for name, value in kept.items())
 
@@ -255,7 +256,8 @@ def test_a_rogue_compile_service_is_never_a_workers_artifact_source(mesh, tmp_pa
             (device,) = worker_service_pb2_grpc.WorkerServiceStub(channel).DescribeNode(
                 worker_pb.DescribeNodeRequest(), timeout=TIMEOUT_S).devices
         (build,) = _build(mesh, device).builds
-        error, _ = _execute(worker.address, CREDENTIALS.service(Role.DISPATCH), _header(device, build, input_count=0), [])
+        error, _ = _execute(worker.address, CREDENTIALS.service(Role.DISPATCH),
+                            _header(device, build, input_count=0), [])
     finally:
         worker.terminate()
         server.stop(0)

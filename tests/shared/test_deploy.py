@@ -118,7 +118,8 @@ def test_deploy_names_only_modules_and_variables_the_code_has():
     texts = [p.read_text() for p in [DEPLOY / "Dockerfile", DEPLOY / "compose.yaml", *K8S.rglob("*.yaml")]]
     for module in set(re.findall(r'"-m", "([\w.]+)"', "\n".join(texts))):
         assert importlib.util.find_spec(module) is not None, f"deploy runs {module}, which does not exist"
-    source = "\n".join(p.read_text() for package in ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc", "worker_svc"]
+    packages = ["accelmesh", "inventory_svc", "compile_svc", "dispatch_svc", "worker_svc"]
+    source = "\n".join(p.read_text() for package in packages
                        for p in (ROOT / package).rglob("*.py"))
     for variable in set(re.findall(r"\bACCELMESH_[A-Z_]+", "\n".join(texts))):
         assert f'"{variable}"' in source, f"deploy sets {variable}, which no service reads"

@@ -29,7 +29,8 @@ def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():
 
 @pytest.mark.slow
 def test_a_worker_process_describes_the_fixture_cpu_not_the_host():
-    process = start_service("worker", "worker_svc", ["--listen", "127.0.0.1:0", "--devices", "2", "--emulate", "v100-32gb"],
+    process = start_service("worker", "worker_svc",
+                            ["--listen", "127.0.0.1:0", "--devices", "2", "--emulate", "v100-32gb"],
                             env=CREDENTIALS.env(Role.WORKER))
     try:
         stub = mesh_stub(worker_service_pb2_grpc.WorkerServiceStub, process.address)

@@ -317,7 +317,8 @@ def test_every_container_runs_as_the_image_user_unprivileged_on_a_read_only_root
         spec, own = pod(workload), container.get("securityContext", {})
         effective = {**spec.get("securityContext", {}), **own}
         assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), name
-        assert (effective["runAsNonRoot"], effective["runAsUser"], effective["runAsGroup"]) == (True, IMAGE_UID, IMAGE_UID)
+        ids = (effective["runAsNonRoot"], effective["runAsUser"], effective["runAsGroup"])
+        assert ids == (True, IMAGE_UID, IMAGE_UID)
         assert effective["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert own["readOnlyRootFilesystem"] is True and own["allowPrivilegeEscalation"] is False, name
         assert own["capabilities"] == {"drop": ["ALL"]}, name

@@ -85,7 +85,8 @@ def test_a_bad_or_busy_address_is_a_clear_error(served):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(errors.FailedPrecondition, match=f"could not listen on 127.0.0.1:{port}: the port is in use"):
+        with pytest.raises(errors.FailedPrecondition,
+                           match=f"could not listen on 127.0.0.1:{port}: the port is in use"):
             Metrics("busy", f"127.0.0.1:{port}")
 
 

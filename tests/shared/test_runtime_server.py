@@ -76,7 +76,8 @@ def test_a_server_stops_while_its_health_watchers_go_away(servicer):
         watches = [stub.Watch(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=60) for _ in range(4)]
         assert [next(watch).status for watch in watches] == [health_pb2.HealthCheckResponse.SERVING] * 4
         stopping = threading.Thread(target=server.stop, args=(0,))
-        cancelling = threading.Thread(target=lambda: [watch.cancel() for watch in watches])
+        # run and joined within this iteration; the default only makes the binding explicit
+        cancelling = threading.Thread(target=lambda watches=watches: [watch.cancel() for watch in watches])
         cancelling.start()
         stopping.start()
         for thread in (cancelling, stopping):
@@ -196,7 +197,8 @@ def test_reflection_describes_the_worker_service(channel):
     ]
     worker_file = next(f for f in files if f.name == "accelmesh/worker/v1/worker_service.proto")
     assert worker_file.package == "accelmesh.worker.v1"
-    assert [m.name for s in worker_file.service for m in s.method] == ["DescribeNode", "Execute", "ExecuteMany", "ReleaseJob"]
+    assert [m.name for s in worker_file.service for m in s.method] == [
+        "DescribeNode", "Execute", "ExecuteMany", "ReleaseJob"]
 
 
 def test_oversized_request_is_resource_exhausted_and_server_keeps_serving(servicer):

@@ -78,7 +78,8 @@ def test_an_error_with_a_reason_and_a_field_carries_them_as_google_rpc_details(c
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     (reason,), (bad_request,) = details_of(info.value)
     assert (reason.reason, reason.domain) == (errors.TENSOR_NOT_HELD, "accelmesh")
-    assert [(v.field, v.description) for v in bad_request.field_violations] == [("held[x].key", message_for("reasoned"))]
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [
+        ("held[x].key", message_for("reasoned"))]
     assert error_reason(info.value) == errors.TENSOR_NOT_HELD
 
 

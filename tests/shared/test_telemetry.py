@@ -65,7 +65,8 @@ def configure():
         {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"},
         {"OTEL_EXPORTER_OTLP_ENDPOINT": ""},
     ],
-    ids=["unset", "disabled", "disabled-wins-over-console", "disabled-wins-over-endpoint", "none", "none-wins", "empty-endpoint"],
+    ids=["unset", "disabled", "disabled-wins-over-console", "disabled-wins-over-endpoint", "none", "none-wins",
+         "empty-endpoint"],
 )
 def test_tracing_off(configure, env):
     assert configure(env) is None

@@ -117,7 +117,8 @@ def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None, max_qu
     quotas = Quotas(book.engine)
     gate = AdmissionGate(mesh.inventory, quotas=quotas, max_queued=max_queued)
     signals = QueueSignals(lambda: (mesh.inventory.pool_state(), quotas.all()), clock=clock)
-    runner = JobRunner(mesh.inventory, mesh.compiler, mesh.workers, book, ThroughputModel(), limits=Limits(1024, 1 << 20),
+    runner = JobRunner(mesh.inventory, mesh.compiler, mesh.workers, book, ThroughputModel(),
+                       limits=Limits(1024, 1 << 20),
                        gate=gate, signals=signals, clock=clock)
     queue = JobQueue(book, runner.start_queued, runner.expire_queued, signals, clock=clock, scheduling=scheduling)
     return runner, queue
@@ -303,7 +304,8 @@ def test_a_job_over_its_quota_by_itself_fails_at_once_naming_the_limit(node, mes
 def test_a_priority_above_the_quota_is_refused_before_the_job_exists(node):
     runner, _ = node
     runner.gate.quotas.set(Quota(ALICE, max_priority=3))
-    with pytest.raises(errors.PermissionDenied, match="spec.priority is 5, but the quota of user:alice allows at most 3"):
+    with pytest.raises(errors.PermissionDenied,
+                       match="spec.priority is 5, but the quota of user:alice allows at most 3"):
         runner.start(spec_for(AFFINE, [X], priority=5), ALICE)
     assert runner.book.list(10) == []
     within = submit(runner, owner=ALICE, priority=3)
@@ -475,7 +477,8 @@ def test_a_scheduling_round_starts_queued_jobs_together_each_on_the_devices_it_w
     assert not used[0] & used[1]  # each kept to the devices the round gave it
     # The last plan of each: the first, when it was submitted, found the pool full.
     planned = [[e for e in logged(runner.book, job.job_id) if e.type == m.PLANNED][-1] for job in done]
-    assert all("the queue's max_min_fairness policy gave it" in e.message for e in planned), [e.message for e in planned]
+    assert all("the queue's max_min_fairness policy gave it" in e.message for e in planned), [
+        e.message for e in planned]
     assert runner.book.get(jobs[0].job_id).spec == jobs[0].spec  # the narrowing was never stored
 
 

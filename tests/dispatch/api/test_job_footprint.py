@@ -200,7 +200,8 @@ def test_a_listing_leaves_out_the_per_shard_lists_and_stops_short_of_the_message
 def test_pages_of_a_listing_follow_each_other_without_gaps_or_repeats(tmp_path):
     with serving(tmp_path) as d:
         x = X[:8]
-        made = [submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=f"job-{i}"), {"x": x}, None, 1 << 16)).job_id
+        made = [submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=f"job-{i}"), {"x": x}, None,
+                                             1 << 16)).job_id
                 for i in range(7)]
         assert d.runner.wait_idle(WAIT_S)
         seen, token, pages = [], "", 0
@@ -221,7 +222,8 @@ def test_a_listing_by_state_pages_through_those_jobs_alone_and_names_a_bad_state
         x = X[:8]
 
         def run(name):
-            return submit(d.stub, request_parts(job_spec("affine", {"x": x}, name=name), {"x": x}, None, 1 << 16)).job_id
+            parts = request_parts(job_spec("affine", {"x": x}, name=name), {"x": x}, None, 1 << 16)
+            return submit(d.stub, parts).job_id
         good = [run(f"good-{i}") for i in range(3)]
         assert d.runner.wait_idle(WAIT_S)
         d.mesh.workers.fail = {device.id: 100 for device in d.mesh.devices}  # every attempt fails: the job does
@@ -346,7 +348,8 @@ def test_a_job_book_database_that_goes_away_answers_unavailable_and_keeps_every_
             assert until(readiness, health_pb2.HealthCheckResponse.NOT_SERVING)
             alive = health_pb2_grpc.HealthStub(d.channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
             assert alive.status == health_pb2.HealthCheckResponse.SERVING
-            for call, request in ((d.stub.GetJob, pb.GetJobRequest(job_id=done)), (d.stub.ListJobs, pb.ListJobsRequest()),
+            for call, request in ((d.stub.GetJob, pb.GetJobRequest(job_id=done)),
+                                  (d.stub.ListJobs, pb.ListJobsRequest()),
                                   (d.stub.CancelJob, pb.CancelJobRequest(job_id=done))):
                 error = rpc_error(call, request, timeout=WAIT_S)
                 assert error.code() == grpc.StatusCode.UNAVAILABLE and "try again" in error.details(), error.details()

@@ -35,7 +35,8 @@ def dispatcher(tmp_path):
 def spec(program="affine", rows=16, cols=4, **options) -> job_pb.JobSpec:
     """A spec declaring `rows` x `cols` float32 rows of input 'x', without making the array."""
     message = job_spec(program, {}, **options)
-    message.inputs.add(name="x", dtype=dtype_code(np.dtype(np.float32)), shape=[rows, cols], total_bytes=rows * cols * 4)
+    message.inputs.add(name="x", dtype=dtype_code(np.dtype(np.float32)), shape=[rows, cols],
+                       total_bytes=rows * cols * 4)
     return message
 
 
@@ -68,7 +69,8 @@ OVER_LIMITS = [
                  ["micro-batches", "9", "ACCELMESH_MAX_JOB_SHARDS"], id="micro-batches"),
     pytest.param(placed_spec(layers=3), grpc.StatusCode.INVALID_ARGUMENT, ["spec.placement.layers", "PlanJob"],
                  id="layer-table-to-run"),
-    pytest.param(spec(program=LONG), grpc.StatusCode.INVALID_ARGUMENT, ["spec.program", "100000", "ACCELMESH_MAX_NAME_CHARS"],
+    pytest.param(spec(program=LONG), grpc.StatusCode.INVALID_ARGUMENT,
+                 ["spec.program", "100000", "ACCELMESH_MAX_NAME_CHARS"],
                  id="program-name"),
     pytest.param(spec(name=LONG), grpc.StatusCode.INVALID_ARGUMENT, ["spec.name", "ACCELMESH_MAX_NAME_CHARS"],
                  id="job-name"),
@@ -78,7 +80,8 @@ OVER_LIMITS = [
                  ["required_capabilities[0]", "ACCELMESH_MAX_NAME_CHARS"], id="capability-name"),
     pytest.param(spec(capabilities=[f"c{i}" for i in range(5)]), grpc.StatusCode.INVALID_ARGUMENT,
                  ["capabilities", "5 entries", "ACCELMESH_MAX_SPEC_ENTRIES"], id="capabilities"),
-    pytest.param(spec(filter="x" * 101), grpc.StatusCode.INVALID_ARGUMENT, ["filter", "101", "ACCELMESH_MAX_FILTER_CHARS"],
+    pytest.param(spec(filter="x" * 101), grpc.StatusCode.INVALID_ARGUMENT,
+                 ["filter", "101", "ACCELMESH_MAX_FILTER_CHARS"],
                  id="filter"),
     pytest.param(job_spec("affine", {LONG: np.zeros((16, 4), np.float32)}), grpc.StatusCode.INVALID_ARGUMENT,
                  ["spec.inputs[0].name", "ACCELMESH_MAX_NAME_CHARS"], id="input-name"),
@@ -159,7 +162,8 @@ def test_a_spec_alone_gets_what_planning_finds_first_then_that_no_block_came(dis
     error = rpc_error(submit, dispatcher.stub, [("spec", job_spec("affine", {"x": X16}))])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "ended after 0 of the 16 rows" in error.details()
     (job,) = dispatcher.runner.book.list(1)
-    assert job.state == m.FAILED and "reserve" in dispatcher.mesh.calls and job.job_id in dispatcher.mesh.inventory.released
+    assert job.state == m.FAILED and "reserve" in dispatcher.mesh.calls
+    assert job.job_id in dispatcher.mesh.inventory.released
 
 
 def test_a_block_for_a_spec_without_inputs_is_refused_before_planning(dispatcher):
@@ -222,7 +226,8 @@ def test_a_pipeline_of_more_micro_batches_x_stages_than_the_shard_limit_is_refus
     _, plan, _, _ = runner.plan(spec)
     assert (plan.placement.micro_batches, len(plan.placement.stages)) == (4, 3)
     job, live = runner.start(spec)
-    with pytest.raises(ResourceExhausted, match=r"4 micro-batches through 3 stages are 12 shards.*ACCELMESH_MAX_JOB_SHARDS"):
+    with pytest.raises(ResourceExhausted,
+                       match=r"4 micro-batches through 3 stages are 12 shards.*ACCELMESH_MAX_JOB_SHARDS"):
         runner.run(job, live, Feed([X[:16]]), background=False)
     assert mesh.inventory.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
 

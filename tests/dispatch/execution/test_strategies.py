@@ -225,7 +225,8 @@ def test_a_run_hands_back_events_then_final_rows_in_order_then_folded_outputs_th
     np.testing.assert_array_equal(np.concatenate([p.rows for p in y]), 2 * X + BIAS)
     headers = [i for i, p in enumerate(pieces) if isinstance(p, delivery.TensorOut)]
     assert [pieces[i].entry.name for i in headers] == ["y", "s"]
-    succeeded = next(i for i, p in enumerate(pieces) if isinstance(p, delivery.EventOut) and p.event.type == "succeeded")
+    succeeded = next(i for i, p in enumerate(pieces)
+                     if isinstance(p, delivery.EventOut) and p.event.type == "succeeded")
     assert headers[1] > succeeded > pieces.index(y[0])  # the sum only once final; rows before the end
     (s,) = [p for p in pieces if isinstance(p, delivery.RowsOut) and p.entry.name == "s"]
     np.testing.assert_allclose(s.rows, X.sum(axis=0), rtol=1e-5)

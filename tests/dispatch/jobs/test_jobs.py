@@ -281,7 +281,8 @@ def test_listings_and_the_expiry_sweep_read_an_index_not_the_whole_table(tmp_pat
     book.list(5, owner="a")
     book.expire_results()
     sa.event.remove(book.engine, "before_cursor_execute", capture)
-    reads = [(sql, args) for sql, args in statements if sql.lstrip().upper().startswith("SELECT") and "FROM jobs" in sql]
+    reads = [(sql, args) for sql, args in statements
+             if sql.lstrip().upper().startswith("SELECT") and "FROM jobs" in sql]
     assert len(reads) == 3, statements
     with book.engine.connect() as connection:
         postgres = connection.dialect.name == "postgresql"

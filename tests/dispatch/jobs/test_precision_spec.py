@@ -30,8 +30,8 @@ def spec_message(precision: int, kind: int = job_pb.JOB_KIND_INFERENCE) -> job_p
 
 
 @pytest.mark.parametrize(("value", "name"), [
-    (common_pb2.PRECISION_UNSPECIFIED, ""), (common_pb2.PRECISION_FP32, "fp32"), (common_pb2.PRECISION_BF16_ALLOWED, "bf16"),
-    (common_pb2.PRECISION_FP16_ALLOWED, "fp16"),
+    (common_pb2.PRECISION_UNSPECIFIED, ""), (common_pb2.PRECISION_FP32, "fp32"),
+    (common_pb2.PRECISION_BF16_ALLOWED, "bf16"), (common_pb2.PRECISION_FP16_ALLOWED, "fp16"),
 ])
 def test_the_precision_round_trips_through_the_proto_and_the_job_book(value, name):
     spec = tr.spec_from_proto(spec_message(value))

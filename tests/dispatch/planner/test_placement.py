@@ -167,7 +167,8 @@ def test_a_stage_holds_its_weights_and_the_peak_of_its_micro_batches_in_flight_n
 
 
 def test_buffers_are_held_once_and_never_trained():
-    rows = [layer("embed", 0, 1000, act=100), LayerCost("rotary", 1, 0, 0, buffer_bytes=640, activation_bytes_per_sample=100)]
+    rows = [layer("embed", 0, 1000, act=100),
+            LayerCost("rotary", 1, 0, 0, buffer_bytes=640, activation_bytes_per_sample=100)]
     check_layers(rows)
     inference, training = (Model(rows, task(kind=kind, micro_batch_rows=1)) for kind in ("inference", "training"))
     assert inference.weights == [4000, 640] and training.weights == [8000, 640]
@@ -199,7 +200,8 @@ def brute_force(model: Model, devices: list[Device], count: int, replicate: bool
                 if not all(groups) or sum(map(len, groups)) > count:
                     continue
                 if not mixed and any(len(g) > 1 and (not replicate or len({(d.target_type, d.peak_tflops,
-                                                                              d.memory_free_bytes, d.memory_bandwidth_gbps,
+                                                                              d.memory_free_bytes,
+                                                                              d.memory_bandwidth_gbps,
                                                                               d.link_gbps, d.stage_overhead_s)
                                                                              for d in g}) > 1)
                                      for g in groups):
@@ -207,7 +209,8 @@ def brute_force(model: Model, devices: list[Device], count: int, replicate: bool
                 assignment = []
                 for g, (a, b) in zip(groups, zip(bounds, bounds[1:])):
                     assignment.extend([g[0].id] * (b - a))
-                ev = evaluate(model, devices, assignment, {g[0].id: tuple(d.id for d in g[1:]) for g in groups if g[1:]})
+                ev = evaluate(model, devices, assignment,
+                              {g[0].id: tuple(d.id for d in g[1:]) for g in groups if g[1:]})
                 if ev.feasible:
                     best = min(best, ev.step_seconds)
     return best

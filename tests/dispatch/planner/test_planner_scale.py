@@ -167,8 +167,8 @@ def test_devices_as_columns_plan_exactly_as_a_list_of_devices(seed):
     fixed = [rng.choice([0.0, 0.05, 2.0]) for _ in rates]
     listed = [PlannedDevice(i, t, r) for i, t, r in zip(ids, types, rates)]
     listed_affine = [PlannedDevice(i, t, r, f) for i, t, r, f in zip(ids, types, rates, fixed)]
-    for options in ({}, {"exact": True, "max_shard_rows": 64}, {"exact": True, "max_shard_rows": 256, "bucket_rungs": 5},
-                    {"min_shard_rows": 8}):
+    for options in ({}, {"exact": True, "max_shard_rows": 64},
+                    {"exact": True, "max_shard_rows": 256, "bucket_rungs": 5}, {"min_shard_rows": 8}):
         total = rng.choice([1, 999, 10**5])
         assert plan_shards(total, DeviceColumns(ids, types, rates), **options) == plan_shards(total, listed, **options)
         assert (plan_shards(total, DeviceColumns(ids, types, rates, fixed), **options)

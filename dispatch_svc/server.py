@@ -90,8 +90,6 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                             inventory.all_devices).start()
 
     def shutdown():
-        if status is not None:
-            status.close()
         queue.stop()
         if takeover is not None:
             takeover.stop()
@@ -109,7 +107,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         tracer_provider=tracer_provider,
         on_stop=[shutdown],
         metrics=metrics,
+        pages=(status,) if status is not None else (),
     )
     server.watch_dependencies(dependencies(book))
-    server.status_page = status  # its port, for tests and `accelmesh up`
     return server, runner

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -51,6 +51,14 @@ class Service:
     servicer: Any
 
 
+class Page(Protocol):
+    """An HTTP endpoint a server serves beside its gRPC port, stopped with it."""
+
+    port: int
+
+    def close(self) -> None: ...
+
+
 class MeshServer:
     def __init__(
         self,
@@ -64,9 +72,11 @@ class MeshServer:
         pools: Pools | None = None,
         streams: StreamCount | None = None,
         metrics: Metrics | None = None,
+        pages: Sequence[Page] = (),
     ):
         self.server = server
         self.metrics = metrics  # its /metrics endpoint (metrics.port), closed after the hooks
+        self.pages = tuple(pages)  # other HTTP endpoints it serves (each .port), closed before the hooks
         self.port = port
         self.health = health_servicer
         self.services = tuple(services)
@@ -137,6 +147,8 @@ class MeshServer:
             self._probe.stop(0).wait()
         if self._pools is not None:
             self._pools.shutdown()
+        for page in self.pages:  # before the hooks: a page reads what they close (a database)
+            page.close()
         for hook in self._on_stop:
             hook()
         if self.metrics is not None:
@@ -164,13 +176,15 @@ def create_server(
     tracer_provider: TracerProvider | None = None,
     on_stop: Sequence[Callable[[], None]] = (),
     metrics: Metrics | None = None,
+    pages: Sequence[Page] = (),
 ) -> MeshServer:
     """A server for ``services`` on ``address``: mutual TLS and ``access`` (method -> roles) unless
     ``security`` is insecure (loopback only). ``health_listen``, when set, also serves the health
     service alone, in plaintext, for probes that cannot speak TLS (Kubernetes' gRPC probe).
     ``admission`` (default: from the environment) sets the stream and in-flight limits and which
     pool runs which call (admission.py). ``metrics``: the service's /metrics endpoint, if it serves
-    one (metrics.py), closed when the server stops."""
+    one (metrics.py), and ``pages`` any other HTTP endpoint it serves (a status page), each closed
+    when the server stops."""
     check_listen(security, address)
     admission = admission or Admission.from_env()
     authenticator = Authenticator(security)
@@ -206,7 +220,8 @@ def create_server(
     if port == 0:
         raise cannot_bind(address, "--listen")
     probe = _health_only(health_servicer, health_listen) if health_listen else None
-    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams, metrics)
+    return MeshServer(server, port, health_servicer, services, tracer_provider, on_stop, probe, pools, streams, metrics,
+                      pages)
 
 
 def _client_key(authenticator: Authenticator) -> Callable[[grpc.ServicerContext], str]:

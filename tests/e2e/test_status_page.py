@@ -100,7 +100,7 @@ def pool(tmp_path_factory):
             waiting = _job(alice, "waits", 'type = "v100-32gb"')  # kept: its call ending would cancel the job
             _until(waiting, job_pb.JOB_EVENT_TYPE_QUEUED)
             ids = {j.spec.name: j.job_id for j in alice.stub.ListJobs(pb.ListJobsRequest()).jobs}
-            yield Pool(server.status_page.port, {t: d.id for t, d in devices.items()}, ids["runs"], ids["waits"],
+            yield Pool(server.pages[0].port, {t: d.id for t, d in devices.items()}, ids["runs"], ids["waits"],
                        tokens)
         finally:
             go.set()

@@ -20,8 +20,8 @@ from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import NodeDescription
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from inventory_svc.config import InventoryConfig
-from inventory_svc.inventory import LEASE_PER_INTERVAL, TAKEOVER_INTERVALS, Inventory
-from inventory_svc.poller import CLAIMS_PER_INTERVAL
+from inventory_svc.inventory import Inventory
+from inventory_svc.poller import CLAIMS_PER_INTERVAL, LEASE_PER_INTERVAL, TAKEOVER_INTERVALS
 from inventory_svc.server import build_inventory
 from inventory_svc.store import SqlStore
 from inventory_svc.tables import nodes

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 import sqlalchemy as sa
-from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
+from store_records import GB, NODE, one_device_fixture, report, sample, spec, store_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import FailedPrecondition, NotFound
 from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS

@@ -42,7 +42,7 @@ from inventory_svc.filtering import DeviceFilter
 from inventory_svc.ranking import Columns, rank
 from inventory_svc.records import DeviceRecord, Reservation
 from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights
-from inventory_svc.store import Store
+from inventory_svc.store_port import Store
 
 LOAD_BATCH = 1000  # devices read again per statement (an IN list)
 FULL_LOAD_PAGE = 5000  # devices per page of the full load
@@ -216,7 +216,8 @@ class DeviceIndex:
             self.columns.ids_changed()
         spec = record.spec
         self._entries[slot] = _Entry(spec, record.node_address, record.health, record.first_seen_at, record.updated_at)
-        self.columns.set_static(slot, spec, record.node_address, record.health == "healthy", _perf_key(spec.performance))
+        self.columns.set_static(slot, spec, record.node_address, record.health == "healthy",
+                                _perf_key(spec.performance))
         current = self._latest[slot]
         if record.latest is not None and (current is None or record.latest.timestamp >= current.timestamp):
             self._sample(slot, record.latest)

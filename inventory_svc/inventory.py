@@ -4,15 +4,14 @@ reservations. The servicer translates protos to calls on `Inventory`; the poller
 Replicas sharing one database each poll the nodes they hold a lease on (`Store.claim_nodes`),
 and each keeps a device index (`index.py`) that ScoreDevices ranks from: `follow` (before every
 ranking, and every follow interval on the follower's thread) brings it, and this replica's
-watchers, up to the changes the other replicas wrote.
+watchers, up to the changes the other replicas wrote. How long a replica's leases on its nodes
+last is the poller's (``poller.LEASE_PER_INTERVAL``); ListDevices' page tokens are ``paging.py``'s,
+a reservation's lease bounds ``reservations.py``'s, the account of the weights ``scoring.py``'s.
 """
 
 from __future__ import annotations
 
-import base64
 import contextvars
-import hashlib
-import json
 import logging
 import re
 import threading
@@ -31,10 +30,12 @@ from inventory_svc import events as ev
 from inventory_svc.changes import CHANGE_RETENTION_S
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.index import DeviceIndex
-from inventory_svc.poller import CLAIMS_PER_INTERVAL
+from inventory_svc.paging import decode_page_token, encode_page_token
+from inventory_svc.poller import LEASE_PER_INTERVAL
 from inventory_svc.records import DeviceRecord, NodeRecord, RemovedNode, Reservation
-from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights
-from inventory_svc.store import Store
+from inventory_svc.reservations import lease_seconds
+from inventory_svc.scoring import ScoredDevice, TaskProfile, Weights, explain_weights
+from inventory_svc.store_port import Store
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +49,10 @@ def check_node_address(address: str) -> None:
         raise errors.InvalidArgument(f"address {address!r} is not 'host:port'; pass the worker's gRPC address")
 
 
-DEFAULT_RESERVATION_TTL_S = 300.0  # a lease asked for with ttl_seconds 0 (ReserveDevices, RenewReservations)
-MAX_RESERVATION_TTL_S = 24 * 3600.0  # the longest lease one call may ask for
 MAX_RENEWED_IDS = 10_000  # device ids one RenewReservations may name
 POLL_WORKERS = 32
 MAX_SCORED_IDS = 10_000  # device ids one ScoreDevices may name
 
-# A replica's leases on its nodes, and its liveness, last this many poll intervals. The bound to
-# keep: a replica that dies must have its nodes polled by another within two intervals of its
-# last poll. A replica renews only in its poll cycles (every interval, on the poller's grid), and
-# its last cycle's claim comes before its last polls; so its leases lapse LEASE_PER_INTERVAL after
-# its last poll at the latest. Every other replica checks for lapsed leases CLAIMS_PER_INTERVAL
-# times an interval and polls what it takes at once: the nodes are polled again within
-# LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL = 1.75 intervals, leaving a quarter interval for
-# that poll and for clock skew between replicas. A live replica loses nothing unless a poll cycle
-# starts half an interval late. A lease of one interval or less would lapse between renewals.
-LEASE_PER_INTERVAL = 1.5
-TAKEOVER_INTERVALS = LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL  # the bound above, in intervals
 DEFAULT_POLL_INTERVAL_S = 5.0
 # A lost node is removed once it has not answered for this long (config forget_lost_after_s): an
 # hour rides out a reboot, a maintenance window or a partition, and still keeps the nodes of
@@ -276,8 +264,10 @@ class Inventory:
                  last_known: Callable[[str], DeviceRecord | None] = lambda device_id: None) -> None:
         """Tell the watchers; a removed device's event carries ``last_known(id)``, its rows being gone."""
         if changes:
-            self.hub.publish([ev.DeviceEvent(kind, device_id, now, last_known(device_id) if kind == ev.REMOVED else None)
-                              for kind, device_id in changes])
+            self.hub.publish([
+                ev.DeviceEvent(kind, device_id, now, last_known(device_id) if kind == ev.REMOVED else None)
+                for kind, device_id in changes
+            ])
 
     def follow(self) -> int:
         """Apply what other replicas committed since the last call to the device index, and tell
@@ -381,46 +371,3 @@ class Inventory:
 def _ended(removed: RemovedNode) -> str:
     """For the log: the jobs whose reservations a removal ended."""
     return f", ending the reservations of {sorted({r.job_id for r in removed.released})}" if removed.released else ""
-
-
-def lease_seconds(ttl_s: float) -> float:
-    """The lease a request's ttl_seconds asks for: 0 means the default, the rest 1..MAX."""
-    ttl_s = ttl_s or DEFAULT_RESERVATION_TTL_S
-    if not 0 < ttl_s <= MAX_RESERVATION_TTL_S:
-        raise errors.InvalidArgument(f"ttl_seconds must be within 1..{int(MAX_RESERVATION_TTL_S)}, got {ttl_s:g}; "
-                                     "use 0 for the default", field="ttl_seconds")
-    return ttl_s
-
-
-def explain_weights(profile: TaskProfile, weights: Weights) -> str:
-    chosen = f"compute {weights.compute:.2f}, memory {weights.memory:.2f}, bandwidth {weights.bandwidth:.2f}"
-    if profile.weights is not None:
-        return f"explicit weights from the request, normalised: {chosen}"
-    return (
-        f"derived for {profile.kind} at {profile.precision}: compute = I/(I+B) with arithmetic intensity I "
-        f"against the candidates' median balance point B; {chosen}"
-    )
-
-
-def encode_page_token(after_id: str, filter_text: str) -> str:
-    payload = {"after": after_id, "filter": _digest(filter_text)}
-    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
-
-
-def decode_page_token(token: str, filter_text: str) -> str:
-    if not token:
-        return ""
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(token.encode()))
-        after, digest = payload["after"], payload["filter"]
-    except (ValueError, KeyError, TypeError):
-        raise errors.InvalidArgument("page_token is not a token this service issued; omit it to start over") from None
-    if digest != _digest(filter_text):
-        raise errors.InvalidArgument("page_token was issued for a different filter; repeat the same filter or start over")
-    if not isinstance(after, str):  # crafted: the tokens this service issues name the last id of a page
-        raise errors.InvalidArgument("page_token is not a token this service issued; omit it to start over")
-    return after
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

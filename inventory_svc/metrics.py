@@ -37,7 +37,8 @@ class InventoryMetrics:
         metrics.gauge("accelmesh_reservations", "Live device reservations, over every job",
                       lambda: [(len(inventory.reservations()), {})])
         self._poll = metrics.meter.create_histogram(
-            "accelmesh_inventory_poll_cycle_seconds", description="Seconds one poll cycle over this replica's nodes took",
+            "accelmesh_inventory_poll_cycle_seconds",
+            description="Seconds one poll cycle over this replica's nodes took",
             explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S)
 
     def _devices(self):

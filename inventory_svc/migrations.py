@@ -99,7 +99,8 @@ def adopt_legacy_file(connection: Connection) -> bool:
         # Written by a build whose chain went further than the one that ended here.
         raise FailedPrecondition(
             f"database is at hand-written schema version {found} but this build of accelmesh only adopts "
-            f"versions up to {LATEST_VERSION}; run the accelmesh that wrote it or point the inventory at another database"
+            f"versions up to {LATEST_VERSION}; run the accelmesh that wrote it or point the inventory at another "
+            "database"
         )
     for version, statements in MIGRATIONS:
         if found < version:

@@ -39,7 +39,8 @@ class NodeClient:
             # A channel that failed sits in reconnect backoff (up to minutes); a fresh one lets the
             # next poll see a restarted node at once.
             self.forget(address)
-            raise errors.Unavailable(f"node {address} did not answer DescribeNode: {exc.code().name}: {exc.details()}") from None
+            raise errors.Unavailable(
+                f"node {address} did not answer DescribeNode: {exc.code().name}: {exc.details()}") from None
         try:
             return parse_description(response)
         except errors.InvalidArgument as exc:
@@ -65,4 +66,5 @@ def parse_description(response: worker_service_pb2.DescribeNodeResponse) -> Node
             samples.append(sample)
     if len({s.id for s in specs}) != len(specs):
         raise errors.InvalidArgument("device ids repeat")
-    return NodeDescription(ip=response.node_ip, hostname=response.hostname, devices=tuple(specs), samples=tuple(samples))
+    return NodeDescription(ip=response.node_ip, hostname=response.hostname, devices=tuple(specs),
+                           samples=tuple(samples))

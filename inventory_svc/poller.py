@@ -13,8 +13,20 @@ log = logging.getLogger(__name__)
 
 # Claims per poll interval: one poll cycle (renewing this replica's leases) and, between cycles,
 # checks for lapsed leases to take over. How soon a dead replica's nodes are polled again depends
-# on it: see LEASE_PER_INTERVAL in inventory.py.
+# on it: see LEASE_PER_INTERVAL below.
 CLAIMS_PER_INTERVAL = 4
+
+# A replica's leases on its nodes, and its liveness, last this many poll intervals. The bound to
+# keep: a replica that dies must have its nodes polled by another within two intervals of its
+# last poll. A replica renews only in its poll cycles (every interval, on the poller's grid), and
+# its last cycle's claim comes before its last polls; so its leases lapse LEASE_PER_INTERVAL after
+# its last poll at the latest. Every other replica checks for lapsed leases CLAIMS_PER_INTERVAL
+# times an interval and polls what it takes at once: the nodes are polled again within
+# LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL = 1.75 intervals, leaving a quarter interval for
+# that poll and for clock skew between replicas. A live replica loses nothing unless a poll cycle
+# starts half an interval late. A lease of one interval or less would lapse between renewals.
+LEASE_PER_INTERVAL = 1.5
+TAKEOVER_INTERVALS = LEASE_PER_INTERVAL + 1 / CLAIMS_PER_INTERVAL  # the bound above, in intervals
 
 
 class Poller:
@@ -62,5 +74,5 @@ class Poller:
     def _call(fn: Callable[[], object], what: str) -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001 - the loop must outlive a bug in one cycle
+        except Exception:
             log.exception("%s failed", what)

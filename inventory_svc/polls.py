@@ -1,11 +1,12 @@
 """What a node's report writes, inside the store's transaction: each device it reports added,
 updated or recovered (one id reported by two live nodes is refused), its status samples stored
-and pruned to the newest few; the lookup of the registered node every node write starts from;
-and which inventory replica polls which node (``claim_nodes``: leases on the node rows, fair
-shares counted from the replicas' heartbeats). Kept apart from ``store.py`` as
-``reservations.py`` is: the store holds the transactions, these the rules applied within them.
-The statements go out in batches (one SELECT for all the reported devices, one executemany per
-kind of write) because a poll cycle writes every node.
+and pruned to the newest few; the lookup of the registered node every node write starts from; a
+report or a missed poll written whole, with its change to the feed (``record_report``,
+``record_miss``); and which inventory replica polls which node (``claim_nodes``: leases on the
+node rows, fair shares counted from the replicas' heartbeats). Kept apart from ``store.py`` as
+``reservations.py`` and ``removal.py`` are: the store holds the transactions, these the rules
+applied within them. The statements go out in batches (one SELECT for all the reported devices,
+one executemany per kind of write) because a poll cycle writes every node.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from accelmesh.errors import FailedPrecondition, NotFound
-from accelmesh.hardware.model import DeviceSample, DeviceSpec
-from inventory_svc.records import DeviceChange, NodeRecord
+from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription
 from accelmesh.runtime.database import upsert
+from inventory_svc.changes import Change, write_change
+from inventory_svc.records import DeviceChange, NodeRecord
 from inventory_svc.rows import NODE_BY_ADDRESS, NODE_SELECT, SPEC_COLUMNS, spec_values
 from inventory_svc.tables import devices, inventory_replicas, nodes, status_samples
 
@@ -72,7 +74,8 @@ def upsert_devices(conn: Connection, address: str, specs: Sequence[DeviceSpec], 
                     f"or give this worker its own IP with --advertise-ip"
                 )
         if tuple(row[: len(SPEC_COLUMNS)]) != values or owner != address:
-            updates.append({**{"v_" + c: v for c, v in zip(SPEC_COLUMNS, values)}, "b_id": spec.id, "b_address": address, "b_now": now})
+            updates.append({**{"v_" + c: v for c, v in zip(SPEC_COLUMNS, values)},
+                            "b_id": spec.id, "b_address": address, "b_now": now})
             changes.append(DeviceChange("updated", spec.id))
         if health != "healthy":
             recoveries.append({"b_id": spec.id, "b_now": now})
@@ -116,11 +119,79 @@ def prune_samples(conn: Connection, device_ids: Sequence[str], *, cutoff: float,
         conn.execute(_PRUNE, [{"b_device": d, "b_cutoff": cutoff, "b_keep": keep - 1} for d in device_ids])
 
 
+# -- a report or a missed poll, whole ----------------------------------------------------------
+
+_HEALTHY_ON_NODE = (
+    sa.select(devices.c.id)
+    .where(devices.c.node_address == sa.bindparam("address"), devices.c.health == "healthy")
+    .order_by(devices.c.id)
+)
+_NODE_SEEN = sa.update(nodes).where(nodes.c.address == sa.bindparam("b_address")).values(
+    ip=sa.bindparam("b_ip"), hostname=sa.bindparam("b_hostname"), state="active",
+    last_seen_at=sa.bindparam("b_now"), missed_polls=0, last_error="",
+)
+_MARK_LOST = (
+    sa.update(devices).where(devices.c.id.in_(sa.bindparam("b_ids", expanding=True)))
+    .values(health="lost", updated_at=sa.bindparam("b_now"))
+)
+
+
+def record_report(
+    conn: Connection, writer: str, address: str, description: NodeDescription, now: float, *,
+    retention_s: float, keep: int,
+) -> tuple[list[DeviceChange], Change]:
+    """Write what node ``address`` reported and the change to the feed (as ``writer``): the node
+    seen, its devices upserted, those it no longer reports lost, its samples stored and pruned to
+    ``retention_s`` and the newest ``keep``. The device changes, and the feed's change."""
+    node_record(conn, address)
+    conn.execute(_NODE_SEEN, {"b_address": address, "b_ip": description.ip,
+                              "b_hostname": description.hostname, "b_now": now})
+    reported = {spec.id for spec in description.devices}
+    changes = upsert_devices(conn, address, description.devices, now)
+    gone = [device for (device,) in conn.execute(_HEALTHY_ON_NODE, {"address": address})
+            if device not in reported]
+    if gone:
+        conn.execute(_MARK_LOST, {"b_ids": gone, "b_now": now})
+        changes.extend(DeviceChange("lost", device) for device in gone)
+    # A sample for an unreported device has no row to belong to.
+    samples = [s for s in description.samples if s.device_id in reported]
+    store_samples(conn, samples)
+    prune_samples(conn, sorted({s.device_id for s in samples}), cutoff=now - retention_s, keep=keep)
+    change = Change(writer, now, tuple(changes), tuple(samples))
+    write_change(conn, change)
+    return changes, change
+
+
+def record_miss(
+    conn: Connection, writer: str, address: str, error: str, now: float, lost_after: int,
+) -> tuple[list[str], Change]:
+    """Count a missed poll of node ``address``; at the ``lost_after``-th in a row the node and its
+    healthy devices become lost, and the change goes to the feed. The devices lost, and the change."""
+    node_record(conn, address)
+    missed = conn.execute(
+        sa.update(nodes).where(nodes.c.address == address)
+        .values(missed_polls=nodes.c.missed_polls + 1, last_error=error).returning(nodes.c.missed_polls)
+    ).scalar_one()
+    if missed < lost_after:
+        return [], Change(writer, now)
+    conn.execute(sa.update(nodes).where(nodes.c.address == address).values(state="lost"))
+    lost = list(conn.execute(_HEALTHY_ON_NODE, {"address": address}).scalars())
+    conn.execute(
+        sa.update(devices).where(devices.c.node_address == address, devices.c.health == "healthy")
+        .values(health="lost", updated_at=now)
+    )
+    change = Change(writer, now, tuple(DeviceChange("lost", device) for device in lost))
+    write_change(conn, change)
+    return lost, change
+
+
 # -- who polls which node ----------------------------------------------------------------------
 
 _node, _live = nodes.c, inventory_replicas.c
 _HELD = nodes.c.poller == sa.bindparam("b_replica")
-_LAPSED = sa.or_(_node.poller.is_(None), _node.poll_lease_until.is_(None), _node.poll_lease_until <= sa.bindparam("b_now"))
+_LAPSED = sa.or_(
+    _node.poller.is_(None), _node.poll_lease_until.is_(None), _node.poll_lease_until <= sa.bindparam("b_now"),
+)
 
 
 def _replica_update(new: sa.ColumnCollection) -> dict:
@@ -181,7 +252,9 @@ def claim_nodes(conn: Connection, replica: str, now: float, lease_s: float, rene
             .limit(share - len(held)).with_for_update(skip_locked=True), params,
         ).scalars())
         if taken:
-            conn.execute(sa.update(nodes).where(_node.address.in_(taken)).values(poller=replica, poll_lease_until=until))
+            conn.execute(
+                sa.update(nodes).where(_node.address.in_(taken)).values(poller=replica, poll_lease_until=until)
+            )
             held += taken
     if not held:
         return []

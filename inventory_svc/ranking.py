@@ -46,9 +46,11 @@ class Codes:
 class Columns:
     """One slot per device: what filtering and scoring read, as numpy arrays grown by doubling."""
 
-    _KINDS: ClassVar[dict[str, type]] = {"live": bool, "healthy": bool, "emulated": bool, "platform": np.int32, "type": np.int32,
-              "kind": np.int32, "node": np.int32, "caps": np.int32, "perf": np.int32, "total": np.int64,
-              "used": np.int64, "utilization": np.float64}
+    _KINDS: ClassVar[dict[str, type]] = {
+        "live": bool, "healthy": bool, "emulated": bool, "platform": np.int32, "type": np.int32,
+        "kind": np.int32, "node": np.int32, "caps": np.int32, "perf": np.int32, "total": np.int64,
+        "used": np.int64, "utilization": np.float64,
+    }
 
     def __init__(self) -> None:
         self.size = 0

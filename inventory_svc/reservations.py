@@ -1,7 +1,8 @@
 """Reservations: the rule that a job may claim only memory no other job holds, applied inside the
 store's transaction so that two jobs claiming the same bytes cannot both succeed, even from two
-inventory replicas on one PostgreSQL database (requirements B5); and the renewal of a job's leases,
-which extends what it holds and never claims anything anew.
+inventory replicas on one PostgreSQL database (requirements B5); the renewal of a job's leases,
+which extends what it holds and never claims anything anew; and the lease a request may ask for
+(``lease_seconds``), checked before any transaction begins.
 """
 
 from __future__ import annotations
@@ -14,12 +15,24 @@ from sqlalchemy.engine import Connection
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, quoted
 from accelmesh.hardware.model import free_memory_bytes
-from inventory_svc.records import Reservation
 from accelmesh.runtime.database import upsert
+from inventory_svc.records import Reservation
 from inventory_svc.rows import DEVICE_BY_ID, RESERVATION_COLUMNS, device_record
 from inventory_svc.tables import devices, reservations
 
 _r = reservations.c
+
+DEFAULT_RESERVATION_TTL_S = 300.0  # a lease asked for with ttl_seconds 0 (ReserveDevices, RenewReservations)
+MAX_RESERVATION_TTL_S = 24 * 3600.0  # the longest lease one call may ask for
+
+
+def lease_seconds(ttl_s: float) -> float:
+    """The lease a request's ttl_seconds asks for: 0 means the default, the rest 1..MAX."""
+    ttl_s = ttl_s or DEFAULT_RESERVATION_TTL_S
+    if not 0 < ttl_s <= MAX_RESERVATION_TTL_S:
+        raise InvalidArgument(f"ttl_seconds must be within 1..{int(MAX_RESERVATION_TTL_S)}, got {ttl_s:g}; "
+                              "use 0 for the default", field="ttl_seconds")
+    return ttl_s
 
 
 def check_claims(job_id: str, claims: Sequence[tuple[str, int, float]], ttl_s: float) -> None:

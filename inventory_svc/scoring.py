@@ -118,3 +118,14 @@ def score_devices(
               for record, status, (score, components) in zip(records, statuses, combine(statuses, weights))]
     scored.sort(key=lambda item: (-item.score, item.record.id))
     return scored[:limit] if limit else scored
+
+
+def explain_weights(profile: TaskProfile, weights: Weights) -> str:
+    """ScoreDevices' account of the weights it ranked by: the request's own, or the rule above."""
+    chosen = f"compute {weights.compute:.2f}, memory {weights.memory:.2f}, bandwidth {weights.bandwidth:.2f}"
+    if profile.weights is not None:
+        return f"explicit weights from the request, normalised: {chosen}"
+    return (
+        f"derived for {profile.kind} at {profile.precision}: compute = I/(I+B) with arithmetic intensity I "
+        f"against the candidates' median balance point B; {chosen}"
+    )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
-from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime import database
 from accelmesh.runtime.metrics import Metrics
 from accelmesh.runtime.periodic import Periodic
+from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
@@ -36,7 +36,9 @@ ACCESS: Access = {
 }
 
 
-def build_inventory(config: InventoryConfig, *, tracer_provider=None, start_poller: bool = True) -> tuple[MeshServer, Inventory]:
+def build_inventory(
+    config: InventoryConfig, *, tracer_provider=None, start_poller: bool = True,
+) -> tuple[MeshServer, Inventory]:
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-inventory")
     # A database that cannot be opened raises FailedPrecondition naming it (password left out),

@@ -1,14 +1,17 @@
 """The inventory database: nodes, their devices, status samples and reservations (requirements A1, A2, B1, B5).
 
-``Store`` is the narrow interface the servicer, poller and planner use; ``SqlStore`` is its one
-implementation, on SQLite (a file, the embedded default) or PostgreSQL (shared by replicas),
-applying within its transactions the rules of ``reservations.py`` (what a job may claim) and
-``polls.py`` (what a node's report writes, and which replica polls which node). Every write that
-changes a device also adds its ``Change`` to the feed (``changes.py``) in the same transaction, and
-hands it to the store's listeners once committed (this replica's device index); the other
+``Store`` (``store_port.py``) is the narrow interface the servicer, poller and planner use;
+``SqlStore`` is its one implementation, on SQLite (a file, the embedded default) or PostgreSQL
+(shared by replicas), applying within its transactions the rules of ``reservations.py`` (what a job may claim),
+``polls.py`` (what a node's report writes, and which replica polls which node), ``removal.py``
+(what removing a node deletes, and when it is refused) and ``paging.py`` (a page of devices); a
+database is brought to this build's schema at open (``schema``, Alembic). Every write that
+changes a device also adds its ``Change`` to the feed (``changes.py``) in the same transaction,
+and hands it to the store's listeners once committed (this replica's device index); the other
 replicas read it from the feed. Everything crossing the interface is a plain dataclass, and
-every method that depends on the clock takes ``now`` so callers (and tests) decide what time it is. The engine plumbing (pool, timeouts, retries of serialisation failures,
-a lost database answering UNAVAILABLE) is ``accelmesh.runtime.database``'s.
+every method that depends on the clock takes ``now`` so callers (and tests) decide what time it
+is. The engine plumbing (pool, timeouts, retries of serialisation failures, a lost database
+answering UNAVAILABLE) is ``accelmesh.runtime.database``'s.
 """
 
 from __future__ import annotations
@@ -20,112 +23,45 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, quoted
+from accelmesh.errors import InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample, NodeDescription
-from accelmesh.runtime.database import connected, is_postgres, migrate, open_engine, redacted, transaction, upsert
+from accelmesh.runtime.database import connected, is_postgres, open_engine, transaction, upsert
+from inventory_svc import schema
 from inventory_svc.changes import Change, horizon, prune_changes, read_changes, write_change
 from inventory_svc.filtering import DeviceFilter
-from inventory_svc.polls import (
-    claim_nodes, heartbeat, node_record, prune_samples, release_nodes, store_samples, upsert_devices,
-)
+from inventory_svc.paging import DEFAULT_PAGE_SIZE, device_page
+from inventory_svc.polls import claim_nodes, heartbeat, node_record, record_miss, record_report, release_nodes
 from inventory_svc.records import DeviceChange, DeviceRecord, NodeRecord, RemovedNode, Reservation
+from inventory_svc.removal import lost_since, remove_node
 from inventory_svc.reservations import check_claims, check_ttl, lock_devices, renew_leases, reserve_one
 from inventory_svc.rows import (
-    DEVICE_BY_ID, DEVICES_BY_IDS, NODE_SELECT, RESERVATION_COLUMNS, SAMPLE_COLUMNS, device_record,
-    pushdown, sample,
+    DEVICE_BY_ID,
+    DEVICES_BY_IDS,
+    NODE_SELECT,
+    RESERVATION_COLUMNS,
+    SAMPLE_COLUMNS,
+    device_record,
+    sample,
 )
-from inventory_svc.tables import devices, nodes, reservations, status_samples
+from inventory_svc.store_port import Listener
+from inventory_svc.tables import nodes, reservations, status_samples
 
 MAX_SAMPLES_PER_DEVICE = 720  # one hour at a 5 s poll interval
 SAMPLE_RETENTION_S = 3600.0
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
-SCHEMA = Path(__file__).resolve().parent / "schema"  # the Alembic script directory
-VERSION_TABLE = "inventory_alembic_version"
 T = TypeVar("T")
-Listener = Callable[[Change], None]
 
 log = logging.getLogger(__name__)
 
 _SAMPLES = sa.select(*(status_samples.c[c] for c in SAMPLE_COLUMNS))
-_HEALTHY_ON_NODE = (
-    sa.select(devices.c.id)
-    .where(devices.c.node_address == sa.bindparam("address"), devices.c.health == "healthy")
-    .order_by(devices.c.id)
-)
-_NODE_SEEN = sa.update(nodes).where(nodes.c.address == sa.bindparam("b_address")).values(
-    ip=sa.bindparam("b_ip"), hostname=sa.bindparam("b_hostname"), state="active",
-    last_seen_at=sa.bindparam("b_now"), missed_polls=0, last_error="",
-)
-_DEVICES_OF_NODE = (
-    sa.select(devices.c.id).where(devices.c.node_address == sa.bindparam("address")).order_by(devices.c.id)
-)
-_LIVE_ON = (
-    sa.select(*RESERVATION_COLUMNS)
-    .where(reservations.c.device_id.in_(sa.bindparam("ids", expanding=True)), reservations.c.expires_at > sa.bindparam("now"))
-    .order_by(reservations.c.job_id, reservations.c.device_id)
-)
-# A node is forgotten from its last answer (registration, if it never answered): the polls missed
-# before it was declared lost count, a few poll intervals against a limit of an hour by default.
-_LOST_SINCE = (
-    sa.select(nodes.c.address)
-    .where(nodes.c.state == "lost", sa.func.coalesce(nodes.c.last_seen_at, nodes.c.registered_at) < sa.bindparam("before"))
-    .order_by(nodes.c.address)
-)
-_MARK_LOST = (
-    sa.update(devices).where(devices.c.id.in_(sa.bindparam("b_ids", expanding=True)))
-    .values(health="lost", updated_at=sa.bindparam("b_now"))
-)
 
 
 def _node_update(new: sa.ColumnCollection) -> dict:
     return {"ip": new.ip, "hostname": new.hostname}  # a re-registration keeps registered_at and the poll counts
-
-
-class Store(Protocol):
-    def upsert_node(self, address: str, ip: str, hostname: str, now: float) -> NodeRecord: ...
-    def get_node(self, address: str) -> NodeRecord: ...
-    def list_nodes(self) -> list[NodeRecord]: ...
-    def record_poll_success(self, address: str, description: NodeDescription, now: float) -> list[DeviceChange]: ...
-    def record_poll_failure(self, address: str, error: str, now: float, lost_after: int) -> list[str]: ...
-    def remove_node(self, address: str, now: float, force: bool = False) -> RemovedNode: ...
-    def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]: ...
-    def heartbeat(self, replica: str, now: float, lease_s: float) -> None: ...
-    def claim_nodes(self, replica: str, now: float, lease_s: float, renew: bool = True) -> list[NodeRecord]: ...
-    def release_nodes(self, replica: str) -> int: ...
-    def get_device(self, device_id: str, now: float | None = None) -> DeviceRecord: ...
-    def list_devices(
-        self, filter: DeviceFilter | None = None, page_size: int = DEFAULT_PAGE_SIZE, after_id: str = "",
-        now: float | None = None,
-    ) -> tuple[list[DeviceRecord], str]: ...
-    def latest_sample(self, device_id: str) -> DeviceSample | None: ...
-    def samples(self, device_id: str, since: float | None = None) -> list[DeviceSample]: ...
-    def reserve(
-        self, job_id: str, device_id: str, memory_bytes: int, compute_fraction: float, ttl_s: float, now: float
-    ) -> Reservation: ...
-    def reserve_many(
-        self, job_id: str, claims: Sequence[tuple[str, int, float]], ttl_s: float, now: float
-    ) -> list[Reservation]: ...
-    def renew(
-        self, job_id: str, device_ids: Sequence[str] | None, ttl_s: float, now: float
-    ) -> list[Reservation]: ...
-    def release(self, job_id: str, device_ids: Sequence[str] | None = None) -> int: ...
-    def reservations(
-        self, device_id: str | None = None, job_id: str | None = None, now: float | None = None
-    ) -> list[Reservation]: ...
-    def expire_reservations(self, now: float) -> int: ...
-    def add_listener(self, listener: Listener) -> None: ...
-    def change_cursor(self) -> int: ...
-    def read_changes(self, cursor: int) -> tuple[list[Change], int]: ...
-    def prune_changes(self, before: float) -> int: ...
-    def device_records(self, device_ids: Sequence[str]) -> list[DeviceRecord]: ...
-    def reservations_on(self, device_ids: Sequence[str] | None) -> list[Reservation]: ...
-    def close(self) -> None: ...
 
 
 class SqlStore:
@@ -153,7 +89,7 @@ class SqlStore:
         self.writer = uuid.uuid4().hex
         self._listeners: list[Listener] = []
         try:
-            self.schema_version = _migrate(self._engine)
+            self.schema_version = schema.migrate(self._engine)
         except BaseException:
             self._engine.dispose()
             raise
@@ -180,7 +116,7 @@ class SqlStore:
             for listener in list(self._listeners):
                 try:
                     listener(change)
-                except Exception:  # noqa: BLE001 - a listener's bug must not undo a committed write
+                except Exception:  # a listener's bug must not undo a committed write
                     log.exception("a listener of the inventory's changes failed")
         return result
 
@@ -215,24 +151,8 @@ class SqlStore:
         """Store what a node reported; return what changed. Devices it no longer reports become lost."""
 
         def work(conn: Connection) -> tuple[list[DeviceChange], Change]:
-            node_record(conn, address)
-            conn.execute(_NODE_SEEN, {"b_address": address, "b_ip": description.ip,
-                                      "b_hostname": description.hostname, "b_now": now})
-            reported = {spec.id for spec in description.devices}
-            changes = upsert_devices(conn, address, description.devices, now)
-            gone = [device for (device,) in conn.execute(_HEALTHY_ON_NODE, {"address": address})
-                    if device not in reported]
-            if gone:
-                conn.execute(_MARK_LOST, {"b_ids": gone, "b_now": now})
-                changes.extend(DeviceChange("lost", device) for device in gone)
-            # A sample for an unreported device has no row to belong to.
-            samples = [s for s in description.samples if s.device_id in reported]
-            store_samples(conn, samples)
-            prune_samples(conn, sorted({s.device_id for s in samples}),
-                          cutoff=now - self._retention_s, keep=self._max_samples)
-            change = Change(self.writer, now, tuple(changes), tuple(samples))
-            write_change(conn, change)
-            return changes, change
+            return record_report(conn, self.writer, address, description, now,
+                                 retention_s=self._retention_s, keep=self._max_samples)
 
         return self._write_change(work)
 
@@ -241,25 +161,7 @@ class SqlStore:
         if lost_after < 1:
             raise InvalidArgument(f"lost_after must be >= 1, got {lost_after}")
 
-        def work(conn: Connection) -> tuple[list[str], Change]:
-            node_record(conn, address)
-            missed = conn.execute(
-                sa.update(nodes).where(nodes.c.address == address)
-                .values(missed_polls=nodes.c.missed_polls + 1, last_error=error).returning(nodes.c.missed_polls)
-            ).scalar_one()
-            if missed < lost_after:
-                return [], Change(self.writer, now)
-            conn.execute(sa.update(nodes).where(nodes.c.address == address).values(state="lost"))
-            lost = list(conn.execute(_HEALTHY_ON_NODE, {"address": address}).scalars())
-            conn.execute(
-                sa.update(devices).where(devices.c.node_address == address, devices.c.health == "healthy")
-                .values(health="lost", updated_at=now)
-            )
-            change = Change(self.writer, now, tuple(DeviceChange("lost", device) for device in lost))
-            write_change(conn, change)
-            return lost, change
-
-        return self._write_change(work)
+        return self._write_change(lambda conn: record_miss(conn, self.writer, address, error, now, lost_after))
 
     def remove_node(self, address: str, now: float, force: bool = False) -> RemovedNode:
         """Delete a node with its devices, their samples and reservations; the feed says each
@@ -268,7 +170,7 @@ class SqlStore:
         if not address:
             raise InvalidArgument("address must not be empty; name the node as ListNodes shows it (host:port)",
                                   field="address")
-        return self._write_change(lambda conn: self._remove_node(conn, address, now, force))
+        return self._write_change(lambda conn: remove_node(conn, self.writer, address, now, force))
 
     def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]:
         """Remove, as ``remove_node(force=True)``, every lost node that has not answered a poll
@@ -278,46 +180,14 @@ class SqlStore:
         row lock: a node that answered meanwhile stays, and replicas forgetting at once each
         remove a node at most once (the others find it gone)."""
         with self._read() as conn:
-            candidates = list(conn.execute(_LOST_SINCE, {"before": silent_since}).scalars())
+            candidates = lost_since(conn, silent_since)
         forgotten = []
         for address in candidates:
             removed = self._write_change(
-                lambda conn, address=address: self._remove_node(conn, address, now, True, silent_since))
+                lambda conn, address=address: remove_node(conn, self.writer, address, now, True, silent_since))
             if removed is not None:
                 forgotten.append(removed)
         return forgotten
-
-    def _remove_node(
-        self, conn: Connection, address: str, now: float, force: bool, silent_since: float | None = None,
-    ) -> tuple[RemovedNode | None, Change]:
-        # Locked first, as a poll's writes lock it first (then its devices): the orders agree.
-        row = conn.execute(NODE_SELECT.where(nodes.c.address == address).with_for_update()).first()
-        if row is None:
-            if silent_since is not None:
-                return None, Change(self.writer, now)
-            raise NotFound(f"address: node {quoted(address)} is not registered; list the nodes with `accelmesh nodes "
-                           "list` (ListNodes) and name one by its address as shown there", field="address")
-        node = NodeRecord(*row)
-        if silent_since is not None and not _silent_since(node, silent_since):
-            return None, Change(self.writer, now)
-        ids = list(conn.execute(_DEVICES_OF_NODE, {"address": address}).scalars())
-        lock_devices(conn, ids)  # a claim on one of them waits, then finds the device gone
-        records = sorted((device_record(r) for r in conn.execute(DEVICES_BY_IDS, {"ids": ids, "now": now})),
-                         key=lambda record: record.id)
-        live = [Reservation(*r) for r in conn.execute(_LIVE_ON, {"ids": ids, "now": now})]
-        if live and not force:
-            jobs = sorted({r.job_id for r in live})
-            raise FailedPrecondition(
-                f"node {quoted(address)} has devices reserved by job(s) {', '.join(jobs)}; wait for them to end or "
-                "cancel them, or remove the node anyway with force (`accelmesh nodes remove --force`), which ends "
-                "their reservations", field="force")
-        for table in (reservations, status_samples):
-            conn.execute(sa.delete(table).where(table.c.device_id.in_(ids)))
-        conn.execute(sa.delete(devices).where(devices.c.node_address == address))
-        conn.execute(sa.delete(nodes).where(nodes.c.address == address))
-        change = Change(self.writer, now, tuple(DeviceChange("removed", device) for device in ids))
-        write_change(conn, change)
-        return RemovedNode(node, tuple(records), tuple(live)), change
 
     # -- which replica polls which node ----------------------------------------------------
 
@@ -353,32 +223,8 @@ class SqlStore:
         now: float | None = None,
     ) -> tuple[list[DeviceRecord], str]:
         """One page ordered by id, starting after ``after_id``; the second value is the next ``after_id`` or ""."""
-        if page_size < 0:
-            raise InvalidArgument(f"page_size must be >= 0 (0 means {DEFAULT_PAGE_SIZE}), got {page_size}")
-        page_size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        flt = filter or DeviceFilter()
-        batch = page_size + 1  # one extra row tells whether another page follows
-        query, params = pushdown(flt)
-        found: list[DeviceRecord] = []
-        cursor = after_id or ""
         with self._read() as conn:
-            if is_postgres(self._engine):  # one snapshot across batches, as SQLite's read transaction gives
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            while len(found) <= page_size:
-                rows = conn.execute(query, {**params, "now": _now(now), "limit": batch, "after": cursor}).all()
-                for row in rows:
-                    # SQL narrows the rows; matches() stays the one definition of the filter.
-                    record = device_record(row)
-                    if flt.matches(record):
-                        found.append(record)
-                        if len(found) > page_size:
-                            break
-                if len(rows) < batch:
-                    break
-                cursor = rows[-1][0]
-        if len(found) > page_size:
-            return found[:page_size], found[page_size - 1].id
-        return found, ""
+            return device_page(conn, filter or DeviceFilter(), page_size, after_id, _now(now))
 
     def latest_sample(self, device_id: str) -> DeviceSample | None:
         query = _SAMPLES.where(status_samples.c.device_id == device_id).order_by(status_samples.c.ts.desc()).limit(1)
@@ -503,39 +349,6 @@ class SqlStore:
             query = query.where(reservations.c.device_id.in_(list(device_ids)))
         with self._read() as conn:
             return [Reservation(*row) for row in conn.execute(query)]
-
-def _migrate(engine: Engine) -> str:
-    """Alembic to head; a database this build cannot bring there is refused, naming it and the fix."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-    from alembic.util.exc import CommandError
-
-    where = redacted(engine.url)
-    try:
-        return migrate(engine, SCHEMA, version_table=VERSION_TABLE)
-    except CommandError:
-        # An unknown revision in the version table: written by a newer build, whose schema an
-        # older one must not write into.
-        with engine.connect() as conn:
-            found = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
-        head = ScriptDirectory(str(SCHEMA)).get_current_head()
-        raise FailedPrecondition(
-            f"database {where} is at schema revision {found!r}, which this build of accelmesh does not know "
-            f"(it knows up to {head}); run a newer accelmesh or point the inventory at another database"
-        ) from None
-    except FailedPrecondition as exc:
-        raise FailedPrecondition(f"{where}: {exc}") from None
-    except sa.exc.SQLAlchemyError as exc:
-        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
-        raise FailedPrecondition(
-            f"database {where} cannot be opened ({reason}); point the inventory at a database it may write"
-        ) from None
-
-
-def _silent_since(node: NodeRecord, since: float) -> bool:
-    """``_LOST_SINCE`` for one node already read."""
-    heard = node.registered_at if node.last_seen_at is None else node.last_seen_at
-    return node.state == "lost" and heard < since
 
 
 def _check_lease(replica: str, lease_s: float) -> None:

@@ -25,8 +25,8 @@ from accelmesh import errors
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.runtime.channels import ChannelPool
-from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
+from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
@@ -80,7 +80,7 @@ class ArtifactStore:
         if owner:
             try:
                 pending.set_result(self._download(key, digest))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - every joiner, and this call below, re-raises it
                 pending.set_exception(exc)
             finally:
                 with self._lock:
@@ -108,8 +108,9 @@ class ArtifactStore:
         if data is not None:
             return FetchedArtifact(data, cached=True)
         if not self.compile_address:
-            raise errors.FailedPrecondition(f"artifact {key} is not cached on this worker and the worker has no compile "
-                                            "service to fetch it from: start it with --compile (ACCELMESH_COMPILE)")
+            raise errors.FailedPrecondition(
+                f"artifact {key} is not cached on this worker and the worker has no compile service to fetch it "
+                "from: start it with --compile (ACCELMESH_COMPILE)")
         stub = compile_service_pb2_grpc.CompileServiceStub(self._channels.get(self.compile_address))
         request = compile_pb.FetchArtifactRequest(key=key, chunk_bytes=self._chunk_bytes)
         pieces, announced = [], None
@@ -119,7 +120,8 @@ class ArtifactStore:
                     announced = part.digest
                 pieces.append(part.chunk)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"fetching artifact {key} from the compile service at {self.compile_address}") from None
+            raise error_from_rpc(
+                exc, f"fetching artifact {key} from the compile service at {self.compile_address}") from None
         data = b"".join(pieces)
         actual = sha256_hex(data)
         _verify(key, actual, announced or "", "the compile service")

@@ -14,7 +14,6 @@ from accelmesh.security.config import Security, add_security_arguments, security
 from accelmesh.security.identity import Role
 from worker_svc.held_tensors import MAX_HELD_TENSORS
 
-
 # Read by CUDA and JAX at their start (the worker sets them before importing jax); an operator's
 # own values win.
 GPU_ENVIRONMENT = {
@@ -33,7 +32,8 @@ class WorkerConfig:
     cpu_devices: int = 1  # ACCELMESH_CPU_DEVICES: split the host CPU into this many XLA devices
     emulate: tuple[str, ...] = ()  # ACCELMESH_EMULATE: catalog profiles mapped onto the CPU devices
     inventory: str = ""  # ACCELMESH_INVENTORY: inventory address to register with at start
-    compile: str = "127.0.0.1:50061"  # ACCELMESH_COMPILE: the compile service artifacts are fetched from (the only source)
+    # ACCELMESH_COMPILE: the compile service artifacts are fetched from (the only source)
+    compile: str = "127.0.0.1:50061"
     # ACCELMESH_PROC_ROOT: where CPU and memory facts are read; a container that mounts the
     # host's /proc elsewhere (e.g. /host/proc) names that folder
     proc_root: str = "/proc"
@@ -106,7 +106,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         raise errors.InvalidArgument(f"--devices must be at least 1, got {args.devices}")
     if len(emulate) > args.devices:
         raise errors.InvalidArgument(
-            f"--emulate names {len(emulate)} profiles but --devices is {args.devices}; raise --devices to at least {len(emulate)}"
+            f"--emulate names {len(emulate)} profiles but --devices is {args.devices}; raise --devices to at "
+            f"least {len(emulate)}"
         )
     return WorkerConfig(
         security=security_from_env(Role.WORKER, env, insecure=args.insecure),

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from accelmesh import errors
-from accelmesh.hardware.model import DeviceSpec
 from accelmesh.artifacts import JaxCaches, compile_portable, load_executable, load_portable
+from accelmesh.hardware.model import DeviceSpec
 from accelmesh.programs import BuildOptions, TargetType
 
 FORMATS = ("stablehlo", "executable")

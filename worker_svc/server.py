@@ -50,8 +50,9 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
     devices = {d.id: d for d in agent.describe().devices}
     executor = ShardExecutor(devices, agent.jax_devices, artifacts)
     held = HeldTensors(config.held_bytes, config.held_idle_s, max_tensors=config.held_tensors)
-    servicer = WorkerServicer(agent, executor, held, Authenticator(config.security), max_input_bytes=config.max_input_bytes,
-                              max_inputs=config.max_inputs, max_message_bytes=config.max_message_bytes,
+    servicer = WorkerServicer(agent, executor, held, Authenticator(config.security),
+                              max_input_bytes=config.max_input_bytes, max_inputs=config.max_inputs,
+                              max_message_bytes=config.max_message_bytes,
                               tracer=tracer_provider.get_tracer("accelmesh.worker") if tracer_provider else None)
     metrics = Metrics("worker", config.metrics_listen, config.security)
     WorkerMetrics(metrics, executor, held)

@@ -1,4 +1,5 @@
-"""WorkerService adapter: proto in, NodeAgent or ShardExecutor call, proto out."""
+"""WorkerService adapter: it authorises, calls NodeAgent or ShardExecutor and maps errors; the
+protos are translated by translate.py."""
 
 from __future__ import annotations
 
@@ -19,14 +20,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from accelmesh import errors
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.batches import batched, unbatched
-from accelmesh.runtime.devices import device_to_proto
-from accelmesh.runtime.errors import bounded, status_for
-from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
-from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, split_frames
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
 from accelmesh.security.access import Authenticator
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from worker_svc import executor as ex
+from worker_svc import translate as tr
 from worker_svc.agent import NodeAgent
 from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
 from worker_svc.inputs import read_header, read_inputs
@@ -38,14 +37,6 @@ except metadata.PackageNotFoundError:
     VERSION = "unknown"
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # ShardHeader.traceparent
-STAGES = {ex.QUEUED: pb.SHARD_STAGE_QUEUED, ex.LOADING: pb.SHARD_STAGE_LOADING,
-          ex.RUNNING: pb.SHARD_STAGE_RUNNING, ex.DONE: pb.SHARD_STAGE_DONE}
-
-
-def shard_from_proto(h: pb.ShardHeader) -> ex.Shard:
-    return ex.Shard(h.job_id, h.shard_index, h.attempt, h.device_id, h.target_type, h.artifact_key, h.artifact_digest,
-                    FORMAT_FROM_PROTO.get(h.artifact_format, ""), build_options_from_proto(h.rule.build),
-                    h.input_count, h.batch_size)
 
 
 def _ignore(stage: str) -> None:
@@ -66,12 +57,6 @@ def _run_apart(run: Callable[[], ex.ShardResult], outcome: Future, stages: Simpl
         stages.put(None)
 
 
-def timings_to_proto(t: ex.ShardTimings) -> pb.ShardTimings:
-    return pb.ShardTimings(receive_seconds=t.receive_seconds, queue_seconds=t.queue_seconds,
-                           load_seconds=t.load_seconds, execute_seconds=t.execute_seconds,
-                           artifact_cached=t.artifact_cached, load_kind=t.load_kind)
-
-
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, auth: Authenticator, *,
                  max_input_bytes: int, max_inputs: int, max_message_bytes: int,
@@ -89,14 +74,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def DescribeNode(self, request, context):
         # The inventory polls every few seconds: an idle worker lets go of ended jobs' tensors here.
         self.held.expire()
-        node = self.agent.describe(list(request.device_ids))
-        samples = {s.device_id: s for s in node.samples}
-        return pb.DescribeNodeResponse(
-            node_ip=node.ip,
-            hostname=node.hostname,
-            devices=[device_to_proto(d, samples.get(d.id)) for d in node.devices],
-            software_version=VERSION,
-        )
+        return tr.node_to_proto(self.agent.describe(list(request.device_ids)), VERSION)
 
     def ReleaseJob(self, request, context):
         """The caller's job ended: its held tensors go now, not at the idle expiry. Held tensors are
@@ -159,7 +137,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         thread.start()
         try:
             while (stage := stages.get()) is not None:
-                yield pb.ExecuteResponse(stage=STAGES[stage])
+                yield pb.ExecuteResponse(stage=tr.STAGES[stage])
             result = outcome.result()
         except ex.ShardCancelled:
             return
@@ -203,10 +181,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                             return
                         except Exception as exc:  # noqa: BLE001 - this shard's answer; the stream goes on
                             traceback.clear_frames(exc.__traceback__)
-                            code, message = status_for(exc)  # a bug: INTERNAL with an incident id, logged
-                            span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(message)))
-                            result = pb.ShardFailure(code=code.value[0], message=bounded(message),
-                                                     reason=getattr(exc, "reason", ""))
+                            result = tr.failure_to_proto(exc)
+                            span.set_status(trace.Status(trace.StatusCode.ERROR, result.message))
                         del inputs  # not kept while the caller reads the outputs
                 except grpc.RpcError as exc:  # the request stream broke: as in _execute
                     exc.__traceback__ = None
@@ -228,7 +204,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def _receive(self, head: pb.ShardHeader, request_iterator, context, call: CallInputs,
                  more: bool = False) -> tuple[ex.Shard, list]:
         """The shard the header names, admitted here, and its inputs."""
-        shard = shard_from_proto(head)
+        shard = tr.shard_from_proto(head)
         span = trace.get_current_span()
         span.set_attribute(attr.JOB_ID, shard.job_id)
         span.set_attribute(attr.DEVICE_ID, shard.device_id)
@@ -239,8 +215,4 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         return shard, inputs
 
     def _results(self, result: ex.ShardResult, into: type = pb.ExecuteResponse):
-        for index, array in enumerate(result.outputs):
-            header, chunks = split_frames(f"output_{index}", array, self._chunk_bytes, into)
-            yield into(tensor=header)
-            yield from chunks
-        yield into(timings=timings_to_proto(result.timings))
+        return tr.results_to_proto(result, into, self._chunk_bytes)

@@ -1,5 +1,6 @@
 """What the store tests build: a node address, device specs, samples, node reports, and two stores
-(fresh, and with one registered A100) as fixtures the test modules import. Each store fixture runs
+(fresh, and with one registered A100) as fixtures the test modules import: each fixture's
+function is named ``*_fixture``, so a test's parameter of the fixture's name shadows no import. Each store fixture runs
 once per engine: on a SQLite file and on a database of the session's PostgreSQL server."""
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ def report(devices, samples=(), ip: str = "10.0.0.1") -> NodeDescription:
     return NodeDescription(ip, "host-" + ip, tuple(devices), tuple(samples))
 
 
-@pytest.fixture
-def store(database_url):
+@pytest.fixture(name="store")
+def store_fixture(database_url):
     s = SqlStore(database_url)
     yield s
     s.close()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def module_database_url(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"], name="module_database_url")
+def module_database_url_fixture(request, tmp_path_factory):
     """``database_url`` for a module-scoped store (one large inventory built once per engine)."""
     if request.param == "sqlite":
         return str(tmp_path_factory.mktemp("db") / "db.sqlite")
@@ -47,8 +48,8 @@ def module_database_url(request, tmp_path_factory):
     return _postgres_server().database()
 
 
-@pytest.fixture
-def one_device(store):
+@pytest.fixture(name="one_device")
+def one_device_fixture(store):
     store.upsert_node(NODE, "10.0.0.1", "host", now=0.0)
     gpu = spec()
     store.record_poll_success(NODE, report([gpu], [sample(gpu, 0.0)]), now=0.0)

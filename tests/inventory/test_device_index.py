@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
-from store_records import GB, report, store  # noqa: F401 (fixture)
+from store_records import GB, report, store_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import NotFound
 from accelmesh.hardware.catalog import load_catalog

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from store_records import module_database_url_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
 from inventory_svc.filtering import DeviceFilter, parse_filter
 from inventory_svc.store import SqlStore
-from store_records import module_database_url  # noqa: F401 (fixture)
 
 GIB = 2**30
 NOW = 10.0
@@ -22,7 +22,8 @@ def _spec(device_id: str, platform: str, type_: str, kind: str, caps: set[str], 
     )
 
 
-A100 = _spec("10.0.0.1/cuda:0", "cuda", "a100-80gb", "NVIDIA A100-SXM4-80GB", {"bf16", "tf32", "tensor_cores"}, 80 * GIB)
+A100 = _spec("10.0.0.1/cuda:0", "cuda", "a100-80gb", "NVIDIA A100-SXM4-80GB", {"bf16", "tf32", "tensor_cores"},
+             80 * GIB)
 V100 = _spec("10.0.0.1/cuda:1", "cuda", "v100-16gb", "Tesla V100-SXM2-16GB", {"fp16", "tensor_cores"}, 16 * GIB)
 MI250 = _spec("10.0.0.2/rocm:0", "rocm", "mi250x", "AMD Instinct MI250X", {"bf16", "matrix_cores"}, 64 * GIB)
 CPU = _spec("10.0.0.2/cpu:0", "cpu", "cpu", "Intel Xeon", {"avx2", "avx512f"}, 32 * GIB)

@@ -10,15 +10,18 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2, worker_service_pb2_grpc
-from conftest import CREDENTIALS, rpc_error
 from worker_svc.server import ACCESS as WORKER_ACCESS
 
-A100 = dict(id="127.0.0.1/cuda:0", node_ip="127.0.0.1", local_index=0, platform=common_pb2.PLATFORM_CUDA, type="a100-80gb")
+from conftest import CREDENTIALS, rpc_error
+
+A100 = dict(id="127.0.0.1/cuda:0", node_ip="127.0.0.1", local_index=0, platform=common_pb2.PLATFORM_CUDA,
+            type="a100-80gb")
 
 
 def answer(**overrides):
     device = common_pb2.Device(**{**A100, **overrides.pop("device", {})})
-    return worker_service_pb2.DescribeNodeResponse(**{"node_ip": "127.0.0.1", "hostname": "odd", "devices": [device], **overrides})
+    return worker_service_pb2.DescribeNodeResponse(
+        **{"node_ip": "127.0.0.1", "hostname": "odd", "devices": [device], **overrides})
 
 
 def fake_worker(servicer, add_to_server):
@@ -53,7 +56,8 @@ GARBAGE = [
     pytest.param(answer(device={"performance": common_pb2.Performance(peak_tflops={"fp32": float("nan")})}),
                  "peak_tflops", id="nan-rate"),
     pytest.param(worker_service_pb2.DescribeNodeResponse(
-        node_ip="127.0.0.1", devices=[common_pb2.Device(**A100), common_pb2.Device(**A100)]), "repeat", id="duplicate-ids"),
+        node_ip="127.0.0.1", devices=[common_pb2.Device(**A100), common_pb2.Device(**A100)]),
+        "repeat", id="duplicate-ids"),
 ]
 
 
@@ -68,7 +72,9 @@ def test_registering_a_node_that_answers_garbage_is_unavailable(inventory_stub, 
 
 
 @pytest.mark.parametrize("garbage, words", GARBAGE)
-def test_a_registered_node_turning_to_garbage_counts_as_a_missed_poll(inventory, inventory_stub, scripted, garbage, words):
+def test_a_registered_node_turning_to_garbage_counts_as_a_missed_poll(
+    inventory, inventory_stub, scripted, garbage, words,
+):
     server, servicer = scripted
     _, domain = inventory
     inventory_stub.RegisterNode(pb.RegisterNodeRequest(address=f"127.0.0.1:{server.port}"))

@@ -8,12 +8,13 @@ from __future__ import annotations
 import grpc
 import pytest
 from _inventory_helpers import claim, device_ids, register
-from conftest import CREDENTIALS, rpc_error
 
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.security.identity import Role
+
+from conftest import CREDENTIALS, rpc_error
 
 STREAM_DEADLINE_S = 30.0  # the stream's own deadline: an event that never comes fails the test
 WORKER_IDS = ["127.0.0.1/cpu:2", "127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]

@@ -8,17 +8,19 @@ from __future__ import annotations
 import grpc
 import pytest
 from _inventory_helpers import GB, claim, register
-from conftest import CREDENTIALS, rpc_error
 
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 
+from conftest import CREDENTIALS, rpc_error
+
 
 def test_reservations_are_idempotent_per_job_and_device(inventory_stub, worker):
     register(inventory_stub, worker)
     inventory_stub.ReserveDevices(pb.ReserveDevicesRequest(job_id="job-1", claims=[claim()]))
-    again = inventory_stub.ReserveDevices(pb.ReserveDevicesRequest(job_id="job-1", claims=[claim(memory=20 * GB)], ttl_seconds=60))
+    again = inventory_stub.ReserveDevices(
+        pb.ReserveDevicesRequest(job_id="job-1", claims=[claim(memory=20 * GB)], ttl_seconds=60))
     assert [(r.device_id, r.memory_bytes) for r in again.reservations] == [("127.0.0.1/cuda:0", 20 * GB)]
     held = inventory_stub.ListReservations(pb.ListReservationsRequest(job_id="job-1")).reservations
     assert [(r.job_id, r.memory_bytes) for r in held] == [("job-1", 20 * GB)]
@@ -54,7 +56,8 @@ def test_reserve_rejects_bad_claims(inventory_stub, worker, job_id, claims, code
 
 def test_release_of_some_devices_keeps_the_rest(inventory_stub, worker):
     register(inventory_stub, worker)
-    inventory_stub.ReserveDevices(pb.ReserveDevicesRequest(job_id="j", claims=[claim(), claim(device="127.0.0.1/cuda:1")]))
+    inventory_stub.ReserveDevices(
+        pb.ReserveDevicesRequest(job_id="j", claims=[claim(), claim(device="127.0.0.1/cuda:1")]))
     released = inventory_stub.ReleaseDevices(pb.ReleaseDevicesRequest(job_id="j", device_ids=["127.0.0.1/cuda:0"]))
     assert released.released_count == 1
     left = inventory_stub.ListReservations(pb.ListReservationsRequest(job_id="j")).reservations

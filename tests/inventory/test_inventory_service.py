@@ -10,12 +10,13 @@ import json
 import grpc
 import pytest
 from _inventory_helpers import GB, claim, device_ids, register
-from conftest import make_worker, mesh_stub, rpc_error
-from fakes import host
 
 from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+
+from conftest import make_worker, mesh_stub, rpc_error
+from fakes import host
 
 
 def test_register_node_stores_devices_identified_by_ip_platform_and_index(inventory_stub, worker):
@@ -95,7 +96,8 @@ def test_list_devices_rejects_malformed_requests_naming_the_field(inventory_stub
 def test_page_token_is_bound_to_its_filter(inventory_stub, worker):
     register(inventory_stub, worker)
     token = inventory_stub.ListDevices(pb.ListDevicesRequest(page_size=1)).next_page_token
-    error = rpc_error(inventory_stub.ListDevices, pb.ListDevicesRequest(page_size=1, page_token=token, filter="capabilities:bf16"))
+    error = rpc_error(inventory_stub.ListDevices,
+                      pb.ListDevicesRequest(page_size=1, page_token=token, filter="capabilities:bf16"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "different filter" in error.details()
 
 
@@ -148,7 +150,8 @@ def test_refresh_devices_returns_fresh_samples(inventory_stub, worker):
 
 def test_refresh_devices_errors(inventory_stub, worker):
     register(inventory_stub, worker)
-    assert rpc_error(inventory_stub.RefreshDevices, pb.RefreshDevicesRequest()).code() == grpc.StatusCode.INVALID_ARGUMENT
+    error = rpc_error(inventory_stub.RefreshDevices, pb.RefreshDevicesRequest())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     error = rpc_error(inventory_stub.RefreshDevices, pb.RefreshDevicesRequest(device_ids=["127.0.0.1/cuda:7"]))
     assert error.code() == grpc.StatusCode.NOT_FOUND
     worker.stop(0)
@@ -157,7 +160,8 @@ def test_refresh_devices_errors(inventory_stub, worker):
 
 
 def ranking(stub, kind=pb.TASK_KIND_INFERENCE, precision="bf16", **task):
-    request = pb.ScoreDevicesRequest(task=pb.TaskProfile(kind=kind, precision=precision, **task), filter='platform = "cuda"')
+    request = pb.ScoreDevicesRequest(task=pb.TaskProfile(kind=kind, precision=precision, **task),
+                                     filter='platform = "cuda"')
     return [d.device.id for d in stub.ScoreDevices(request).devices]
 
 
@@ -166,7 +170,8 @@ def test_score_ranking_changes_after_reserve_and_again_after_release(inventory_s
     memory_only = {"weights": pb.TaskWeights(memory=1.0)}
     assert ranking(inventory_stub, **memory_only) == ["127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]
     inventory_stub.ReserveDevices(pb.ReserveDevicesRequest(
-        job_id="job-1", claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:0", memory_bytes=70 * GB, compute_fraction=0.5)]
+        job_id="job-1",
+        claims=[pb.DeviceClaim(device_id="127.0.0.1/cuda:0", memory_bytes=70 * GB, compute_fraction=0.5)],
     ))
     assert ranking(inventory_stub, **memory_only) == ["127.0.0.1/cuda:1", "127.0.0.1/cuda:0"]
     device = inventory_stub.GetDevice(pb.GetDeviceRequest(device_id="127.0.0.1/cuda:0")).device
@@ -196,7 +201,8 @@ def test_score_devices_scores_exactly_the_ids_named_and_still_applies_the_filter
     named = ["127.0.0.1/cuda:1", "127.0.0.1/cpu:2"]
     scored = inventory_stub.ScoreDevices(pb.ScoreDevicesRequest(task=task, device_ids=named)).devices
     assert sorted(d.device.id for d in scored) == sorted(named)
-    narrowed = inventory_stub.ScoreDevices(pb.ScoreDevicesRequest(task=task, device_ids=named, filter='platform = "cuda"'))
+    narrowed = inventory_stub.ScoreDevices(
+        pb.ScoreDevicesRequest(task=task, device_ids=named, filter='platform = "cuda"'))
     assert [d.device.id for d in narrowed.devices] == ["127.0.0.1/cuda:1"]
     error = rpc_error(inventory_stub.ScoreDevices, pb.ScoreDevicesRequest(task=task, device_ids=["127.0.0.1/cuda:9"]))
     assert error.code() == grpc.StatusCode.NOT_FOUND and "cuda:9" in error.details()
@@ -226,7 +232,8 @@ def test_watch_devices_reports_existing_then_lost_then_recovered(inventory, inve
     worker = make_worker(cpu=host.FP32_CPU)  # the bf16 filter then matches the emulated A100 alone
     port = worker.port
     register(inventory_stub, worker)
-    stream = inventory_stub.WatchDevices(pb.WatchDevicesRequest(include_existing=True, filter="capabilities:bf16"), timeout=30)
+    stream = inventory_stub.WatchDevices(
+        pb.WatchDevicesRequest(include_existing=True, filter="capabilities:bf16"), timeout=30)
     first = next(stream)
     assert (first.type, first.device.id) == (pb.DEVICE_EVENT_TYPE_EXISTING, "127.0.0.1/cuda:0")
     worker.stop(0)
@@ -275,7 +282,8 @@ def test_a_worker_restarted_on_a_new_port_takes_over_from_its_silent_former_self
     try:
         register(inventory_stub, second)
         nodes = {n.address: n.state for n in inventory_stub.ListNodes(pb.ListNodesRequest()).nodes}
-        assert nodes == {f"127.0.0.1:{first.port}": pb.NODE_STATE_LOST, f"127.0.0.1:{second.port}": pb.NODE_STATE_ACTIVE}
+        assert nodes == {f"127.0.0.1:{first.port}": pb.NODE_STATE_LOST,
+                         f"127.0.0.1:{second.port}": pb.NODE_STATE_ACTIVE}
         devices = inventory_stub.ListDevices(pb.ListDevicesRequest()).devices
         assert devices and {d.node_address for d in devices} == {f"127.0.0.1:{second.port}"}
     finally:

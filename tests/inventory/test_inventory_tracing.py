@@ -10,6 +10,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.channels import open_channel
+
 from conftest import make_worker
 
 DESCRIBE = "/accelmesh.worker.v1.WorkerService/DescribeNode"

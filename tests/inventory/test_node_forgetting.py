@@ -6,6 +6,7 @@ never forgets; and the setting is read, and refused, as the other inventory sett
 from __future__ import annotations
 
 import pytest
+from store_records import NODE, sample, spec
 
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
@@ -13,7 +14,6 @@ from inventory_svc import events as ev
 from inventory_svc.config import parse_args
 from inventory_svc.inventory import Inventory
 from inventory_svc.store import SqlStore
-from store_records import NODE, sample, spec
 
 HOUR_S = 3600.0
 GPU = spec()

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 from _inventory_helpers import claim, register
-from conftest import CREDENTIALS
 
 from accelmesh.cli import main
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
+
+from conftest import CREDENTIALS
 
 
 @pytest.fixture

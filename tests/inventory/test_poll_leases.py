@@ -14,17 +14,18 @@ import threading
 import pytest
 import sqlalchemy as sa
 from _inventory_helpers import register
-from conftest import make_worker, mesh_stub
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import NodeDescription
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from inventory_svc.config import InventoryConfig
-from inventory_svc.inventory import LEASE_PER_INTERVAL, TAKEOVER_INTERVALS, Inventory
-from inventory_svc.poller import CLAIMS_PER_INTERVAL
+from inventory_svc.inventory import Inventory
+from inventory_svc.poller import CLAIMS_PER_INTERVAL, LEASE_PER_INTERVAL, TAKEOVER_INTERVALS
 from inventory_svc.server import build_inventory
 from inventory_svc.store import SqlStore
 from inventory_svc.tables import nodes
+
+from conftest import make_worker, mesh_stub
 
 INTERVAL_S = 5.0
 LEASE_S = LEASE_PER_INTERVAL * INTERVAL_S
@@ -207,7 +208,7 @@ def test_two_replicas_claiming_at_once_never_both_get_a_node(postgres_url):
                 store.heartbeat(name, now, LEASE_S)
             barrier, claimed = threading.Barrier(2), {}
 
-            def claim(store: SqlStore, name: str) -> None:
+            def claim(store: SqlStore, name: str, barrier=barrier, claimed=claimed, now=now) -> None:
                 barrier.wait()
                 claimed[name] = _addresses(store.claim_nodes(name, now, LEASE_S))
 

@@ -6,8 +6,8 @@ import pytest
 
 from accelmesh.errors import InvalidArgument
 from accelmesh.hardware.model import DeviceSample, DeviceSpec, NodeDescription, Performance
-from inventory_svc.scoring import DeviceStatus, TaskProfile, Weights, score_devices, status_of, weights_for
 from inventory_svc.records import DeviceRecord
+from inventory_svc.scoring import DeviceStatus, TaskProfile, Weights, score_devices, status_of, weights_for
 from inventory_svc.store import SqlStore
 
 GB = 10**9

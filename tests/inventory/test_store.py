@@ -7,13 +7,14 @@ import sqlite3
 
 import pytest
 import sqlalchemy as sa
+from store_records import GB, NODE, one_device_fixture, report, sample, spec, store_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import FailedPrecondition, NotFound
 from inventory_svc.migrations import LATEST_VERSION, MIGRATIONS
 from inventory_svc.records import DeviceChange
-from inventory_svc.store import VERSION_TABLE, SqlStore
+from inventory_svc.schema import VERSION_TABLE
+from inventory_svc.store import SqlStore
 from inventory_svc.tables import metadata
-from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
 
 HEAD = "0003"
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from store_records import GB, module_database_url_fixture, report, sample, spec  # noqa: F401 (fixtures)
 
 from accelmesh.errors import InvalidArgument
 from inventory_svc.filtering import parse_filter
 from inventory_svc.store import SqlStore
-from store_records import GB, module_database_url, report, sample, spec  # noqa: F401 (fixture)
-
 
 # -- listing ----------------------------------------------------------------------------------
 

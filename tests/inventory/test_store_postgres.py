@@ -7,12 +7,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from store_records import GB, NODE, report, sample, spec
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
-from conftest import _postgres_server
 from inventory_svc.config import parse_args
 from inventory_svc.store import SqlStore
-from store_records import GB, NODE, report, sample, spec
+
+from conftest import _postgres_server
 
 ROUNDS = 10
 
@@ -36,7 +37,7 @@ def test_two_replicas_reserving_the_last_free_memory_at_once_exactly_one_wins(re
         barrier = threading.Barrier(2)
         outcomes: dict[str, str] = {}
 
-        def claim(store: SqlStore, job: str) -> None:
+        def claim(store: SqlStore, job: str, barrier=barrier, outcomes=outcomes) -> None:
             barrier.wait()
             try:
                 store.reserve(job, gpu.id, 20 * GB, 0.1, ttl_s=600, now=2.0)

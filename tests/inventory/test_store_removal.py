@@ -5,11 +5,11 @@ other replicas read of it in the change feed, and that a removed node may regist
 from __future__ import annotations
 
 import pytest
+from store_records import GB, NODE, one_device_fixture, report, sample, spec, store_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import FailedPrecondition, NotFound
 from inventory_svc.records import DeviceChange
 from inventory_svc.store import SqlStore
-from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
 
 OTHER = "10.0.0.2:50051"
 

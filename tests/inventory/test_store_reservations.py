@@ -6,11 +6,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+from store_records import GB, NODE, one_device_fixture, report, sample, spec, store_fixture  # noqa: F401 (fixtures)
 
 from accelmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from inventory_svc.store import SqlStore
-from store_records import GB, NODE, one_device, report, sample, spec, store  # noqa: F401 (fixtures)
-
 
 # -- reservations -----------------------------------------------------------------------------
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 from _inventory_helpers import register
-from conftest import make_worker, mesh_stub
 
 from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory
+
+from conftest import make_worker, mesh_stub
 
 STREAM_DEADLINE_S = 30.0  # the stream's own deadline: an event that never comes fails the test
 FOLLOW_INTERVAL_S = 0.05
@@ -22,7 +23,7 @@ FOLLOW_INTERVAL_S = 0.05
 def replicas(database_url):
     """Two inventory servers on one database; neither polls on its own (the test drives polls)."""
     started = []
-    for name in ("a", "b"):
+    for _ in ("a", "b"):
         config = InventoryConfig(listen="127.0.0.1:0", db=database_url, lost_after_polls=1,
                                  follow_interval_s=FOLLOW_INTERVAL_S)
         server, inventory = build_inventory(config, start_poller=False)

@@ -26,6 +26,7 @@ from compile_svc.config import CompileConfig
 from compile_svc.programs.mlp import mlp_classifier
 from compile_svc.programs.transformer import transformer_encoder
 from compile_svc.server import build_compile_service
+
 from conftest import CREDENTIALS, mesh_stub
 from fakes import host
 
@@ -146,7 +147,8 @@ def worker_fixture(tmp_path_factory, compile_service):
     It fetches artifacts from the compile service above, and is called as the dispatcher calls it."""
     artifacts = tmp_path_factory.mktemp("worker-artifacts")
     process = start_service("worker", "worker_svc", [
-        "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb", "--compile", compile_service[0],
+        "--listen", "127.0.0.1:0", "--devices", "4", "--emulate", "a100-80gb,v100-32gb",
+        "--compile", compile_service[0],
         "--artifact-dir", str(artifacts), "--proc-root", str(host.proc_root(host.FP32_CPU)),
     ], env={**CREDENTIALS.env(Role.WORKER), "ACCELMESH_WORKER_MAX_INPUT_BYTES": str(MAX_INPUT_BYTES),
             "ACCELMESH_WORKER_HELD_BYTES": str(HELD_BYTES)})

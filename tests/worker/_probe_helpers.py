@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fakes import host
-
 from accelmesh.hardware.catalog import load_catalog
+
+from fakes import host
 
 CATALOG = load_catalog()
 GIB = 2**30

@@ -5,12 +5,13 @@ test_probes_node.py."""
 from __future__ import annotations
 
 import pytest
-from fakes.nvml import FakeNvml, NVMLError_Unknown
+from _probe_helpers import CATALOG, GIB, a100, proc_root
 
 from accelmesh.errors import InvalidArgument
 from worker_svc.probes.cpu import CPU_MEMORY_BANDWIDTH_GBPS_ESTIMATE, probe_cpu
 from worker_svc.probes.nvml import nvml_device_spec, probe_nvml
-from _probe_helpers import CATALOG, GIB, a100, proc_root
+
+from fakes.nvml import FakeNvml, NVMLError_Unknown
 
 V100_PCIE = {
     "name": "Tesla V100-PCIE-16GB",

@@ -7,18 +7,18 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from fakes import host
-from fakes.nvml import FakeNvml
+from _probe_helpers import CATALOG, GIB, a100, proc_root
 
 from accelmesh.errors import InvalidArgument, NotFound
 from accelmesh.hardware.model import DeviceSample
+from worker_svc.probes import registry
 from worker_svc.probes.emulated import emulated_devices
 from worker_svc.probes.jaxdev import probe_jax
 from worker_svc.probes.node import describe_node
-from worker_svc.probes import registry
 from worker_svc.probes.registry import accelerator_probe, accelerator_probes
-from _probe_helpers import CATALOG, GIB, a100, proc_root
 
+from fakes import host
+from fakes.nvml import FakeNvml
 
 # ---------------------------------------------------------------- JAX devices
 

@@ -11,20 +11,41 @@ import threading
 import grpc
 import numpy as np
 import pytest
+from _execute_helpers import (  # noqa: F401  (fixtures: pytest finds them in this module)
+    A100,
+    CALL_TIMEOUT_S,
+    CPU,
+    CPU_3,
+    EXECUTABLE_BATCH,
+    MAX_INPUT_BYTES,
+    MIB,
+    NODE,
+    PORTABLE_BATCH,
+    STAGES,
+    TRANSFORMER_BATCH,
+    V100,
+    Outcome,
+    compile_service_fixture,
+    devices_fixture,
+    digits,
+    execute,
+    header,
+    kept,
+    mlp_fixture,
+    referring,
+    requests,
+    run_mlp,
+    transformer_fixture,
+    worker_fixture,
+)
 
 from accelmesh import errors
 from accelmesh.runtime.batches import batched, unbatched
 from accelmesh.runtime.errors import error_reason
 from accelmesh.runtime.tensors import TensorAssembler, split
 from accelmesh.worker.v1 import worker_service_pb2 as pb
+
 from conftest import rpc_error
-from _execute_helpers import (
-    A100, CALL_TIMEOUT_S, CPU, CPU_3, EXECUTABLE_BATCH, MAX_INPUT_BYTES, MIB, NODE, PORTABLE_BATCH, STAGES,
-    TRANSFORMER_BATCH, V100, Outcome, digits, execute, header, kept, referring, requests, run_mlp,
-)
-from _execute_helpers import (  # noqa: F401  (fixtures: pytest finds them in this module)
-    compile_service_fixture, devices_fixture, mlp_fixture, transformer_fixture, worker_fixture,
-)
 
 pytestmark = pytest.mark.slow
 

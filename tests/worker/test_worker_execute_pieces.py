@@ -11,6 +11,22 @@ import threading
 import jax
 import numpy as np
 import pytest
+from _execute_helpers import (  # noqa: F401  (fixtures: pytest finds them in this module)
+    CALL_TIMEOUT_S,
+    CPU,
+    EXECUTABLE_BATCH,
+    NODE,
+    STAGES,
+    compile_service_fixture,
+    devices_fixture,
+    digits,
+    header,
+    mlp_fixture,
+    model_for,
+    requests,
+    run_mlp,
+    worker_fixture,
+)
 from grpc_health.v1.health_pb2 import HealthCheckRequest
 from grpc_health.v1.health_pb2_grpc import HealthStub
 
@@ -27,15 +43,10 @@ from worker_svc.agent import NodeAgent
 from worker_svc.artifacts import ArtifactStore
 from worker_svc.config import WorkerConfig
 from worker_svc.server import build_worker
+
 from conftest import CREDENTIALS, as_role, mesh_stub
 from fakes import host
 from fakes.nvml import FakeNvml
-from _execute_helpers import (
-    CALL_TIMEOUT_S, CPU, EXECUTABLE_BATCH, NODE, STAGES, digits, header, model_for, requests, run_mlp,
-)
-from _execute_helpers import (  # noqa: F401  (fixtures: pytest finds them in this module)
-    compile_service_fixture, devices_fixture, mlp_fixture, worker_fixture,
-)
 
 pytestmark = pytest.mark.slow
 

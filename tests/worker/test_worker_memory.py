@@ -25,14 +25,15 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from conftest import CREDENTIALS, as_role, rpc_error
-from fakes import host
-from fakes.nvml import FakeNvml
 from worker_svc.agent import NodeAgent
 from worker_svc.config import WorkerConfig
 from worker_svc.held_tensors import HeldTensors
 from worker_svc.ledger import InputStats
 from worker_svc.server import build_worker
+
+from conftest import CREDENTIALS, as_role, rpc_error
+from fakes import host
+from fakes.nvml import FakeNvml
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -167,7 +167,7 @@ class Abuse:
                     name="x", dtype=common_pb2.DATA_TYPE_FLOAT32, shape=[rows, 1024], total_bytes=GIB)))
                 requests.put(worker_pb.ExecuteRequest(chunk=common_pb2.TensorChunk(offset=0, data=bytes(MIB))))
                 call = self.worker.Execute(iter(requests.get, None), timeout=CALL_TIMEOUT_S)
-                call.add_done_callback(lambda _c: requests.put(None))
+                call.add_done_callback(lambda _c, requests=requests: requests.put(None))
                 time.sleep(0.2)  # the worker takes the header and the first MiB (the reproducer's own pace)
                 call.cancel()
                 statuses.append(status_of(lambda c=call: list(c)))
@@ -331,7 +331,8 @@ class Abuse:
         finally:
             gate.set()
         final = self._final_state(job.job_id) if job else "never listed"
-        got = self.dispatch.GetJob(dispatch_pb.GetJobRequest(job_id=job.job_id), timeout=CALL_TIMEOUT_S).job if job else None
+        got = (self.dispatch.GetJob(dispatch_pb.GetJobRequest(job_id=job.job_id), timeout=CALL_TIMEOUT_S).job
+               if job else None)
         return {"final_state": final, "error": got.error if got else ""}
 
     def _malformed_first_block(self) -> dict:

@@ -12,11 +12,10 @@ from fakes import host
 
 TEST_CPU = host.isolate()
 
-import itertools  # noqa: E402  (the environment must be fixed before jax or grpc is imported)
-
 import atexit
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import ssl
@@ -28,14 +27,15 @@ import pytest
 
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
+from accelmesh.security.credentials import MeshCredentials
+from accelmesh.security.identity import Role
+from inventory_svc.config import InventoryConfig
+from inventory_svc.server import build_inventory
 from worker_svc.agent import NodeAgent
 from worker_svc.config import WorkerConfig
 from worker_svc.server import build_worker
+
 from fakes.nvml import FakeNvml
-from inventory_svc.config import InventoryConfig
-from inventory_svc.server import build_inventory
-from accelmesh.security.credentials import MeshCredentials
-from accelmesh.security.identity import Role
 
 CREDENTIALS = MeshCredentials(tempfile.mkdtemp(prefix="accelmesh-test-credentials-"))
 os.environ["ACCELMESH_CREDENTIALS_DIR"] = str(CREDENTIALS.folder)

@@ -2,8 +2,9 @@
 dir, every process real: two inventories, two compile services, two dispatchers and two workers
 (on 127.0.0.2 and 127.0.0.3, emulating fp32 devices, so a shard may move between them and the
 result stays the same). Dispatchers and workers name both replicas of each service
-(`ipv4:a:p,b:p`). Linux (/proc/locks tells which compile replica builds). Used by tests/e2e/test_replicas.py and bench/ha.py, so the benchmark times
-exactly what the test asserts. A replica killed is started again on its address.
+(`ipv4:a:p,b:p`). Linux (/proc/locks tells which compile replica builds). Used by
+tests/e2e/test_replicas.py and bench/ha.py, so the benchmark times exactly what the test asserts.
+A replica killed is started again on its address.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ from compile_svc.programs.builtin import IDENTITY_WIDTH
 
 from conftest import CREDENTIALS, small_mesh
 
+pytestmark = pytest.mark.slow
+
 WAIT_S = 60.0  # a bound on a failing test, never a pause: every wait below ends on what it waits for
 OCCUPIER = "occupier-of-the-cli-test"
 GIB = 1024**3

@@ -20,6 +20,8 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 
+pytestmark = pytest.mark.fixture_cpu
+
 GIB = 1024**3
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 A100, V100, T4 = "cuda@cpu:a100-80gb[bf16]", "cuda@cpu:v100-32gb[]", "cuda@cpu:t4[]"

@@ -21,7 +21,7 @@ from compile_svc.programs import default_registry
 
 from conftest import peak_rss_bytes, reservations, rpc_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 # Two bf16 devices of one type, and two fp32 devices of different speeds (uneven shards).
 EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "t4")

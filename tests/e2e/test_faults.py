@@ -34,7 +34,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 
 from conftest import reservations
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 KILL_ROUNDS = 10
 FAILURE = r"^{ip}/cuda:\d+: [A-Z_]+: \S"  # "<device>: <status code>: <details>"

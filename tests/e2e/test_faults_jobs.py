@@ -36,7 +36,7 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 
 from conftest import reservations, rpc_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 DEVICES = len(NODE_IPS) * len(EMULATE)
 # A cancel drops a job's queued shards at once; a shard already running cannot be interrupted (XLA

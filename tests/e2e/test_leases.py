@@ -38,6 +38,8 @@ from dispatch_svc.server import build_dispatch
 
 from conftest import CREDENTIALS, mesh_stub
 
+pytestmark = pytest.mark.slow
+
 LEASE_TTL_S = 2  # renewed every 2/3 s: a job waiting a few seconds outlives several leases
 SHARD_ROWS = 4  # identity rows are 4 KiB; 16 KiB shards hold at most 4
 ROWS = 4 * SHARD_ROWS

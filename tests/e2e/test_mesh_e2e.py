@@ -31,7 +31,7 @@ LOST_WINDOW_S = LOST_AFTER * (POLL_INTERVAL_S + POLL_TIMEOUT_S) + POLL_INTERVAL_
 EMULATE = ("a100-80gb", "v100-32gb")
 DEVICES = ["127.0.0.1/cpu:2", "127.0.0.1/cpu:3", "127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 
 @pytest.fixture(scope="module")

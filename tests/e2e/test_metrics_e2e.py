@@ -33,6 +33,8 @@ from inventory_svc.server import build_inventory
 
 from conftest import CREDENTIALS, mesh_stub, scrape, value
 
+pytestmark = pytest.mark.slow
+
 WAIT_S = 60.0
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "accelmesh.json"
 # PromQL words that are not series names.

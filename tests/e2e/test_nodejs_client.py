@@ -30,7 +30,7 @@ from compile_svc.programs import default_registry
 
 from fakes import host
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 NODE_CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 DEVICE_ID = re.compile(r"^\d+\.\d+\.\d+\.\d+/(cuda|cpu|rocm|tpu):\d+$")

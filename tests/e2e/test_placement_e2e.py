@@ -18,7 +18,7 @@ from dispatch_svc.execution.strategies.pipeline import weighted_turns
 
 from conftest import reservations, rpc_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb")  # 3 devices of 2 types
 RANKED, BALANCED, AUTO = (plan_pb.PLACEMENT_STRATEGY_RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED,

@@ -23,7 +23,7 @@ from accelmesh.embedded import (
 
 from conftest import CREDENTIALS, reservations, rpc_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 # bf16 devices of one type, and fp32 devices of two more: three rules in one job.
 EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "t4")

@@ -26,6 +26,8 @@ from compile_svc.programs.builtin import IDENTITY_WIDTH
 
 from conftest import CREDENTIALS, rpc_error, small_mesh
 
+pytestmark = pytest.mark.slow
+
 WAIT_S = 60.0
 OCCUPIER = "occupier-of-the-test"
 

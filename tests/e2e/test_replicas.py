@@ -24,7 +24,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from conftest import CREDENTIALS, _postgres_server
 from replicas import LEASE_S, POLL_INTERVAL_S, Replicas, seconds
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 REPEATS = 5
 JOB_ROWS = 1024  # 32 shards of 32 token rows

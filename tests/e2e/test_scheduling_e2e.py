@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from test_queue_e2e import Running
 
 from accelmesh.client import MeshClient
@@ -20,6 +21,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from compile_svc.programs.builtin import IDENTITY_WIDTH
 
 from conftest import small_mesh
+
+pytestmark = pytest.mark.slow
 
 OCCUPIER = "occupier-of-the-test"
 V100, A100 = "v100-32gb", "a100-80gb"

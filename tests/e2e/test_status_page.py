@@ -42,6 +42,8 @@ from dispatch_svc.api.status_page import STATE_COLOURS
 
 from conftest import CREDENTIALS, small_mesh
 
+pytestmark = pytest.mark.slow
+
 WAIT_S = 60.0
 ROWS, FIRST_ROWS = 16, 4
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

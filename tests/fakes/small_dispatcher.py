@@ -81,8 +81,8 @@ class Dispatcher:
         security = CREDENTIALS.service(Role.DISPATCH)
         servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,
                                     max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)
-        self.server = create_server([Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server,
-                                             servicer)], security=security, access=ACCESS,
+        service = Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server, servicer)
+        self.server = create_server([service], security=security, access=ACCESS,
                                     max_message_bytes=max_message_bytes)
         if readiness_interval_s is not None:  # what build_dispatch watches, looked at this often
             self.server.watch_dependencies(dependencies(self.runner.book), readiness_interval_s)

@@ -16,6 +16,8 @@ from accelmesh.security.identity import Role
 
 from conftest import CREDENTIALS, rpc_error
 
+pytestmark = pytest.mark.fixture_cpu
+
 STREAM_DEADLINE_S = 30.0  # the stream's own deadline: an event that never comes fails the test
 WORKER_IDS = ["127.0.0.1/cpu:2", "127.0.0.1/cuda:0", "127.0.0.1/cuda:1"]
 

@@ -15,6 +15,8 @@ from accelmesh.runtime.channels import open_channel
 
 from conftest import CREDENTIALS, rpc_error
 
+pytestmark = pytest.mark.fixture_cpu
+
 
 def test_reservations_are_idempotent_per_job_and_device(inventory_stub, worker):
     register(inventory_stub, worker)

@@ -18,6 +18,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from conftest import make_worker, mesh_stub, rpc_error
 from fakes import host
 
+pytestmark = pytest.mark.fixture_cpu
+
 
 def test_register_node_stores_devices_identified_by_ip_platform_and_index(inventory_stub, worker):
     response = register(inventory_stub, worker)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -12,6 +13,8 @@ from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.channels import open_channel
 
 from conftest import make_worker
+
+pytestmark = pytest.mark.fixture_cpu
 
 DESCRIBE = "/accelmesh.worker.v1.WorkerService/DescribeNode"
 

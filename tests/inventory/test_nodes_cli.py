@@ -12,6 +12,8 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 
 from conftest import CREDENTIALS
 
+pytestmark = pytest.mark.fixture_cpu
+
 
 @pytest.fixture
 def cli(inventory, capsys):

@@ -27,6 +27,8 @@ from inventory_svc.tables import nodes
 
 from conftest import make_worker, mesh_stub
 
+pytestmark = pytest.mark.fixture_cpu
+
 INTERVAL_S = 5.0
 LEASE_S = LEASE_PER_INTERVAL * INTERVAL_S
 STEP_S = INTERVAL_S / CLAIMS_PER_INTERVAL  # the poller's tick

@@ -15,6 +15,8 @@ from inventory_svc.server import build_inventory
 
 from conftest import make_worker, mesh_stub
 
+pytestmark = pytest.mark.fixture_cpu
+
 STREAM_DEADLINE_S = 30.0  # the stream's own deadline: an event that never comes fails the test
 FOLLOW_INTERVAL_S = 0.05
 

@@ -19,6 +19,8 @@ from worker_svc.probes.cpu import probe_cpu
 from conftest import CREDENTIALS, mesh_stub
 from fakes import host
 
+pytestmark = pytest.mark.fixture_cpu
+
 
 def test_the_environment_names_the_chosen_fixture_cpu_and_no_gpu():
     cpu = host.chosen_cpu()

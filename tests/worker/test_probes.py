@@ -13,6 +13,8 @@ from worker_svc.probes.nvml import nvml_device_spec, probe_nvml
 
 from fakes.nvml import FakeNvml, NVMLError_Unknown
 
+pytestmark = pytest.mark.fixture_cpu
+
 V100_PCIE = {
     "name": "Tesla V100-PCIE-16GB",
     "uuid": "GPU-v100",

@@ -20,6 +20,8 @@ from worker_svc.probes.registry import accelerator_probe, accelerator_probes
 from fakes import host
 from fakes.nvml import FakeNvml
 
+pytestmark = pytest.mark.fixture_cpu
+
 # ---------------------------------------------------------------- JAX devices
 
 

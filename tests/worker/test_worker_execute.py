@@ -47,7 +47,7 @@ from accelmesh.worker.v1 import worker_service_pb2 as pb
 
 from conftest import rpc_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 
 # -- results ---------------------------------------------------------------------------------------

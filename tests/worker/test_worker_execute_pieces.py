@@ -48,7 +48,7 @@ from conftest import CREDENTIALS, as_role, mesh_stub
 from fakes import host
 from fakes.nvml import FakeNvml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 
 # -- cancellation, in this process so the test can hold a shard mid-load --------------------------

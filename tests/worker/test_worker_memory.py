@@ -35,6 +35,8 @@ from conftest import CREDENTIALS, as_role, rpc_error
 from fakes import host
 from fakes.nvml import FakeNvml
 
+pytestmark = pytest.mark.fixture_cpu
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 CALL_TIMEOUT_S = 60.0

@@ -72,7 +72,11 @@ class WorkerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Execute(self, request_iterator, context):
-        """Runs one shard on one of this node's devices. In: a ShardHeader, then every input tensor
+        """Test and diagnostic use only: no part of the mesh calls it (the dispatcher runs every shard
+        through ExecuteMany). Kept as the one call that reports a shard's stages as they happen, for
+        the worker's tests, the fuzzing benchmark and a person watching one shard; it answers only the
+        dispatch role, as ExecuteMany does, and may be removed in a later version of this API.
+        Runs one shard on one of this node's devices. In: a ShardHeader, then every input tensor
         (parameters first, then data inputs), each as a TensorHeader followed by its chunks, or as a
         reference to a tensor the worker holds for the job (see ShardHeader.keep_tensors). Out:
         stages if asked for, then every output as a TensorHeader followed by its chunks, then the timings.

@@ -32,6 +32,8 @@ from worker_svc.held_tensors import HeldTensors
 
 from conftest import CREDENTIALS, DispatchClients, mesh_stub
 
+pytestmark = pytest.mark.fixture_cpu
+
 CALL_TIMEOUT_S = 60.0
 ROWS = 32
 MLP = "mlp_classifier"

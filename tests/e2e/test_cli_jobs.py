@@ -284,7 +284,10 @@ def test_ctrl_c_on_run_cancels_its_job_and_exits_130(mesh, tmp_path):
         process = subprocess.Popen(
             [sys.executable, "-m", "accelmesh.cli", "run", "identity", "--input", f"x={path}",
              "--name", "cli-interrupted", "--dispatch", mesh.address],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            # As a terminal would start it: a suite run in the background (`make test &`, a CI
+            # runner) inherits SIGINT ignored, and a CLI must honour that as nohup expects.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         lines: queue.Queue[str | None] = queue.Queue()
 
         def read() -> None:

@@ -8,11 +8,19 @@ STAMP := $(VENV)/.installed
 TEST_CPU ?= $(ACCELMESH_TEST_CPU)
 FIXTURE_CPUS := broadwell_avx2 sapphire_rapids graviton2_arm
 
-# Test processes (pytest-xdist, a test file to a process); 0: one process, no xdist. On two cores
-# the suite's meshes already keep both busy: three processes took 17.5 min against 12 serially,
-# so the default is 0; raise it on a machine with more cores. Extra pytest arguments: PYTEST_ARGS.
+# `make test` runs the suite in two tiers, each with its own number of pytest-xdist processes:
+# the unit tier (not marked slow) spread over every core (auto), then the tests that start meshes
+# and processes (slow), whose own processes already keep two cores busy: one process there by
+# default (0; three took 17.5 min against 12 serially on two cores), raise it on a bigger machine.
+# TEST_MARK narrows both tiers by a marker expression (CI: fixture_cpu); PYTEST_ARGS adds arguments.
+UNIT_PROCESSES ?= auto
 TEST_PROCESSES ?= 0
+TEST_MARK ?=
 PYTEST_ARGS ?=
+PYTEST = ACCELMESH_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest
+and_mark = $(if $(TEST_MARK), and ($(TEST_MARK)))
+# pytest's exit status 5 is "no test selected": a tier the mark leaves empty is not a failure.
+tier_ok = rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 .PHONY: demo test test-fast test-cpus protos lint bench clean
 
@@ -26,17 +34,19 @@ demo: $(STAMP)
 	$(BIN)/accelmesh demo
 
 test: $(STAMP)
-	ACCELMESH_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+	@$(PYTEST) -n $(UNIT_PROCESSES) -m "not slow$(and_mark)" $(PYTEST_ARGS); $(tier_ok) || unit_failed=1; \
+	$(PYTEST) -n $(TEST_PROCESSES) --dist loadfile -m "slow$(and_mark)" $(PYTEST_ARGS); $(tier_ok) || exit 1; \
+	[ -z "$$unit_failed" ] || { echo "the unit tier failed (above)"; exit 1; }
 
-# The unit tier: everything but the tests that start meshes and processes (marked slow).
+# The unit tier alone: everything but the tests that start meshes and processes (marked slow).
 test-fast: $(STAMP)
-	ACCELMESH_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest -n $(TEST_PROCESSES) -m "not slow" -q $(PYTEST_ARGS)
+	$(PYTEST) -n $(UNIT_PROCESSES) -m "not slow$(and_mark)" -q $(PYTEST_ARGS)
 
 test-cpus: $(STAMP)
 	@for cpu in $(FIXTURE_CPUS); do \
 		start=$$(date +%s); \
-		ACCELMESH_TEST_CPU=$$cpu $(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile -q > .test-$$cpu.log 2>&1; rc=$$?; \
-		echo "$$cpu: $$(tail -n 1 .test-$$cpu.log) (exit $$rc, $$(( $$(date +%s) - start )) s wall; log .test-$$cpu.log)"; \
+		$(MAKE) --no-print-directory test TEST_CPU=$$cpu PYTEST_ARGS=-q > .test-$$cpu.log 2>&1; rc=$$?; \
+		echo "$$cpu: $$(grep -E '(passed|failed|error).* in [0-9.]+s' .test-$$cpu.log | tr '\n' ' ')(exit $$rc, $$(( $$(date +%s) - start )) s wall; log .test-$$cpu.log)"; \
 		[ $$rc -eq 0 ] || failed=1; \
 	done; exit $${failed:-0}
 

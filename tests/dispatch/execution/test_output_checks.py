@@ -74,13 +74,19 @@ def assert_retried_after(job: m.JobRecord, device_id: str, mismatch: str) -> Non
 
 
 def assert_failed_naming(job: m.JobRecord, error: BaseException | None, mismatch: str) -> None:
-    """The job failed as a shard that ran out of devices (not a job-level InvalidArgument),
-    and its error names the shard, the device and the mismatch."""
+    """The job failed as a shard that ran out of devices (not a job-level InvalidArgument), and
+    its error names, for every device it gave up on, the shard that failed there and the mismatch.
+    Which shard ran out first, and which shard each device failed last, depend on the order the
+    shards' threads ran in: the error is read for its shape, not for one interleaving."""
     assert job.state == m.FAILED
     assert isinstance(error, errors.Unavailable), repr(error)
-    assert re.match(r"shard (?P<shard>\d+) could not run: (?P<device>10\.0\.0\.1/cuda:\d): "
-                    r"shard (?P=shard) on (?P=device) returned " + mismatch,
-                    job.error), job.error
+    head, _, reasons = job.error.partition(" could not run: ")
+    assert re.fullmatch(r"shard \d+", head), job.error
+    assert reasons.endswith("; no other device can take it"), job.error
+    per_device = re.split(r"; (?=10\.0\.0\.1/cuda:\d: )", reasons.removesuffix("; no other device can take it"))
+    for reason in per_device:
+        assert re.fullmatch(r"(?P<device>10\.0\.0\.1/cuda:\d): shard \d+ on (?P=device) returned " + mismatch,
+                            reason), job.error
 
 
 @pytest.mark.parametrize("forgery", INFERENCE_FORGERIES)

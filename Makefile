@@ -10,11 +10,13 @@ FIXTURE_CPUS := broadwell_avx2 sapphire_rapids graviton2_arm
 
 # `make test` runs the suite in two tiers, each with its own number of pytest-xdist processes:
 # the unit tier (not marked slow) spread over every core (auto), then the tests that start meshes
-# and processes (slow), whose own processes already keep two cores busy: one process there by
-# default (0; three took 17.5 min against 12 serially on two cores), raise it on a bigger machine.
+# and processes (slow), a whole file to each of two processes: their meshes wait on sockets and
+# on each other as much as they compute, so two overlap well on two cores (291 s against 358 s
+# serially on a quiet machine, 325 s with `stress-ng --cpu 2` beside them) where three did not
+# (17.5 min against 12 serially on a loaded one). Raise it on a bigger machine.
 # TEST_MARK narrows both tiers by a marker expression (CI: fixture_cpu); PYTEST_ARGS adds arguments.
 UNIT_PROCESSES ?= auto
-TEST_PROCESSES ?= 0
+TEST_PROCESSES ?= 2
 TEST_MARK ?=
 PYTEST_ARGS ?=
 PYTEST = ACCELMESH_TEST_CPU=$(TEST_CPU) $(BIN)/python -m pytest

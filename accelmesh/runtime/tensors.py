@@ -70,6 +70,11 @@ def numpy_dtype(code: int, field: str = "dtype") -> np.dtype:
         raise errors.InvalidArgument(f"{field}: {code} is not a supported DataType; set a DATA_TYPE_* value") from None
 
 
+# Above numpy's and XLA's practical ranks; it also keeps the byte count of any shape a number
+# that prints (Python refuses to format integers past 4,300 digits).
+MAX_RANK = 32
+
+
 def _little_endian(array) -> np.ndarray:
     array = np.asarray(array)
     if array.dtype.byteorder == ">":
@@ -79,6 +84,9 @@ def _little_endian(array) -> np.ndarray:
 
 
 def _expected_bytes(dtype: np.dtype, shape, field: str) -> int:
+    if len(shape) > MAX_RANK:
+        raise errors.InvalidArgument(
+            f"{field}.shape has {len(shape)} dimensions; at most {MAX_RANK} are supported")
     if any(d < 0 for d in shape):
         raise errors.InvalidArgument(f"{field}.shape {errors.quoted(list(shape))} has a negative dimension")
     # Python ints: numpy's int64 product wraps silently, letting a huge shape pass as 0 bytes.

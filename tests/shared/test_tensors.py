@@ -208,6 +208,15 @@ def _header_unknown_dtype():
     TensorAssembler(_header(dtype=42))
 
 
+def _shape_of_thousands_of_dimensions():
+    # Their byte count has more digits than Python formats into a message.
+    from_proto(common_pb2.Tensor(dtype=common_pb2.DATA_TYPE_UINT8, shape=[2**40] * 400, data=b"x"), FIELD)
+
+
+def _header_of_thousands_of_dimensions():
+    TensorAssembler(_header(dtype=common_pb2.DATA_TYPE_UINT8, shape=[2**40] * 400, total_bytes=1))
+
+
 def _header_negative_dim():
     TensorAssembler(_header(shape=[2, -4], total_bytes=0))
 
@@ -265,6 +274,8 @@ def _non_positive_chunk_size():
         pytest.param(_unspecified_dtype, [FIELD, "DATA_TYPE_"], id="unspecified-dtype"),
         pytest.param(_negative_dim, [FIELD, "[-1, 2]", "negative"], id="negative-dim"),
         pytest.param(_shape_overflowing_int64, [FIELD, "0 bytes"], id="shape-overflows-int64"),
+        pytest.param(_shape_of_thousands_of_dimensions, [FIELD, "400 dimensions", "at most 32"], id="rank-400"),
+        pytest.param(_header_of_thousands_of_dimensions, [NAME, "400 dimensions"], id="header-rank-400"),
         pytest.param(_header_total_bytes_mismatch, [NAME, "total_bytes 7", "8 bytes"], id="header-total-bytes"),
         pytest.param(_header_unknown_dtype, [NAME, "42"], id="header-unknown-dtype"),
         pytest.param(_header_negative_dim, [NAME, "negative"], id="header-negative-dim"),

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_int, env_str
+from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 
@@ -30,6 +31,8 @@ class CompileConfig:
     security: Security = field(default_factory=service_security(Role.COMPILE))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
     metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
+    # ACCELMESH_HTTP_HANDSHAKE_TIMEOUT_S, _READ_TIMEOUT_S, _MAX_CONNECTIONS: its HTTP endpoints (runtime/https.py)
+    http: HttpLimits = HttpLimits()
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
@@ -45,6 +48,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> CompileConfig:
         security=security_from_env(Role.COMPILE, env, insecure=args.insecure),
         health_listen=args.health_listen,
         metrics_listen=args.metrics_listen,
+        http=http_limits_from_env(env),
         listen=args.listen,
         cache_dir=args.cache_dir,
         cache_max_bytes=env_int("ACCELMESH_ARTIFACT_MAX_BYTES", d.cache_max_bytes, env, minimum=1024**2),

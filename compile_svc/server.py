@@ -48,7 +48,7 @@ def build_compile_service(config: CompileConfig, *, tracer_provider=None) -> tup
                           max_uploads=config.max_uploads, max_total_bytes=config.max_uploaded_bytes)
     uploads.restore()
     servicer = CompileServicer(compiler, uploads, config.max_message_bytes, config.max_parameter_bytes)
-    metrics = Metrics("compile", config.metrics_listen, config.security)
+    metrics = Metrics("compile", config.metrics_listen, config.security, config.http)
     register_metrics(metrics, compiler.cache)
     server = create_server(
         [Service(SERVICE_NAME, compile_service_pb2_grpc.add_CompileServiceServicer_to_server, servicer)],

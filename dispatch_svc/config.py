@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
 from accelmesh.runtime.database import database_url
+from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S
@@ -56,6 +57,8 @@ class DispatchConfig:
     security: Security = field(default_factory=service_security(Role.DISPATCH))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
     metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
+    # ACCELMESH_HTTP_HANDSHAKE_TIMEOUT_S, _READ_TIMEOUT_S, _MAX_CONNECTIONS: its HTTP endpoints (runtime/https.py)
+    http: HttpLimits = HttpLimits()
     # ACCELMESH_STAGE_CALIBRATION: finished pipeline stage calls calibrate later placements
     # (dispatch_svc/planner/calibration.py); 0 plans from the catalog alone, the same plan every time
     calibrate_stages: bool = True
@@ -94,6 +97,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         security=security_from_env(Role.DISPATCH, env, insecure=args.insecure),
         health_listen=args.health_listen,
         metrics_listen=args.metrics_listen,
+        http=http_limits_from_env(env),
         inventory=args.inventory,
         compile=args.compile,
         data_dir=args.data_dir,

@@ -62,7 +62,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
         except errors.AccelmeshError as exc:  # inventory down: the leases lapse on their own
             log.warning("could not release the devices of interrupted job %s: %s", job_id, exc)
     throughput = ThroughputModel(calibrate_stages=config.calibrate_stages)
-    metrics = Metrics("dispatch", config.metrics_listen, config.security)
+    metrics = Metrics("dispatch", config.metrics_listen, config.security, config.http)
     live = LiveJobs()
     dispatch_metrics = DispatchMetrics(metrics, book, live.count)
     quotas = Quotas(book.engine)
@@ -87,7 +87,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     status = None
     if config.status_listen:
         status = StatusPage(config.status_listen, config.security, Authenticator(config.security), book,
-                            inventory.all_devices).start()
+                            inventory.all_devices, limits=config.http).start()
 
     def shutdown():
         queue.stop()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_float, env_int, env_str
 from accelmesh.runtime.database import database_url
+from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 from inventory_svc.inventory import DEFAULT_FORGET_LOST_AFTER_S
@@ -36,6 +37,8 @@ class InventoryConfig:
     security: Security = field(default_factory=service_security(Role.INVENTORY))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
     metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
+    # ACCELMESH_HTTP_HANDSHAKE_TIMEOUT_S, _READ_TIMEOUT_S, _MAX_CONNECTIONS: its HTTP endpoints (runtime/https.py)
+    http: HttpLimits = HttpLimits()
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig:
@@ -82,6 +85,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> InventoryConfig
         security=security_from_env(Role.INVENTORY, env, insecure=args.insecure),
         health_listen=args.health_listen,
         metrics_listen=args.metrics_listen,
+        http=http_limits_from_env(env),
         listen=args.listen,
         db=args.db,
         poll_interval_s=args.poll_interval,

@@ -52,7 +52,7 @@ def build_inventory(
         store, client.describe, lost_after_polls=config.lost_after_polls, tracer=tracer(tracer_provider, __name__),
         poll_interval_s=config.poll_interval_s, forget_lost_after_s=config.forget_lost_after_s,
     )
-    metrics = Metrics("inventory", config.metrics_listen, config.security)
+    metrics = Metrics("inventory", config.metrics_listen, config.security, config.http)
     poller = Poller(InventoryMetrics(metrics, inventory).timed(inventory.poll_all), inventory.take_over,
                     config.poll_interval_s)
     # Started with the server, poller or not: watchers hear of other replicas' changes through it.

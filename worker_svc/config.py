@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from accelmesh import errors
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, env_bool, env_float, env_int, env_str
+from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 from worker_svc.held_tensors import MAX_HELD_TENSORS
@@ -58,6 +59,8 @@ class WorkerConfig:
     security: Security = field(default_factory=service_security(Role.WORKER))
     health_listen: str = ""  # ACCELMESH_HEALTH_LISTEN: plaintext health alone, for probes
     metrics_listen: str = ""  # ACCELMESH_METRICS_LISTEN: /metrics for Prometheus (accelmesh/runtime/metrics.py)
+    # ACCELMESH_HTTP_HANDSHAKE_TIMEOUT_S, _READ_TIMEOUT_S, _MAX_CONNECTIONS: its HTTP endpoints (runtime/https.py)
+    http: HttpLimits = HttpLimits()
 
     @property
     def node_ip(self) -> str:
@@ -113,6 +116,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         security=security_from_env(Role.WORKER, env, insecure=args.insecure),
         health_listen=args.health_listen,
         metrics_listen=args.metrics_listen,
+        http=http_limits_from_env(env),
         listen=args.listen,
         advertise_ip=args.advertise_ip,
         cpu_devices=args.devices,

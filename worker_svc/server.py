@@ -54,7 +54,7 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
                               max_input_bytes=config.max_input_bytes, max_inputs=config.max_inputs,
                               max_message_bytes=config.max_message_bytes,
                               tracer=tracer_provider.get_tracer("accelmesh.worker") if tracer_provider else None)
-    metrics = Metrics("worker", config.metrics_listen, config.security)
+    metrics = Metrics("worker", config.metrics_listen, config.security, config.http)
     WorkerMetrics(metrics, executor, held)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],

@@ -2,10 +2,11 @@
 
 Every service makes its instruments from `Metrics.meter`. With a metrics address
 (ACCELMESH_METRICS_LISTEN or --metrics-listen, host:port), the service's MeterProvider has
-OpenTelemetry's PrometheusMetricReader, and prometheus_client's HTTP server serves its registry
-at http(s)://address/metrics. Each service has a registry of its own, so services sharing a
-process (the tests, the embedded mesh) never mix their series. Without an address the meter is
-a no-op one: an unmeasured service pays nothing.
+OpenTelemetry's PrometheusMetricReader, and prometheus_client's handler serves its registry at
+http(s)://address/metrics from the mesh's HTTP server (https.py: handshakes off the accepting
+thread, timeouts, a bound on connections, browser security headers). Each service has a
+registry of its own, so services sharing a process (the tests, the embedded mesh) never mix
+their series. Without an address the meter is a no-op one: an unmeasured service pays nothing.
 
 The endpoint is TLS like the rest of the mesh: the service's own certificate, and only a client
 with a certificate of the mesh CA may scrape (Prometheus is given one: deploy/README.md); on an
@@ -30,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 
 from accelmesh import errors
 from accelmesh.runtime.config import cannot_bind
+from accelmesh.runtime.https import DEFAULT_LIMITS, HttpLimits, HttpsServer, SecureHandler, tls_context
 from accelmesh.security.config import Security
 
 log = logging.getLogger(__name__)
@@ -39,8 +41,10 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 
 class Metrics:
-    def __init__(self, service: str, listen: str = "", security: Security | None = None):
-        """`listen`: host:port to serve /metrics on (port 0: any free one, `port` says which); "" for none."""
+    def __init__(self, service: str, listen: str = "", security: Security | None = None,
+                 limits: HttpLimits = DEFAULT_LIMITS):
+        """`listen`: host:port to serve /metrics on (port 0: any free one, `port` says which); "" for none.
+        `limits`: the endpoint's timeouts and connection bound (https.py)."""
         self.service, self.port = service, 0
         self._server = None
         self._provider: MeterProvider | None = None
@@ -48,7 +52,7 @@ class Metrics:
             self.meter: Meter = NoOpMeterProvider().get_meter(f"accelmesh.{service}")
             return
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry, MetricsHandler
 
         host, port = _host_port(listen)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -56,16 +60,15 @@ class Metrics:
         self._provider = MeterProvider(resource=Resource.create({"service.name": f"accelmesh-{service}"}),
                                        metric_readers=[reader])
         self.meter = self._provider.get_meter(f"accelmesh.{service}")
-        tls = {} if security is None or security.insecure else {
-            "certfile": str(security.tls.cert_file), "keyfile": str(security.tls.key_file),
-            "client_cafile": str(security.tls.ca_file), "client_auth_required": True}
+        handler = type("MetricsHandler", (SecureHandler, MetricsHandler), {"registry": self.registry})
+        context = tls_context(security, client_certificate=True)
         try:
-            self._server, _ = start_http_server(port, addr=host, registry=self.registry, **tls)
+            self._server = HttpsServer(f"{service} metrics", host, port, handler, context, limits).start()
         except OSError:
             self._provider.shutdown()
             raise cannot_bind(listen, "--metrics-listen (ACCELMESH_METRICS_LISTEN)") from None
-        self.port = self._server.server_port
-        self.scheme = "http" if not tls else "https"
+        self.port = self._server.port
+        self.scheme = "https" if self._server.secure else "http"
 
     @property
     def enabled(self) -> bool:
@@ -103,8 +106,7 @@ class Metrics:
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
         if self._provider is not None:
             self._provider.shutdown()

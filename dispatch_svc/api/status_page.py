@@ -8,8 +8,10 @@ what the dispatcher already has: the inventory's ListDevices and the job book. I
 TLS with the dispatcher's certificate (plain HTTP only on an insecure, loopback-only mesh), and
 asks for the caller's bearer token as HTTP Basic authentication (any user name, the token as the
 password), so it shows each person what the API would: their own jobs, or everyone's to an
-operator. The standard library's HTTP server is enough for a few read-only pages; a web framework
-would be a dependency for nothing.
+operator. The mesh's HTTP server (accelmesh/runtime/https.py: handshakes off the accepting thread,
+timeouts, a bound on connections, browser security headers) is enough for a few read-only pages; a
+web framework would be a dependency for nothing. The page styles itself inline and loads nothing,
+so its Content-Security-Policy allows inline styles alone.
 """
 
 from __future__ import annotations
@@ -17,17 +19,16 @@ from __future__ import annotations
 import base64
 import html
 import logging
-import ssl
-import threading
 import time
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.config import cannot_bind
+from accelmesh.runtime.https import DEFAULT_LIMITS, HttpLimits, HttpsServer, SecureHandler, tls_context
 from accelmesh.security.access import Authenticator, sees_everything
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Principal
@@ -39,14 +40,19 @@ log = logging.getLogger(__name__)
 REFRESH_S = 5
 MAX_JOBS = 200  # unfinished jobs a page lists at most
 MIB = 1024 * 1024
+# Inline <style> and style attributes (bars, state badges), the picture inline SVG; nothing else.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; "
+                           "form-action 'none'")
 STATE_COLOURS = {m.QUEUED: "#8e24aa", m.PLANNING: "#64b5f6", m.COMPILING: "#64b5f6", m.RUNNING: "#1e88e5",
                  m.SUCCEEDED: "#43a047", m.FAILED: "#e53935", m.CANCELLED: "#fb8c00"}
 
 
 class StatusPage:
     def __init__(self, listen: str, security: Security, auth: Authenticator, book: JobBook,
-                 devices: Callable[[], Iterable], clock: Callable[[], float] = time.time):
-        """`devices()`: the inventory's devices (ListDevices' Device messages, lost ones too)."""
+                 devices: Callable[[], Iterable], clock: Callable[[], float] = time.time,
+                 limits: HttpLimits = DEFAULT_LIMITS):
+        """`devices()`: the inventory's devices (ListDevices' Device messages, lost ones too); `limits`:
+        the page's timeouts and connection bound (https.py)."""
         self._auth, self._book, self._devices, self._clock = auth, book, devices, clock
         host, _, port = listen.rpartition(":")
         if not port.isdigit():
@@ -54,36 +60,29 @@ class StatusPage:
                                          "ACCELMESH_STATUS_LISTEN to e.g. 0.0.0.0:8443, or leave it empty for no page")
         page = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(SecureHandler):
             server_version = "accelmesh-dispatch"
+            content_security_policy = CONTENT_SECURITY_POLICY
 
             def do_GET(self):  # the standard library's name
                 page.answer(self)
 
-            def log_message(self, format, *args):  # the standard library's signature
-                log.debug("status page: " + format, *args)
-
+        # Browsers have no mesh certificate: the page asks for a token instead.
+        context = tls_context(security, client_certificate=False)
         try:
-            self._server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+            self._server = HttpsServer("status page", host.strip("[]") or "0.0.0.0", int(port), Handler, context,
+                                       limits)
         except OSError:
             raise cannot_bind(listen, "--status-listen (ACCELMESH_STATUS_LISTEN)") from None
-        self._server.daemon_threads = True
-        self.secure = not security.insecure
-        if self.secure:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(str(security.tls.cert_file), str(security.tls.key_file))
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="status-page", daemon=True)
+        self.secure = self._server.secure
+        self.port = self._server.port
 
     def start(self) -> StatusPage:
-        self._thread.start()
+        self._server.start()
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -131,7 +130,6 @@ class StatusPage:
         request.send_header("Content-Type", "text/html; charset=utf-8")
         request.send_header("Content-Length", str(len(data)))
         request.send_header("Cache-Control", "no-store")
-        request.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
         for name, value in (headers or {}).items():
             request.send_header(name, value)
         request.end_headers()

@@ -2,15 +2,18 @@
 each serving /metrics over TLS on a port of its own), a compile service and a one-device worker
 as processes. Scraped as Prometheus would, with a client certificate of the mesh CA: the device,
 reservation, queue and job series are there and move as a job waits in the queue and then runs;
-a scrape without a certificate is refused; and every series the Grafana dashboard in deploy/
-plots is one the services export.
+a scrape without a certificate is refused; fifty idle TCP connections to each endpoint keep no
+scrape from being answered; and every series the Grafana dashboard in deploy/ plots is one the
+services export.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -31,7 +34,7 @@ from dispatch_svc.server import build_dispatch
 from inventory_svc.config import InventoryConfig
 from inventory_svc.server import build_inventory
 
-from conftest import CREDENTIALS, mesh_stub, scrape, value
+from conftest import CREDENTIALS, mesh_stub, scrape, scraper_context, value
 
 pytestmark = pytest.mark.slow
 
@@ -139,6 +142,20 @@ def test_a_scrape_without_a_mesh_certificate_is_refused(mesh):
     anonymous = ssl.create_default_context(cafile=str(CREDENTIALS.service(Role.OPERATOR).tls.ca_file))
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
         urllib.request.urlopen(mesh.scrape["dispatch"], context=anonymous, timeout=WAIT_S).read()
+
+
+def test_idle_sockets_on_every_endpoint_keep_no_scrape_from_being_answered(mesh):
+    """Fifty connections that never handshake, to each service's /metrics, used to hold its one accepting thread."""
+    with contextlib.ExitStack() as idle:
+        for url in mesh.scrape.values():
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            for _ in range(50):
+                idle.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+        for service, url in mesh.scrape.items():
+            # A loaded CI machine answers within 5 s; an endpoint held by an idle socket never does.
+            with urllib.request.urlopen(url, context=scraper_context(), timeout=5) as response:
+                text = response.read().decode()
+            assert f'service_name="accelmesh-{service}"' in text
 
 
 def test_every_series_the_dashboard_plots_is_exported(activity):

@@ -7,7 +7,8 @@ one queued (its device is full). The page shows both devices by node, the runnin
 one with its place and why, and the running job's page its shards and their placement picture.
 The screenshot is saved (ACCELMESH_TEST_ARTIFACTS, default .test-artifacts/) and checked for the
 state colours of the running and queued jobs; the page asks for credentials without a token, and
-another user sees none of these jobs.
+another user sees none of these jobs. Fifty idle TCP connections do not keep the page from
+loading, and its responses carry the browser security headers.
 
 Without a Chromium on the machine the browser tests are skipped with one line saying how to get
 one, as the PostgreSQL variants are (tests/postgres.py), unless ACCELMESH_REQUIRE_CHROMIUM=1 (CI,
@@ -16,9 +17,11 @@ which installs it), which makes that a failure."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -173,3 +176,20 @@ def test_another_user_sees_none_of_these_jobs(pool):
     assert "no job is running" in dom and "the queue is empty" in dom
     assert "Not found" in browse(pool, f"/jobs/{pool.running}", "bob")
 
+
+
+def test_idle_sockets_do_not_keep_the_page_from_loading_and_it_sends_security_headers(pool):
+    """Fifty connections that never handshake used to hold the page's one accepting thread."""
+    context = ssl.create_default_context(cafile=str(CREDENTIALS.service(Role.OPERATOR).tls.ca_file))
+    signed_in = base64.b64encode(f"alice:{pool.tokens['alice']}".encode()).decode()
+    request = urllib.request.Request(f"https://localhost:{pool.port}/", headers={"Authorization": f"Basic {signed_in}"})
+    with contextlib.ExitStack() as idle:
+        for _ in range(50):
+            idle.enter_context(socket.create_connection(("127.0.0.1", pool.port), timeout=5))
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:  # a loaded CI machine meets 5 s
+            page, headers = response.read().decode(), response.headers
+    assert pool.running in page and '<span id="queued-count">1</span>' in page
+    assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
+    assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+    assert headers["Referrer-Policy"] == "no-referrer" and headers["Strict-Transport-Security"].startswith("max-age=")
+    assert "Python" not in headers["Server"]

@@ -5,10 +5,11 @@ The standard library's recipe, wrapping the listening socket in TLS, runs every 
 accept() on the one thread that serves the port: a client that connects and sends nothing holds
 that thread, and no one else is answered for as long as it stays. Here accept() takes plain TCP and
 hands the socket to a thread of its own, which completes the handshake within `handshake_timeout_s`
-(a deadline for the whole handshake) and then waits at most `read_timeout_s` for each read of the
-request. At most `max_connections` connections are served at once; one beyond that is closed as
-soon as it is accepted, so a flood of idle sockets costs a bounded number of threads and each of
-them is gone after its handshake timeout, while callers that send a request are answered.
+(a deadline for the whole handshake) and then has `read_timeout_s` to read the whole request,
+however it is sent: a client trickling a byte at a time gains nothing by it. At most
+`max_connections` connections are served at once; one beyond that is closed as soon as it is
+accepted, so a flood of idle sockets costs a bounded number of threads, each of them gone after its
+timeout, while callers that send a request are answered.
 
 Every response says what a browser may do with it (`SecureHandler`): nothing framed, nothing
 sniffed, no referrer, HTTPS only once seen over TLS, and a Server header without versions.
@@ -16,11 +17,13 @@ sniffed, no referrer, HTTPS only once seen over TLS, and a Server header without
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,8 +42,8 @@ class HttpLimits:
     # ACCELMESH_HTTP_HANDSHAKE_TIMEOUT_S: a connection that has not completed its TLS handshake
     # within this is closed (browsers and Prometheus take milliseconds)
     handshake_timeout_s: float = 5.0
-    # ACCELMESH_HTTP_READ_TIMEOUT_S: a connection that sends no byte of its request for this long,
-    # or does not take the answer's, is closed
+    # ACCELMESH_HTTP_READ_TIMEOUT_S: a connection that has not sent its whole request this long
+    # after its handshake, or that takes none of the answer for this long, is closed
     read_timeout_s: float = 10.0
     # ACCELMESH_HTTP_MAX_CONNECTIONS: connections served at once, per endpoint; more are closed at once
     max_connections: int = 128
@@ -71,12 +74,37 @@ def tls_context(security: Security | None, *, client_certificate: bool) -> ssl.S
     return context
 
 
+class _RequestReader(socket.SocketIO):
+    """Reads a request within one deadline: each read waits at most what is left of it."""
+
+    def __init__(self, sock: socket.socket, deadline: float, write_timeout_s: float):
+        super().__init__(sock, "rb")
+        self._deadline, self._write_timeout_s = deadline, write_timeout_s
+
+    def readinto(self, b):
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request was not read within ACCELMESH_HTTP_READ_TIMEOUT_S")
+        self._sock.settimeout(left)
+        try:
+            return super().readinto(b)
+        finally:
+            self._sock.settimeout(self._write_timeout_s)  # what the answer's writes wait, at most
+
+
 class SecureHandler(BaseHTTPRequestHandler):
-    """A request handler whose every response, errors included, carries the browser security headers."""
+    """A request handler whose every response, errors included, carries the browser security headers,
+    and that reads its request within the server's read timeout (HttpsServer serves these alone)."""
 
     server_version = "accelmesh"
     # Nothing is loaded by what the endpoints serve; a page that styles itself widens this.
     content_security_policy = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the standard library's reader, replaced by one with a deadline
+        timeout_s = self.server.limits.read_timeout_s
+        self.rfile = io.BufferedReader(_RequestReader(self.connection, time.monotonic() + timeout_s, timeout_s))
 
     def version_string(self) -> str:  # the standard library's name; its default names the Python version
         return self.server_version
@@ -102,10 +130,10 @@ class HttpsServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = ACCEPT_BACKLOG
 
-    def __init__(self, name: str, host: str, port: int, handler: type[BaseHTTPRequestHandler],
+    def __init__(self, name: str, host: str, port: int, handler: type[SecureHandler],
                  context: ssl.SSLContext | None, limits: HttpLimits):
-        self.name, self.secure = name, context is not None
-        self._context, self._limits = context, limits
+        self.name, self.secure, self.limits = name, context is not None, limits
+        self._context = context
         self._slots = threading.BoundedSemaphore(limits.max_connections)
         self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         super().__init__((host, port), handler)
@@ -126,16 +154,16 @@ class HttpsServer(ThreadingHTTPServer):
         if self._slots.acquire(blocking=False):
             return True
         log.warning("%s: %d connections are being served; closed one more from %s (ACCELMESH_HTTP_MAX_CONNECTIONS)",
-                    self.name, self._limits.max_connections, client_address[0])
+                    self.name, self.limits.max_connections, client_address[0])
         return False
 
     def process_request_thread(self, request, client_address):
         try:
             if self._context is not None:
-                request.settimeout(self._limits.handshake_timeout_s)
+                request.settimeout(self.limits.handshake_timeout_s)
                 request = self._context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
                 request.do_handshake()
-            request.settimeout(self._limits.read_timeout_s)
+            request.settimeout(self.limits.read_timeout_s)
             self.finish_request(request, client_address)
         except OSError as exc:  # a handshake refused or timed out, a client gone or silent: its loss alone
             log.debug("%s: connection from %s ended: %s", self.name, client_address[0], exc)

@@ -2,9 +2,10 @@
 endpoint with the mesh's mutual TLS and the dispatcher's status page with server TLS and a token,
 each in this process on port 0. Idle TCP connections (connected, sending nothing) do not keep a
 scrape or a page load from being answered; a connection that does not handshake, or handshakes and
-sends nothing, is closed; connections beyond the bound are closed at once; every response carries
-the browser security headers and a Server header without versions; the limits come from the
-environment. (The endpoints in a whole mesh: tests/e2e/test_metrics_e2e.py, test_status_page.py.)"""
+sends nothing, is closed, as is one that trickles its request past the read timeout; connections
+beyond the bound are closed at once; every response carries the browser security headers and a
+Server header without versions; the limits come from the environment. (The endpoints in a whole
+mesh: tests/e2e/test_metrics_e2e.py, test_status_page.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import base64
 import contextlib
 import os
 import re
+import select
 import socket
 import ssl
 import urllib.error
@@ -34,6 +36,7 @@ IDLE_SOCKETS = 50
 # A loaded machine answers well within this; an endpoint held by an idle socket never does.
 ANSWER_TIMEOUT_S = 5.0
 WAIT_S = 30.0  # only bounds a hang
+TRICKLE_S = 0.05  # a slow client's pace, a tenth of the read timeout it is given
 BROWSER_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
@@ -158,6 +161,22 @@ def test_a_connection_that_handshakes_and_sends_nothing_is_closed():
             context.wrap_socket(socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S),
                                 server_hostname="localhost") as quiet:
         assert quiet.recv(1) == b""  # the server's close, after the handshake this call completed
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_read_timeout():
+    """Each byte comes well within the read timeout of the last; the whole request must come within it."""
+    with hello_server(HttpLimits(read_timeout_s=0.5), tls=False) as server, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as slow:
+        try:
+            for _ in range(int(WAIT_S / TRICKLE_S)):
+                if select.select([slow], [], [], TRICKLE_S)[0]:  # the server closed it (or answered)
+                    break
+                slow.sendall(b"G")
+            else:
+                pytest.fail(f"the server still read a request trickled for {WAIT_S:.0f} s")
+            assert slow.recv(1) == b""
+        except ConnectionError:  # closed while a byte was on its way: reset
+            pass
 
 
 def test_connections_beyond_the_bound_are_closed_at_once_and_the_held_ones_kept():

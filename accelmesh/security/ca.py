@@ -4,7 +4,10 @@ certificates it issues to each process (with the `cryptography` library; nothing
 Every certificate names one identity as a URI subject alternative name,
 ``spiffe://accelmesh/<role>/<name>`` (identity.py), and a DNS name ``<role>.accelmesh.internal``
 that services dial each other by (channels verify the role of the server they reach that way),
-besides the hosts it is reached at. Keys are ECDSA P-256 and written readable by the owner only.
+besides the hosts it is reached at, each of them also as ``<host>.<role>.accelmesh.internal``
+(identity.node_host: the name a channel to one worker verifies, its role and host at once). The
+mesh's own names are derived here and never taken from a caller, so no certificate of one role
+can carry another role's. Keys are ECDSA P-256 and written readable by the owner only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from accelmesh.security.identity import Role, role_host, spiffe_id
+from accelmesh import errors
+from accelmesh.security.identity import MESH_DOMAIN, Role, node_host, role_host, spiffe_id
 
 CA_DAYS = 365
 LEAF_DAYS = 90
@@ -68,11 +72,17 @@ class CertificateAuthority:
     def issue(self, role: Role, name: str, hosts: Sequence[str] = (), *, stem: str | None = None,
               days: int = LEAF_DAYS) -> Issued:
         """Issue ``<stem>.crt``/``<stem>.key`` (stem defaults to the name) for ``role``/``name``,
-        valid for the role's mesh host name and each of ``hosts`` (DNS names or IP addresses)."""
+        valid for the role's mesh host name and each of ``hosts`` (DNS names or IP addresses), each
+        also as its node name of the role (``<host>.<role>.accelmesh.internal``)."""
+        for host in hosts:
+            if host.rstrip(".").lower().endswith(MESH_DOMAIN):
+                raise errors.InvalidArgument(
+                    f"hosts: {host!r} is a name of the mesh ({MESH_DOMAIN}), which the CA derives from the role; "
+                    f"name the host's own DNS name or IP address")
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         alt_names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_id(role, name))]
-        for host in (role_host(role), *hosts):
+        for host in dict.fromkeys((role_host(role), *hosts, *(node_host(role, host) for host in hosts))):
             try:
                 alt_names.append(x509.IPAddress(ipaddress.ip_address(host)))
             except ValueError:

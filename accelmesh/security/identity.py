@@ -42,6 +42,27 @@ def role_host(role: Role) -> str:
     return f"{role.value}.{MESH_DOMAIN}"
 
 
+def node_host(role: Role, host: str) -> str:
+    """The DNS name a certificate of ``role`` carries for each host it serves on,
+    ``<host>.<role>.accelmesh.internal``: a channel to one node (a worker at ``host:port``)
+    verifies it, so the one name checks both that the server is of that role and that its
+    certificate was issued for that host. An IPv6 address is written in full with dashes, since a
+    DNS name holds no colons."""
+    host = _normal_host(host)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        label = host.rstrip(".")
+    else:
+        label = address.exploded.replace(":", "-") if address.version == 6 else str(address)
+    return f"{label}.{role_host(role)}"
+
+
+def address_host(address: str) -> str:
+    """The host of a ``host:port`` address (``[v6]:port`` too), normalised."""
+    return _normal_host(address.rsplit(":", 1)[0])
+
+
 @dataclass(frozen=True)
 class Principal:
     """An authenticated caller: its name, its role, and how it proved them ("certificate" or "token")."""

@@ -9,6 +9,8 @@ certificate. A renewed key and certificate are taken only once they match each o
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from cryptography.hazmat.primitives import serialization
 
 from accelmesh import errors
 from accelmesh.security.files import ReloadingFile, file_stamp
+from accelmesh.security.identity import address_host
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +111,30 @@ class TokenPlugin(grpc.AuthMetadataPlugin):
             callback(self._metadata.get(), None)
         except (OSError, errors.AccelmeshError) as exc:
             callback((), exc)
+
+
+def peer_certificate_names(address: str, files: TlsFiles, *, timeout_s: float = 2.0) -> list[str] | None:
+    """The names (SPIFFE URI, DNS names, IP addresses) in the certificate the server at ``address``
+    presents, or None when no TLS handshake completes. For messages only: nothing is trusted from
+    it, the host is not checked here, and the channel that was refused stays refused."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # its name is what the message reports
+    context.load_verify_locations(cafile=str(files.ca_file))
+    context.load_cert_chain(str(files.cert_file), str(files.key_file))
+    context.set_alpn_protocols(["h2"])
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        with socket.create_connection((address_host(address), port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    except (OSError, ValueError, IndexError):
+        return None
+    if der is None:
+        return None
+    try:
+        sans = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return ([*sans.value.get_values_for_type(x509.UniformResourceIdentifier),
+             *sans.value.get_values_for_type(x509.DNSName),
+             *(str(ip) for ip in sans.value.get_values_for_type(x509.IPAddress))])

@@ -12,7 +12,7 @@ import grpc
 
 from accelmesh import errors
 from accelmesh.hardware.model import NodeDescription
-from accelmesh.runtime.channels import ChannelPool
+from accelmesh.runtime.channels import ChannelPool, explain_refusal
 from accelmesh.runtime.devices import device_from_proto
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
@@ -23,8 +23,8 @@ DESCRIBE_TIMEOUT_S = 2.0
 
 class NodeClient:
     def __init__(self, security: Security, *, timeout_s: float = DESCRIBE_TIMEOUT_S, tracer_provider=None):
-        self._timeout_s = timeout_s
-        # Only a server holding a worker certificate is answered as a node.
+        self._timeout_s, self._security = timeout_s, security
+        # Only a server holding a worker certificate issued for the address's host is answered as a node.
         self._channels = ChannelPool(security, Role.WORKER, tracer_provider=tracer_provider)
 
     def _stub(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
@@ -39,8 +39,9 @@ class NodeClient:
             # A channel that failed sits in reconnect backoff (up to minutes); a fresh one lets the
             # next poll see a restarted node at once.
             self.forget(address)
+            details = explain_refusal(address, exc.details(), security=self._security, role=Role.WORKER)
             raise errors.Unavailable(
-                f"node {address} did not answer DescribeNode: {exc.code().name}: {exc.details()}") from None
+                f"node {address} did not answer DescribeNode: {exc.code().name}: {details}") from None
         try:
             return parse_description(response)
         except errors.InvalidArgument as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 
 import grpc
@@ -12,8 +13,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from accelmesh.runtime.telemetry import instrument_channel
 from accelmesh.security.config import Security, security_from_env
-from accelmesh.security.identity import Role, role_host
-from accelmesh.security.tls import channel_credentials
+from accelmesh.security.identity import Role, address_host, node_host, role_host
+from accelmesh.security.tls import channel_credentials, peer_certificate_names
+
+log = logging.getLogger(__name__)
+
+# Roles whose servers are nodes, one host an address: the server's certificate must name that host
+# as a node of the role (identity.node_host), so one node's key cannot answer for another's.
+PER_NODE_ROLES = frozenset({Role.WORKER})
+# What gRPC's details say when the server's certificate does not name the name it was dialled by.
+_NAME_MISMATCH = "hostname verification"
 
 
 def open_channel(
@@ -26,8 +35,9 @@ def open_channel(
 ) -> grpc.Channel:
     """A channel to ``address``. ``security`` defaults to this process's as a client (the
     environment, or the credentials folder of ``accelmesh up``). With ``role``, the server must
-    present a certificate of that role (a service calling a service), whatever host it is on;
-    without, the server's certificate must name the host of ``address``."""
+    present a certificate of that role (a service calling a service), and for a node's role
+    (PER_NODE_ROLES: a worker) one issued for the host of ``address`` too; without, the server's
+    certificate must name the host of ``address``."""
     security = security if security is not None else security_from_env(Role.CLIENT)
     options = channel_options(max_message_bytes)
     if role in _REPLICATED:
@@ -40,10 +50,40 @@ def open_channel(
         channel = grpc.insecure_channel(address, options=options)
     else:
         if role is not None:
-            options = [*options, ("grpc.ssl_target_name_override", role_host(role))]
+            options = [*options, ("grpc.ssl_target_name_override", expected_name(address, role))]
         credentials = channel_credentials(security.tls, security.token_file)
         channel = grpc.secure_channel(address, credentials, options=options)
     return instrument_channel(channel, tracer_provider)
+
+
+def expected_name(address: str, role: Role | None) -> str:
+    """The name the server at ``address`` must present a certificate for."""
+    if role in PER_NODE_ROLES:
+        return node_host(role, address_host(address))
+    return role_host(role) if role is not None else address_host(address)
+
+
+def explain_refusal(address: str, details: str, *, security: Security, role: Role | None = None) -> str:
+    """``details`` of a failed call, or, when TLS refused the server's certificate for its names,
+    a message naming the address, the name expected and the names the certificate has, and the fix."""
+    if security.insecure or _NAME_MISMATCH not in (details or "").lower():
+        return details
+    names = peer_certificate_names(address, security.tls)
+    has = f"names {', '.join(names)}" if names else "could not be read again"
+    expected = expected_name(address, role)
+    if role in PER_NODE_ROLES:
+        fix = (f"each {role.value} needs a certificate of its own naming its host ({address_host(address)}): "
+               f"issue it from the mesh CA (MeshCredentials.worker, or a Certificate per node in Kubernetes, "
+               f"docs/security.md); a certificate issued for another host is refused")
+    elif role is not None:
+        fix = f"the server is not a {role.value} of this mesh: check the address"
+    else:
+        fix = (f"connect to an address the certificate names, or have it name {expected}: "
+               f"`accelmesh up --advertise {expected}` (or listen on that address), or "
+               f"`python -m accelmesh.security.credentials DIR --host {expected}`")
+    message = (f"the certificate of the server at {address} does not name {expected} (it {has}); {fix}")
+    log.warning("refused %s: %s", address, message)
+    return message
 
 
 # Services that run as replicas: an address may name several (gRPC's `ipv4:10.0.0.5:50061,10.0.0.6:50061`,

@@ -80,10 +80,12 @@ class _Waiting:
 
 class ShardStream:
     def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
-                 on_unavailable: Callable[[], None], first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None],
+                 on_unavailable: Callable[[str], str],
+                 first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None],
                  on_batches: Callable[[], None] = lambda: None):
         """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`.
-        `on_batches` is called once the worker's first batched answer arrives (it reads batches too)."""
+        `on_batches` is called once the worker's first batched answer arrives (it reads batches too).
+        `on_unavailable` is given an UNAVAILABLE's details and returns what to report of them."""
         self._held, self._on_unavailable, self._on_batches = held, on_unavailable, on_batches
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -157,7 +159,7 @@ class ShardStream:
             reason = error_reason(exc)
             exc.__traceback__ = None  # the call's own error: its frames would hold the shards' inputs
             if code == grpc.StatusCode.UNAVAILABLE:
-                self._on_unavailable()
+                details = self._on_unavailable(details)
             cause = f"{code.name}: {details}"
             with self._lock:
                 head = self._waiting[0] if self._waiting else None

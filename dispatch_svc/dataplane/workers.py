@@ -14,7 +14,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from accelmesh import errors
 from accelmesh.runtime.batches import batched
-from accelmesh.runtime.channels import ChannelPool
+from accelmesh.runtime.channels import ChannelPool, explain_refusal
 from accelmesh.runtime.programs import FORMAT_TO_PROTO
 from accelmesh.runtime.tensors import PlaceTensor, serialized_or, split_frames
 from accelmesh.security.config import Security
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 class GrpcWorkers:
     def __init__(self, security: Security, *, tracer_provider=None, max_message_bytes: int, chunk_bytes: int):
-        self._chunk_bytes = chunk_bytes
+        self._chunk_bytes, self._security = chunk_bytes, security
+        # A worker answers only with a certificate issued for its host (channels.PER_NODE_ROLES).
         self._channels = ChannelPool(security, Role.WORKER, tracer_provider=tracer_provider,
                                      max_message_bytes=max_message_bytes)
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
@@ -70,7 +71,7 @@ class GrpcWorkers:
             self._worker(address).ReleaseJob(worker_pb.ReleaseJobRequest(job_id=job_id), timeout=RELEASE_TIMEOUT_S)
         except grpc.RpcError as exc:
             log.warning("worker %s did not release the tensors of job %s (%s: %s); its idle expiry will",
-                        address, job_id, exc.code().name, exc.details())
+                        address, job_id, exc.code().name, self._refusal(address, exc.details()))
 
     def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
         return worker_service_pb2_grpc.WorkerServiceStub(self._channels.get(address))
@@ -87,6 +88,14 @@ class GrpcWorkers:
         self._channels.forget(address)
         self.held.forget_worker(address)
         self._batching.discard(address)
+
+    def _unavailable(self, address: str, details: str) -> str:
+        """A worker that did not answer is dialled afresh next time; its details, explained."""
+        self._forget_worker(address)
+        return self._refusal(address, details)
+
+    def _refusal(self, address: str, details: str) -> str:
+        return explain_refusal(address, details, security=self._security, role=Role.WORKER)
 
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
@@ -201,7 +210,8 @@ class GrpcWorkers:
                     return stream, stream.send(*shard)
                 except StreamClosed:
                     pass
-            stream = ShardStream(self._execute_many(address), scope, self.held, lambda: self._forget_worker(address),
+            stream = ShardStream(self._execute_many(address), scope, self.held,
+                                 lambda details: self._unavailable(address, details),
                                  shard, on_batches=lambda: self._batching.add(address))
             self._streams[(job_id, device_id)] = stream
             return stream, stream.first

@@ -1,13 +1,17 @@
 """The embedded default: every mesh process on this machine, on loopback, state under one folder.
 
 Security is on: the mesh's CA, the services' certificates and the local operator's token are made
-under ``<data dir>/credentials`` (or ``ACCELMESH_CREDENTIALS_DIR``) on first start and kept.
+under ``<data dir>/credentials`` (or ``ACCELMESH_CREDENTIALS_DIR``) on first start and kept. The
+services' certificates name the hosts they listen on (for a wildcard, this machine's names and
+addresses) and any ``advertise`` names; each worker has a certificate of its own, for its host.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,17 +20,54 @@ from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import ServiceProcess, start_service
 from accelmesh.security.config import INSECURE, Security
-from accelmesh.security.credentials import MeshCredentials
-from accelmesh.security.identity import Role
+from accelmesh.security.credentials import LOCAL_HOSTS, MeshCredentials
+from accelmesh.security.identity import Role, address_host
 
 DEFAULT_DATA_DIR = ".accelmesh"
 # Two bf16-capable accelerators and two without bf16: the smallest pool where rules must differ.
 DEFAULT_EMULATE = ("a100-80gb", "a100-80gb", "v100-32gb", "v100-32gb")
 
 
-def mesh_credentials(data_dir: str | Path, env=os.environ) -> MeshCredentials:
-    """The credentials of the mesh kept under ``data_dir`` (made on first use)."""
-    return MeshCredentials(env.get("ACCELMESH_CREDENTIALS_DIR") or Path(data_dir) / "credentials")
+def mesh_credentials(data_dir: str | Path, env=os.environ, *, hosts: Sequence[str] = ()) -> MeshCredentials:
+    """The credentials of the mesh kept under ``data_dir`` (made on first use); the services'
+    certificates name ``hosts`` besides loopback."""
+    return MeshCredentials(env.get("ACCELMESH_CREDENTIALS_DIR") or Path(data_dir) / "credentials", hosts=hosts)
+
+
+def certificate_hosts(listen: Iterable[str], advertise: Sequence[str] = ()) -> list[str]:
+    """The hosts the services' certificates must name to be reached at what they listen on: each
+    address's host, or for a wildcard (0.0.0.0, ::) this machine's name and addresses; then
+    ``advertise`` (the names clients use that this machine cannot know: a DNS alias, a NAT's address)."""
+    hosts: list[str] = []
+    for address in listen:
+        host = address_host(address)
+        hosts += this_machine() if _is_wildcard(host) else [host]
+    return [h for h in dict.fromkeys([*hosts, *advertise]) if h and h not in LOCAL_HOSTS]
+
+
+def this_machine() -> list[str]:
+    """This machine's host name, its fully qualified name, and the addresses they resolve to."""
+    names = list(dict.fromkeys([socket.gethostname(), socket.getfqdn()]))
+    try:
+        addresses = [info[4][0] for info in socket.getaddrinfo(names[0], None, proto=socket.IPPROTO_TCP)]
+    except OSError:  # a name that does not resolve: its certificate names what is known
+        addresses = []
+    return list(dict.fromkeys([*(n.lower() for n in names), *(a.split("%")[0] for a in addresses)]))
+
+
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return host == ""
+
+
+def reachable(address: str) -> str:
+    """``address`` as this machine dials it: a wildcard listener is reached on loopback."""
+    host, _, port = address.rpartition(":")
+    if not _is_wildcard(address_host(address)):
+        return address
+    return f"[::1]:{port}" if ":" in host.strip("[]") else f"127.0.0.1:{port}"
 
 
 def service_env(credentials: MeshCredentials | None, role: Role) -> dict[str, str]:
@@ -66,7 +107,8 @@ def start_worker(
     artifact_dir: Path | None = None, nvml: bool = True, env: dict[str, str] | None = None,
 ) -> ServiceProcess:
     """`nvml=False`: the worker offers no GPU of this machine, only its CPU and emulated devices.
-    `env` is added to the worker's (a worker on another address needs a certificate naming it)."""
+    The worker runs with a certificate of its own for the host of ``listen`` (MeshCredentials.worker);
+    `env` is added to the worker's."""
     args = ["--listen", listen, "--devices", str(devices), "--inventory", inventory_address,
             "--compile", compile_address]
     if not nvml:
@@ -75,8 +117,9 @@ def start_worker(
         args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
         args += ["--emulate", ",".join(emulate)]
+    own = {} if credentials is None else credentials.env(Role.WORKER, credentials.worker(address_host(listen)))
     return start_service(name, "worker_svc", args, echo=echo,
-                         env={**service_env(credentials, Role.WORKER), **(env or {})})
+                         env={**service_env(credentials, Role.WORKER), **own, **(env or {})})
 
 
 def start_inventory(
@@ -138,23 +181,32 @@ def start_embedded_mesh(
     echo: bool = False,
     nvml: bool = True,
     insecure: bool = False,
+    advertise: Sequence[str] = (),
 ) -> EmbeddedMesh:
-    """``insecure``: plaintext without authentication (every address here is loopback)."""
+    """``insecure``: plaintext without authentication (every address here is loopback).
+    ``advertise``: more DNS names or IPs the services' certificates name (certificate_hosts)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    credentials = None if insecure else mesh_credentials(data_dir)
-    inventory = start_inventory(data_dir, credentials, listen=inventory_listen, poll_interval_s=poll_interval_s,
-                                lost_after_polls=lost_after_polls, echo=echo)
+    hosts = certificate_hosts([inventory_listen, compile_listen, dispatch_listen], advertise)
+    credentials = None if insecure else mesh_credentials(data_dir, hosts=hosts)
+    inventory = _dialled(start_inventory(data_dir, credentials, listen=inventory_listen,
+                                         poll_interval_s=poll_interval_s, lost_after_polls=lost_after_polls, echo=echo))
     mesh = EmbeddedMesh(data_dir, inventory, credentials)
     try:
         forget_earlier_workers(mesh)
-        mesh.compile = start_compile(data_dir, credentials, listen=compile_listen, echo=echo)
+        mesh.compile = _dialled(start_compile(data_dir, credentials, listen=compile_listen, echo=echo))
         mesh.workers.append(start_worker(inventory.address, mesh.compile.address, credentials, devices=devices,
                                          emulate=emulate, echo=echo, artifact_dir=data_dir / "worker-artifacts",
                                          nvml=nvml))
-        mesh.dispatch = start_dispatch(data_dir, inventory.address, mesh.compile.address, credentials,
-                                       listen=dispatch_listen, echo=echo)
+        mesh.dispatch = _dialled(start_dispatch(data_dir, inventory.address, mesh.compile.address, credentials,
+                                                listen=dispatch_listen, echo=echo))
     except BaseException:
         mesh.stop()
         raise
     return mesh
+
+
+def _dialled(process: ServiceProcess) -> ServiceProcess:
+    """The process with the address it is dialled at (its ready line names a wildcard as such)."""
+    process.address = reachable(process.address)
+    return process

@@ -23,7 +23,7 @@ def _start(args) -> EmbeddedMesh:
     return start_embedded_mesh(
         args.data_dir, devices=args.devices, emulate=emulate, inventory_listen=args.inventory_listen,
         compile_listen=args.compile_listen, dispatch_listen=args.dispatch_listen, echo=args.verbose,
-        insecure=args.insecure,
+        insecure=args.insecure, advertise=args.advertise,
     )
 
 
@@ -72,6 +72,10 @@ def add_commands(sub) -> None:
         p.add_argument("--inventory-listen", default="127.0.0.1:0")
         p.add_argument("--compile-listen", default="127.0.0.1:0")
         p.add_argument("--dispatch-listen", default="127.0.0.1:0")
+        p.add_argument("--advertise", action="append", default=[], metavar="HOST",
+                       help="a DNS name or IP clients reach the services at, named in their certificates besides "
+                            "the hosts of the --*-listen addresses (for 0.0.0.0 or ::, this machine's name and "
+                            "addresses); repeat for several")
         p.add_argument("--verbose", action="store_true", help="echo the services' logs")
         p.add_argument("--insecure", action="store_true",
                        help="plaintext without certificates or tokens (development only; every port is loopback)")

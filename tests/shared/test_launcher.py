@@ -26,8 +26,12 @@ from pathlib import Path
 import pytest
 from _launcher_children import MODULE, NOT_UTF8, child_env
 
+from accelmesh.inventory.v1.inventory_service_pb2 import ListNodesRequest
+from accelmesh.inventory.v1.inventory_service_pb2_grpc import InventoryServiceStub
+from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import MAX_LINE_BYTES, OUTPUT_TAIL_LINES, start_service
 from accelmesh.runtime.stopping import ServiceGroup
+from accelmesh.security.credentials import MeshCredentials
 
 DEADLINE_S = 60.0  # generous: a deadline for what must happen, not a pause
 # The real mesh starts four services one after another, each allowed START_TIMEOUT_S (60 s).
@@ -301,3 +305,24 @@ def test_accelmesh_up_stops_the_mesh_and_fails_when_one_of_its_services_exits(ta
     assert "accelmesh: worker was killed by SIGKILL: stopping the rest of the mesh" in up.output
     assert processes_naming(tag) == set(), up.output
     assert_ports_free(up.ports())
+
+
+@pytest.mark.slow
+def test_accelmesh_up_listening_on_an_address_other_than_127_0_0_1_serves_and_answers_a_client(tag):
+    """The services' certificates name the hosts they listen on, so a client dialling one verifies it."""
+    folder = Path(tag) / "credentials"  # its own CA: the session's certificates are not reissued
+    up = Watched([sys.executable, "-m", "accelmesh.cli", "up", "--data-dir", tag, "--devices", "1", "--emulate", "",
+                  "--inventory-listen", "127.0.0.2:0", "--compile-listen", "127.0.0.2:0",
+                  "--dispatch-listen", "127.0.0.2:0"], env={"ACCELMESH_CREDENTIALS_DIR": str(folder)},
+                 deadline_s=UP_DEADLINE_S)
+    try:
+        up.wait_for_line("mesh is up")
+        inventory = up.wait_for_line("inventory  ").split()[1]
+        assert inventory.startswith("127.0.0.2:"), up.output
+        client = MeshCredentials(folder).client()
+        with open_channel(inventory, security=client) as channel:
+            nodes = InventoryServiceStub(channel).ListNodes(ListNodesRequest(), timeout=30).nodes
+        assert [n.address.startswith("127.0.0.1:") for n in nodes] == [True], up.output
+    finally:
+        up.process.send_signal(signal.SIGINT)
+    assert up.finish() == 0, up.output

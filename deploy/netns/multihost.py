@@ -308,11 +308,9 @@ class MultiHostMesh:
 
 
 def worker_certificate(credentials: MeshCredentials, host: Host) -> dict[str, str]:
-    """The environment giving host `host`'s worker a certificate that names the host's IP: the
-    inventory registers only a node whose worker's certificate names it."""
-    tls = credentials.issue(Role.WORKER, f"h{host.index}", [host.ip]).tls
-    return {**credentials.env(Role.WORKER), "ACCELMESH_CERT_FILE": str(tls.cert_file),
-            "ACCELMESH_KEY_FILE": str(tls.key_file)}
+    """The environment giving host `host`'s worker its own certificate, for the host's IP: the
+    inventory registers, and it and dispatch answer, only a node whose worker's certificate names it."""
+    return credentials.env(Role.WORKER, credentials.worker(host.ip))
 
 
 def start_multihost_mesh(

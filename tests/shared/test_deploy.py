@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from accelmesh.security.credentials import main as credentials_main
+from accelmesh.security.identity import Role, certificate_identity, node_host
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -123,3 +126,16 @@ def test_deploy_names_only_modules_and_variables_the_code_has():
                        for p in (ROOT / package).rglob("*.py"))
     for variable in set(re.findall(r"\bACCELMESH_[A-Z_]+", "\n".join(texts))):
         assert f'"{variable}"' in source, f"deploy sets {variable}, which no service reads"
+
+
+def test_the_compose_worker_runs_with_its_nodes_own_certificate_which_the_credentials_job_issues(tmp_path):
+    """Per-node worker certificates in compose: the credentials job's command, run here, issues the
+    file the worker is given, and it names the worker's node IP as dispatch and the inventory dial it."""
+    services = children((DEPLOY / "compose.yaml").read_text(), "services")
+    command = json.loads(re.search(r"command: (\[.*\])", services["credentials"])[1])
+    node_ip = re.search(r'ACCELMESH_NODE_IP: "([^"]+)"', services["worker"])[1]
+    cert = re.search(r"ACCELMESH_CERT_FILE: /credentials/(\S+)", services["worker"])[1]
+    assert command[:4] == ["python", "-m", "accelmesh.security.credentials", "/credentials"]
+    assert credentials_main([str(tmp_path), *command[4:]]) == 0
+    identity = certificate_identity((tmp_path / cert).read_bytes())
+    assert identity.role is Role.WORKER and identity.names_host(node_host(Role.WORKER, node_ip))

@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from accelmesh.security.identity import SERVICE_ROLES
+from accelmesh.security.identity import SERVICE_ROLES, Role, node_host
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -507,3 +507,16 @@ def test_every_mesh_process_serves_metrics_on_the_port_the_scraper_is_admitted_t
     # The scraper's certificate is of the client role: transport only, no RPC of any service.
     scraper = of_kind(overlay, "Certificate")["accelmesh-metrics-scraper"]["spec"]
     assert scraper["uris"] == ["spiffe://accelmesh/client/prometheus"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_worker_certificate_is_its_nodes_own_naming_the_node_as_dispatch_and_the_inventory_verify_it(overlay):
+    """Per-node worker certificates: one node IP, named also as <ip>.worker.accelmesh.internal (the
+    name a worker is dialled by) and as the node in its SPIFFE name, so its key answers for no other node."""
+    workers = [c["spec"] for c in of_kind(overlay, "Certificate").values()
+               if any(u.startswith("spiffe://accelmesh/worker/") for u in c["spec"].get("uris", []))]
+    assert workers
+    for spec in workers:
+        (ip,) = spec["ipAddresses"]
+        assert node_host(Role.WORKER, ip) in spec["dnsNames"], spec
+        assert spec["uris"] == [f"spiffe://accelmesh/worker/node-{ip}"], spec

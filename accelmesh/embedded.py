@@ -117,7 +117,8 @@ def start_worker(
         args += ["--artifact-dir", str(artifact_dir)]
     if emulate:
         args += ["--emulate", ",".join(emulate)]
-    own = {} if credentials is None else credentials.env(Role.WORKER, credentials.worker(address_host(listen)))
+    host = address_host(listen)  # a wildcard names no node: its caller gives the certificate in `env`
+    own = {} if credentials is None or _is_wildcard(host) else credentials.env(Role.WORKER, credentials.worker(host))
     return start_service(name, "worker_svc", args, echo=echo,
                          env={**service_env(credentials, Role.WORKER), **own, **(env or {})})
 

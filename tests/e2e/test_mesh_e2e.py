@@ -19,8 +19,9 @@ from accelmesh.inventory.v1 import inventory_service_pb2 as pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
 from accelmesh.runtime.channels import open_channel
 from accelmesh.security.config import INSECURE
+from accelmesh.security.identity import certificate_identity
 
-from conftest import mesh_stub
+from conftest import CREDENTIALS, mesh_stub
 from fakes import host
 
 POLL_INTERVAL_S = 0.25
@@ -230,3 +231,26 @@ def test_a_service_with_bad_configuration_exits_naming_the_setting(module, args,
                             text=True, timeout=60, env={**os.environ, **env})
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
     assert "s3cret" not in result.stderr
+
+
+def test_an_embedded_worker_on_another_host_registers_and_is_polled_with_its_nodes_own_certificate(tmp_path):
+    """Per-node worker certificates in the embedded mesh: a worker started on 127.0.0.2 runs with a
+    certificate of its own for that host, which the inventory's dial to it (at registration, and
+    each poll) verifies; the loopback worker's certificate would be refused there."""
+    inventory = start_inventory(tmp_path, CREDENTIALS)
+    try:
+        worker = start_worker(inventory.address, "127.0.0.1:1", CREDENTIALS, devices=1, listen="127.0.0.2:0",
+                              nvml=False, artifact_dir=tmp_path / "worker-artifacts")
+        try:
+            channel, stub = stub_for(inventory.address)
+            with channel:
+                (device,) = stub.ListDevices(pb.ListDevicesRequest()).devices
+                refreshed = stub.RefreshDevices(pb.RefreshDevicesRequest(device_ids=[device.id]), timeout=30)
+        finally:
+            worker.terminate()
+    finally:
+        inventory.terminate()
+    assert worker.address.startswith("127.0.0.2:") and device.node_address == worker.address
+    assert [d.id for d in refreshed.devices] == [device.id]
+    identity = certificate_identity(CREDENTIALS.worker("127.0.0.2").tls.cert_file.read_bytes())
+    assert identity.name == "node-127.0.0.2" and not identity.names_host("127.0.0.1")

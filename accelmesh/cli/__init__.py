@@ -56,7 +56,7 @@ def _hint(exc: grpc.RpcError) -> str:
     details = (exc.details() or "").lower()
     if exc.code() == grpc.StatusCode.UNAVAILABLE and "hostname verification" in details:
         found = _DIALLED.search(exc.details() or "")
-        host = address_host(unquote(found["address"])) if found else "the host you named"
+        host = address_host(unquote(found["address"])) if found else "HOST"
         return (f"\naccelmesh: the server's certificate does not name {host}, the host this command dialled: "
                 f"connect at an address its certificate names (`accelmesh up` prints them; loopback always is), or "
                 f"have the certificate name it: `accelmesh up --advertise {host}` (or --*-listen {host}:PORT), "

@@ -14,6 +14,9 @@ DOMAIN = "accelmesh"
 
 # ErrorInfo reasons a caller may act on (UPPER_SNAKE, stable; add, never rename).
 TENSOR_NOT_HELD = "TENSOR_NOT_HELD"  # Execute: a referenced tensor is not held by this worker: send it in full
+# SubmitJob/RunJob: the job could not start and its owner's places in the queue are all taken
+# (ACCELMESH_MAX_QUEUED_PER_TENANT jobs, or ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT bytes of inputs)
+QUEUE_FULL = "QUEUE_FULL"
 
 
 # How much of a client's value a message quotes: enough to recognise it, never so much that the

@@ -12,7 +12,7 @@ from accelmesh.runtime.database import database_url
 from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
-from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_QUEUE_TIMEOUT_S
+from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_QUEUE_TIMEOUT_S
 from dispatch_svc.admission.queue import QUEUE_POLL_S
 from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 from dispatch_svc.jobs.limits import LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
@@ -68,6 +68,9 @@ class DispatchConfig:
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     queue_poll_s: float = QUEUE_POLL_S
     max_queued_per_tenant: int = DEFAULT_MAX_QUEUED  # ACCELMESH_MAX_QUEUED_PER_TENANT: one tenant's jobs queued at once
+    # ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT: the declared input bytes of one tenant's queued jobs
+    # together, which wait stored on the dispatch dir's disk (64 GiB)
+    max_queued_bytes_per_tenant: int = DEFAULT_MAX_QUEUED_BYTES
     # ACCELMESH_STATUS_LISTEN: host:port of the read-only status page for browsers (status_page.py); none when empty
     status_listen: str = ""
     # ACCELMESH_SCHEDULING_POLICY: how a queue pass shares the free devices among several queued
@@ -117,6 +120,8 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         queue_timeout_s=env_float("ACCELMESH_QUEUE_TIMEOUT_S", d.queue_timeout_s, env, minimum=1),
         queue_poll_s=env_float("ACCELMESH_QUEUE_POLL_S", d.queue_poll_s, env, minimum=0.05),
         max_queued_per_tenant=env_int("ACCELMESH_MAX_QUEUED_PER_TENANT", d.max_queued_per_tenant, env, minimum=1),
+        max_queued_bytes_per_tenant=env_int("ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT", d.max_queued_bytes_per_tenant, env,
+                                            minimum=0),
         status_listen=args.status_listen,
         scheduling_policy=check_policy(env_str("ACCELMESH_SCHEDULING_POLICY", d.scheduling_policy, env)),
         scheduling_throughputs=env_str("ACCELMESH_SCHEDULING_THROUGHPUTS", d.scheduling_throughputs, env),

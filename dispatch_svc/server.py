@@ -68,7 +68,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     quotas = Quotas(book.engine)
     gate = AdmissionGate(inventory, reservation_ttl_s=config.reservation_ttl_s, quotas=quotas,
                          queue_timeout_s=config.queue_timeout_s, max_queued=config.max_queued_per_tenant,
-                         metrics=dispatch_metrics)
+                         max_queued_bytes=config.max_queued_bytes_per_tenant, metrics=dispatch_metrics)
     signals = QueueSignals(lambda: (inventory.pool_state(), quotas.all()))
     runner = JobRunner(inventory, compiler, workers, book, throughput,
                        limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s),

@@ -15,21 +15,24 @@ quota). So planning comes first, read-only, and the gate decides before anything
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from accelmesh import errors
 from dispatch_svc.admission.quotas import OverQuota, Quotas
 from dispatch_svc.admission.reservations import LeaseKeeper
 from dispatch_svc.jobs import records as m
-from dispatch_svc.jobs.limits import RESERVATION_TTL_S
+from dispatch_svc.jobs.limits import GIB, RESERVATION_TTL_S
+from dispatch_svc.jobs.validation import input_bytes
 from dispatch_svc.metrics import NO_METRICS, DispatchMetrics
 from dispatch_svc.ports import Inventory, LiveJob
 
 DEFAULT_QUEUE_TIMEOUT_S = 24 * 3600.0  # a job's wait when its spec says nothing (ACCELMESH_QUEUE_TIMEOUT_S)
 # Jobs one tenant may have queued at once (ACCELMESH_MAX_QUEUED_PER_TENANT): each holds its inputs on
-# the dispatch dir's disk while it waits (at most ACCELMESH_MAX_JOB_BYTES each).
+# the dispatch dir's disk while it waits (at most ACCELMESH_MAX_JOB_BYTES each) ...
 DEFAULT_MAX_QUEUED = 100
+# ... and the bytes their declared inputs take there together (ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT).
+DEFAULT_MAX_QUEUED_BYTES = 64 * GIB
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,20 @@ class AdmissionGate:
 
     def __init__(self, inventory: Inventory, *, reservation_ttl_s: int = RESERVATION_TTL_S,
                  quotas: Quotas | None = None, queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
-                 max_queued: int = DEFAULT_MAX_QUEUED, metrics: DispatchMetrics = NO_METRICS):
+                 max_queued: int = DEFAULT_MAX_QUEUED, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+                 metrics: DispatchMetrics = NO_METRICS, clock: Callable[[], float] = time.time):
         if not queue_timeout_s > 0:
             raise errors.InvalidArgument(f"queue_timeout_s is {queue_timeout_s}; set ACCELMESH_QUEUE_TIMEOUT_S to a "
                                          "number of seconds > 0")
         if max_queued < 1:
             raise errors.InvalidArgument(f"max_queued is {max_queued}; set ACCELMESH_MAX_QUEUED_PER_TENANT to a "
                                          "number of jobs >= 1")
+        if max_queued_bytes < 0:
+            raise errors.InvalidArgument(f"max_queued_bytes is {max_queued_bytes}; set "
+                                         "ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT to a number of bytes >= 0")
         self._inventory, self._ttl_s, self.quotas = inventory, reservation_ttl_s, quotas
-        self.queue_timeout_s, self.max_queued = queue_timeout_s, max_queued
-        self._metrics = metrics
+        self.queue_timeout_s, self.max_queued, self.max_queued_bytes = queue_timeout_s, max_queued, max_queued_bytes
+        self._metrics, self._clock = metrics, clock
 
     def check_priority(self, owner: str, priority: int) -> None:
         """Before a job is stored: a priority above its owner's quota's top is refused."""
@@ -95,20 +102,37 @@ class AdmissionGate:
         return Grant(tuple(claims), live.lease)
 
     def _refused(self, job: m.JobRecord, reason: str) -> Wait:
-        """Wait, or RESOURCE_EXHAUSTED for a job that may not wait or whose owner has as many jobs
-        queued as one tenant may. A job that was queued before goes back whatever the count: its
-        place was granted once. Two replicas queueing one tenant's jobs at once may each pass the
-        last place: the bound is soft by that much."""
+        """Wait, or RESOURCE_EXHAUSTED for a job that may not wait or whose owner's places in the
+        queue are all taken (jobs, or the bytes their inputs take). A job that was queued before goes
+        back whatever the count: its place was granted once. A new job's place is taken here, in the
+        job book's database (Quotas.take_queue_place), before its inputs are stored: every replica
+        and thread counts every place taken before it, so the bound holds however many ask at once."""
         if job.spec.queue_timeout_s == 0:
             raise errors.ResourceExhausted(f"{reason} (the job was not queued: its spec.queue_timeout is 0 s)")
         if job.queue is None:
-            waiting = self.quotas.queued_count(job.owner)
-            if waiting >= self.max_queued:
-                raise errors.ResourceExhausted(
-                    f"{reason}, and the job was not queued: {job.owner or 'its owner'} has {waiting} jobs queued "
-                    f"already, the most one tenant may (ACCELMESH_MAX_QUEUED_PER_TENANT={self.max_queued}); wait "
-                    "for some of them to start, or cancel some (accelmesh jobs cancel)")
+            nbytes = input_bytes(job.spec)
+            taken = self.quotas.take_queue_place(job.job_id, job.owner, nbytes, self._clock(),
+                                                 max_jobs=self.max_queued, max_bytes=self.max_queued_bytes)
+            if taken is not None:
+                raise self._queue_full(job, reason, nbytes, *taken)
         return Wait(reason)
+
+    def _queue_full(self, job: m.JobRecord, reason: str, nbytes: int, places: int,
+                    held: int) -> errors.ResourceExhausted:
+        who = job.owner or "its owner"
+        if places >= self.max_queued:
+            why = (f"{who} has {places} jobs queued already, the most one tenant may "
+                   f"(ACCELMESH_MAX_QUEUED_PER_TENANT={self.max_queued})")
+        elif nbytes > self.max_queued_bytes:
+            why = (f"its inputs take {nbytes:,} bytes, more than one tenant's queued jobs may take together "
+                   f"(ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT={self.max_queued_bytes:,}); submit it in smaller jobs")
+        else:
+            why = (f"{who}'s queued jobs' inputs take {held:,} bytes already and this job's {nbytes:,} more, past "
+                   f"what one tenant's may take together (ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT="
+                   f"{self.max_queued_bytes:,})")
+        return errors.ResourceExhausted(
+            f"{reason}, and the job was not queued: {why}; wait for some of them to start, or cancel some "
+            "(accelmesh jobs cancel)", reason=errors.QUEUE_FULL)
 
     def deadline(self, job: m.JobRecord, now: float) -> float:
         """When the job gives up waiting: its first queueing's deadline, kept when it is queued again."""

@@ -22,7 +22,8 @@ Either way a job that does not fit now does not hold back the jobs behind it tha
 is never idle while a queued job could use it; a large job's wait is bounded by its
 queue_timeout. A job that asks for more than its owner's quota allows at all never waits: it
 fails at once, naming the limit. One tenant may have ACCELMESH_MAX_QUEUED_PER_TENANT jobs
-waiting; the next is refused before its inputs are stored.
+waiting, their declared inputs ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT bytes together; the next is
+refused before its inputs are stored (its place is taken in the book first: quotas.py).
 
 A RunJob client of a queued job keeps its call: it is sent the QUEUED events, then the job's
 events and results once it runs, wherever it runs. Its disconnect cancels the job, queued or not.

@@ -10,6 +10,14 @@ lock on the tenant (PostgreSQL: an advisory lock; SQLite: the file's write lock)
 admitting two jobs of one tenant at once cannot both pass its last slot. A job's holding counts
 while it is unfinished and not queued: it stops counting the moment the job ends or goes back to
 the queue, with no sweep needed.
+
+A job's place in the queue is taken the same way (`take_queue_place`): under a lock on the
+tenant's queue, its other places are counted (the queued jobs, and those having their inputs
+stored to join them: a queue time set, not running, not final) with the bytes their inputs take
+on the dispatch dir (held_bytes, which a job holding no devices keeps for its stored inputs), and
+this job's place is marked in the same transaction, before any of its inputs is stored. So every
+replica on the book, and every thread of one, sees the places taken before it: no two can take
+the last one.
 """
 
 from __future__ import annotations
@@ -44,7 +52,13 @@ _USE = (sa.select(_J.owner, sa.func.count(), sa.func.coalesce(sa.func.sum(_J.hel
                   sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger))
         .where(_HOLDING).group_by(_J.owner))
 _QUEUED_BY_OWNER = sa.select(_J.owner, sa.func.count()).where(_J.state == m.QUEUED).group_by(_J.owner)
-_QUEUED_OF_OWNER = sa.select(sa.func.count()).where(_J.state == m.QUEUED, _J.owner == sa.bindparam("owner"))
+# A tenant's other places in the queue: queued, or placed and having its inputs stored (a queued
+# job tried again counts until it holds devices).
+_PLACES = sa.select(sa.func.count(), sa.cast(sa.func.coalesce(sa.func.sum(_J.held_bytes), 0), sa.BigInteger)).where(
+    _J.owner == sa.bindparam("owner"), _J.job_id != sa.bindparam("job"), _J.held_devices == 0,
+    sa.or_(_J.state == m.QUEUED, sa.and_(_J.queued_at.is_not(None), _J.state.not_in((*m.FINAL_STATES, m.RUNNING)))))
+_PLACE = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(
+    queued_at=sa.bindparam("now"), held_devices=0, held_bytes=sa.bindparam("nbytes"))
 
 
 @dataclass(frozen=True)
@@ -146,10 +160,20 @@ class Quotas:
             connection.execute(_HOLD, {"job": job_id, "devices": devices, "nbytes": nbytes})
         database.transaction(self._engine, work)
 
-    def queued_count(self, tenant: str) -> int:
-        """How many of the tenant's jobs wait in the queue now."""
-        with database.connected(self._engine) as connection:
-            return connection.execute(_QUEUED_OF_OWNER, {"owner": tenant}).scalar_one()
+    def take_queue_place(self, job_id: str, tenant: str, nbytes: int, now: float, *, max_jobs: int,
+                         max_bytes: int) -> tuple[int, int] | None:
+        """Mark the job's place in the queue, its stored inputs taking `nbytes`, if the tenant's other
+        places number fewer than `max_jobs` and take at most `max_bytes` with this one; None when it
+        is taken, else (places, bytes) of the others, the job left as it was."""
+        def work(connection: Connection) -> tuple[int, int] | None:
+            if database.is_postgres(self._engine):
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:t))"), {"t": "queue:" + tenant})
+            places, held = connection.execute(_PLACES, {"owner": tenant, "job": job_id}).one()
+            if places >= max_jobs or held + nbytes > max_bytes:
+                return places, held
+            connection.execute(_PLACE, {"job": job_id, "now": now, "nbytes": nbytes})
+            return None
+        return database.transaction(self._engine, work)
 
     def usage(self, tenant: str | None = None) -> list[Use]:
         """Every tenant with a quota, jobs holding devices or jobs queued (only `tenant`, if given), by name."""

@@ -1,6 +1,7 @@
 """The queue's rows in the jobs table (admission/queue.py): a QUEUED job's priority, when it was
 first queued, its deadline and why it waits. The order jobs are tried in: priority first (higher
-first), then when each was first queued."""
+first), then when each was first queued. A queued job holds no devices, and its held_bytes are
+the bytes its stored inputs take, for its owner's bound on them (admission/quotas.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sqlalchemy as sa
 from accelmesh.runtime import database
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.schema.tables import jobs as jobs_table
+from dispatch_svc.jobs.validation import input_bytes
 
 _J = jobs_table.c
 _QUEUE_ORDER = (_J.priority.desc(), _J.queued_at, _J.job_id)
@@ -18,7 +20,7 @@ _QUEUED_JOBS = sa.select(_J.job_id, _J.owner, _J.priority, _J.queued_at, _J.queu
     _J.state == m.QUEUED).order_by(*_QUEUE_ORDER)
 _ENQUEUE = jobs_table.update().where(_J.job_id == sa.bindparam("job")).values(
     priority=sa.bindparam("priority"), queued_at=sa.bindparam("since"), queue_deadline=sa.bindparam("deadline"),
-    queue_reason=sa.bindparam("reason"), held_devices=0, held_bytes=0, runner_until=None)
+    queue_reason=sa.bindparam("reason"), held_devices=0, held_bytes=sa.bindparam("stored"), runner_until=None)
 # Taken from the queue by one replica only: the state moves on in the same statement.
 _CLAIM_QUEUED = jobs_table.update().where(_J.job_id == sa.bindparam("job"), _J.state == m.QUEUED).values(
     state=m.PLANNING, runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id)
@@ -39,7 +41,7 @@ class QueueRows:
         """The job's row says where it waits (its record, QUEUED, is saved by the caller first)."""
         database.transaction(self._engine, lambda c: c.execute(_ENQUEUE, {
             "job": job.job_id, "priority": job.spec.priority, "since": status.since, "deadline": status.deadline,
-            "reason": status.reason}))
+            "reason": status.reason, "stored": input_bytes(job.spec)}))
 
     def position(self, job_id: str) -> int:
         """1 for the queued job tried next; 0 for a job not queued."""

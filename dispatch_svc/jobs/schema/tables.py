@@ -35,7 +35,8 @@ jobs = sa.Table(
     sa.Column("queue_deadline", sa.Float),
     sa.Column("queue_reason", sa.Text),
     # What a job that was admitted holds, for its owner's quota: devices and reserved bytes
-    # (0 before it reserved and once it ended).
+    # (0 before it reserved and once it ended). A job holding no devices that has a place in the
+    # queue keeps in held_bytes the bytes its stored inputs take, for its owner's queue bound.
     sa.Column("held_devices", sa.Integer, nullable=False, server_default="0"),
     sa.Column("held_bytes", sa.BigInteger, nullable=False, server_default="0"),
 )

@@ -112,10 +112,11 @@ def clock():
     return Clock()
 
 
-def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None, max_queued=100) -> tuple[JobRunner, JobQueue]:
+def replica(mesh, tmp_path, book_db, clock, lease_s=0.0, scheduling=None, max_queued=100,
+            max_queued_bytes=1 << 30) -> tuple[JobRunner, JobQueue]:
     book = JobBook(tmp_path, retention_s=3600, clock=clock, database_url=book_db, lease_s=lease_s)
     quotas = Quotas(book.engine)
-    gate = AdmissionGate(mesh.inventory, quotas=quotas, max_queued=max_queued)
+    gate = AdmissionGate(mesh.inventory, quotas=quotas, max_queued=max_queued, max_queued_bytes=max_queued_bytes)
     signals = QueueSignals(lambda: (mesh.inventory.pool_state(), quotas.all()), clock=clock)
     runner = JobRunner(mesh.inventory, mesh.compiler, mesh.workers, book, ThroughputModel(),
                        limits=Limits(1024, 1 << 20),
@@ -357,6 +358,93 @@ def test_a_tenant_with_as_many_jobs_queued_as_one_may_is_refused_the_next_and_an
     queue.run_pass()
     assert [finished(runner, job).state for job in waiting] == [m.SUCCEEDED, m.SUCCEEDED]
     runner.book.close()
+
+
+class BarrierFeed(Feed):
+    """Hands out its rows only once every submitter of the test has come this far (its place in the
+    queue granted, its inputs about to be stored) or been refused: each decision is then made
+    while every other job granted a place still has its inputs being stored, not yet QUEUED."""
+
+    def __init__(self, arrays, barrier: threading.Barrier):
+        super().__init__(arrays)
+        self._barrier = barrier
+
+    def blocks(self):
+        self._barrier.wait(WAIT_S)
+        yield from super().blocks()
+
+
+def submit_at_once(runners: list[JobRunner], count: int, owner: str = ALICE) -> list:
+    """`count` jobs of `owner` submitted from as many threads, spread over `runners`: each one's
+    state once submitted (QUEUED), or the error it was refused with."""
+    barrier = threading.Barrier(count)
+    outcomes: list = [None] * count
+
+    def one(index: int) -> None:
+        try:
+            outcomes[index] = submit(runners[index % len(runners)], owner, feed=BarrierFeed([X], barrier)).state
+        except errors.AccelmeshError as exc:
+            outcomes[index] = exc
+            barrier.wait(WAIT_S)  # refused before storing anything: let the others' inputs through
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_per_tenant_queue_bound_holds_under_concurrent_submits_on_one_or_two_replicas(
+        mesh, tmp_path, book_db, clock, replicas):
+    """Ten jobs of one tenant submitted at once, against a bound of 3 places in the queue, through one
+    replica or two sharing the book: exactly 3 are queued and the other 7 are refused
+    RESOURCE_EXHAUSTED, naming the bound, with nothing of theirs stored."""
+    nodes = [replica(mesh, tmp_path, book_db, clock, lease_s=10.0 if replicas > 1 else 0.0, max_queued=3)
+             for _ in range(replicas)]
+    runners = [runner for runner, _ in nodes]
+    try:
+        mesh.inventory.occupy("someone-else")
+        outcomes = submit_at_once(runners, 10)
+        assert outcomes.count(m.QUEUED) == 3, outcomes
+        refused = [o for o in outcomes if o != m.QUEUED]
+        assert len(refused) == 7 and all(isinstance(o, errors.ResourceExhausted) for o in refused), refused
+        for error in refused:
+            assert error.reason == errors.QUEUE_FULL
+            assert ("devices:" in str(error) and "user:alice has 3 jobs queued already, the most one tenant may "
+                    "(ACCELMESH_MAX_QUEUED_PER_TENANT=3)" in str(error)), str(error)
+        (use,) = runners[0].gate.quotas.usage(ALICE)
+        assert use.queued == 3
+        jobs = runners[0].book.list(20, owner=ALICE)
+        assert sorted(j.state for j in jobs) == sorted([m.QUEUED] * 3 + [m.FAILED] * 7)
+        assert all(not any(runners[0].book.inputs.entries(j.job_id)) for j in jobs if j.state == m.FAILED)
+    finally:
+        for runner in runners:
+            runner.book.close()
+
+
+def test_the_bytes_of_a_tenants_queued_jobs_are_bounded_and_the_next_is_refused_naming_the_limit(
+        mesh, tmp_path, book_db, clock):
+    """The stored inputs of one tenant's queued jobs take at most ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT
+    together: the job that would pass it is refused before its inputs are stored, another tenant's
+    is not, and one that cancels frees its bytes."""
+    runner, _ = replica(mesh, tmp_path, book_db, clock, max_queued_bytes=2 * X.nbytes + X.nbytes // 2)
+    try:
+        mesh.inventory.occupy("someone-else")
+        waiting = [submit(runner, owner=ALICE) for _ in range(2)]
+        assert [j.state for j in waiting] == [m.QUEUED, m.QUEUED]
+        with pytest.raises(errors.ResourceExhausted) as refused:
+            submit(runner, owner=ALICE)
+        assert refused.value.reason == errors.QUEUE_FULL
+        assert (f"user:alice's queued jobs' inputs take {2 * X.nbytes:,} bytes already and this job's {X.nbytes:,} "
+                "more" in str(refused.value)) and "ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT=" in str(refused.value)
+        assert submit(runner, owner=BOB).state == m.QUEUED
+        runner.cancel(waiting[0].job_id)
+        assert submit(runner, owner=ALICE).state == m.QUEUED
+    finally:
+        runner.book.close()
 
 
 def test_a_queued_job_can_be_cancelled_and_is_never_started(node, mesh):

@@ -16,6 +16,7 @@ from accelmesh.security.identity import Role
 from dispatch_svc.admission.admission import AdmissionGate
 from dispatch_svc.admission.queue import JobQueue, QueueSignals
 from dispatch_svc.admission.quotas import Quotas
+from dispatch_svc.admission.releases import RetriedReleases
 from dispatch_svc.admission.scheduling.rounds import Round, load_throughputs
 from dispatch_svc.api.servicer import DispatchServicer
 from dispatch_svc.api.status_page import StatusPage
@@ -45,13 +46,18 @@ def dependencies(book: JobBook) -> dict:
     return {"job book": lambda: database.ping(book.engine)}
 
 
+def inventory_port(config: DispatchConfig, security, channels: dict) -> RetriedReleases:
+    """The inventory as every part here reaches it: a release it did not answer is sent again."""
+    return RetriedReleases(GrpcInventory(config.inventory, security, **channels), ttl_s=config.reservation_ttl_s)
+
+
 def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[MeshServer, JobRunner]:
     """Every part built whole, each from the parts it uses, in the order they depend on each other."""
     if tracer_provider is None:
         tracer_provider = configure_telemetry("accelmesh-dispatch")
     security = config.security.without_token()
     channels = {"tracer_provider": tracer_provider, "max_message_bytes": config.max_message_bytes}
-    inventory = GrpcInventory(config.inventory, security, **channels)
+    inventory = inventory_port(config, security, channels)
     compiler = GrpcCompiler(config.compile, security, **channels)
     workers = GrpcWorkers(security, chunk_bytes=config.chunk_bytes, **channels)
     book = JobBook(Path(config.data_dir), retention_s=config.result_retention_s, database_url=config.db,

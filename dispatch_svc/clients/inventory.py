@@ -21,6 +21,8 @@ from dispatch_svc.dataplane.descriptors import JobDevice
 from dispatch_svc.jobs import records as m
 from dispatch_svc.ports import ScoredStatus, Scoring
 
+RELEASE_TIMEOUT_S = 10.0
+
 
 def _constraints_filter(c: m.Constraints) -> str:
     terms = [f"capabilities:{cap}" for cap in c.capabilities]
@@ -133,5 +135,8 @@ class GrpcInventory:
         return frozenset(r.device_id for r in reservations.reservations)
 
     def release(self, job_id: str) -> None:
-        """The job's reservations end (the workers' side of a job's end is Workers.release)."""
-        call("inventory release", self.stub.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id))
+        """The job's reservations end (the workers' side of a job's end is Workers.release). A job's
+        end waits at most RELEASE_TIMEOUT_S for it; unanswered, it is sent again in the background
+        (admission/releases.py)."""
+        call("inventory release", self.stub.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id),
+             timeout_s=RELEASE_TIMEOUT_S)

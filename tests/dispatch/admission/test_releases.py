@@ -28,6 +28,9 @@ from inventory_svc.server import build_inventory
 from conftest import CREDENTIALS, mesh_stub
 from fakes.ports import AFFINE, WAIT_S, FakeCompiler, FakeInventory, FakeWorkers, Feed, X, spec_for
 
+# The inventory it starts polls a worker describing the fixture CPU.
+pytestmark = pytest.mark.fixture_cpu
+
 TTL_S = 3600  # far longer than the test: the lease running out cannot be what frees them
 
 

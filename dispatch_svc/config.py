@@ -47,6 +47,10 @@ class DispatchConfig:
     inflight_bytes: int = 64 * MIB  # ACCELMESH_INFLIGHT_BYTES: shard inputs held at once per job
     # ACCELMESH_RESERVATION_TTL_S: lease of a job's reservations, renewed every third of it while it runs
     reservation_ttl_s: int = RESERVATION_TTL_S
+    # ACCELMESH_VERIFY_FRACTION: of every data-parallel job's shards, at least, run a second time on
+    # a device of another node and compared within the compile rules' tolerance (execution/
+    # verification.py); a job's spec.verify_fraction may raise it, never lower it. 0: off.
+    verify_fraction: float = 0.0
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
     # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
     max_client_parameter_bytes: int = 1024 * MIB
@@ -111,6 +115,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         max_shard_bytes=env_int("ACCELMESH_MAX_SHARD_BYTES", d.max_shard_bytes, env, minimum=1024),
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),
         reservation_ttl_s=env_int("ACCELMESH_RESERVATION_TTL_S", d.reservation_ttl_s, env, minimum=1),
+        verify_fraction=env_float("ACCELMESH_VERIFY_FRACTION", d.verify_fraction, env, minimum=0),
         chunk_bytes=env_int("ACCELMESH_CHUNK_BYTES", d.chunk_bytes, env, minimum=1024),
         max_client_parameter_bytes=env_int("ACCELMESH_MAX_CLIENT_PARAMETER_BYTES", d.max_client_parameter_bytes, env,
                                            minimum=1024),
@@ -130,6 +135,9 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         load_throughputs(config.scheduling_throughputs)  # a file that is missing or malformed fails here
     if config.db:
         database_url(config.db)  # an engine not supported, or a URL that does not parse, fails here
+    if config.verify_fraction > 1:
+        raise errors.InvalidArgument(f"ACCELMESH_VERIFY_FRACTION is {config.verify_fraction:g}; use 0 (off) to 1 "
+                                     "(every shard run again on another node)")
     if config.chunk_bytes + 4096 > config.max_message_bytes:
         raise errors.InvalidArgument("ACCELMESH_CHUNK_BYTES must leave room under ACCELMESH_MAX_MESSAGE_BYTES")
     return config

@@ -1,6 +1,6 @@
 """The dispatcher's metrics (accelmesh/runtime/metrics.py): the queue (jobs waiting, by priority,
 and how long they waited), jobs running on this replica and how jobs ended, shard latency per
-target type, and retries.
+target type, retries, and spot checks of shards' outputs on another node.
 
 Queue and running gauges are read when Prometheus scrapes; latencies and counts are recorded as
 jobs and shards end. `NO_METRICS` stands in where a runner is built without any (tests).
@@ -37,9 +37,13 @@ class DispatchMetrics:
             "target type", explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S)
         self._retries = meter.create_counter("accelmesh_shard_retries", description="Shard attempts that failed and "
                                              "were retried on another device, by that device's target type")
+        self._verified = meter.create_counter(
+            "accelmesh_shard_verifications", description="Sampled shards run again on another node, by outcome "
+            "(matched, not_verifiable), and nodes found returning wrong outputs (mismatched)")
         # Counted from 0, so a rate over them is 0 rather than absent before the first one.
         self._retries.add(0)
         self._jobs.add(0)
+        self._verified.add(0)
 
     def queue_wait(self, seconds: float) -> None:
         self._wait.record(max(0.0, seconds))
@@ -53,6 +57,9 @@ class DispatchMetrics:
 
     def retried(self, target_type: str) -> None:
         self._retries.add(1, {"target_type": target_type})
+
+    def verified(self, outcome: str) -> None:
+        self._verified.add(1, {"outcome": outcome})
 
 
 def _by_priority(book: JobBook):

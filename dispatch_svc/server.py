@@ -77,7 +77,8 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                          max_queued_bytes=config.max_queued_bytes_per_tenant, metrics=dispatch_metrics)
     signals = QueueSignals(lambda: (inventory.pool_state(), quotas.all()))
     runner = JobRunner(inventory, compiler, workers, book, throughput,
-                       limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s),
+                       limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s,
+                                     config.verify_fraction),
                        gate=gate, job_limits=config.limits, live=live, signals=signals,
                        tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,

@@ -36,7 +36,7 @@ EVENT_TO_PROTO = {
     m.SHARD_RETRIED: job_pb.JOB_EVENT_TYPE_SHARD_RETRIED, m.TRAINING_STEP: job_pb.JOB_EVENT_TYPE_TRAINING_STEP,
     "succeeded": job_pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": job_pb.JOB_EVENT_TYPE_FAILED,
     "cancelled": job_pb.JOB_EVENT_TYPE_CANCELLED, m.TAKEN_OVER: job_pb.JOB_EVENT_TYPE_TAKEN_OVER,
-    m.QUEUED_EVENT: job_pb.JOB_EVENT_TYPE_QUEUED,
+    m.QUEUED_EVENT: job_pb.JOB_EVENT_TYPE_QUEUED, m.SHARD_VERIFIED: job_pb.JOB_EVENT_TYPE_SHARD_VERIFIED,
 }
 KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_KIND_TRAINING}
 STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
@@ -96,7 +96,15 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         request_id=_request_id(msg.request_id),
         priority=_priority(msg.priority),
         queue_timeout_s=_queue_timeout(msg),
+        verify_fraction=_verify_fraction(msg.verify_fraction),
     )
+
+
+def _verify_fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:  # NaN fails both
+        raise errors.InvalidArgument(f"spec.verify_fraction is {value:g}; use 0 (the dispatcher's own fraction) to 1 "
+                                     "(every shard run again on another node)", field="spec.verify_fraction")
+    return value
 
 
 def _priority(value: int) -> int:
@@ -221,7 +229,19 @@ def shard_to_proto(s: m.ShardRecord) -> job_pb.ShardRecord:
         rows=s.rows, attempts=s.attempts, failures=list(s.failures), queue_seconds=s.queue_seconds,
         load_seconds=s.load_seconds, execute_seconds=s.execute_seconds, total_seconds=s.total_seconds, done=s.done,
         predicted_seconds=s.predicted_seconds,
+        verification=None if s.verification is None else _verification_to_proto(s.verification),
     )
+
+
+VERIFICATION_TO_PROTO = {m.MATCHED: job_pb.VERIFICATION_OUTCOME_MATCHED,
+                         m.NOT_VERIFIABLE: job_pb.VERIFICATION_OUTCOME_NOT_VERIFIABLE}
+
+
+def _verification_to_proto(v: m.ShardVerification) -> job_pb.ShardVerification:
+    return job_pb.ShardVerification(
+        outcome=VERIFICATION_TO_PROTO.get(v.outcome, job_pb.VERIFICATION_OUTCOME_UNSPECIFIED),
+        node_address=v.node_address, verifier_device_id=v.verifier_device_id,
+        verifier_node_address=v.verifier_node_address, error_ratio=v.error_ratio, tolerance=v.tolerance)
 
 
 def event_to_proto(e: m.Event, job_id: str) -> job_pb.JobEvent:
@@ -258,7 +278,7 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
         inputs=[common_pb2.TensorHeader(name=i.name, dtype=dtype_code_for_name(i.dtype), shape=i.shape)
                 for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
-        request_id=spec.request_id, priority=spec.priority,
+        request_id=spec.request_id, priority=spec.priority, verify_fraction=spec.verify_fraction,
         queue_timeout=None if spec.queue_timeout_s is None else _duration(spec.queue_timeout_s),
         training=job_pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
                                         momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,
@@ -272,7 +292,7 @@ def job_to_proto(job: m.JobRecord, with_shards: bool = True) -> job_pb.Job:
     bytes whatever it declared: GetJob has them."""
     msg = job_pb.Job(job_id=job.job_id, spec=spec_to_proto(job.spec), state=STATE_TO_PROTO[job.state], error=job.error,
                      progress=job.progress, create_time=timestamp(job.created), owner=job.owner,
-                     measured_seconds=job.measured_seconds,
+                     measured_seconds=job.measured_seconds, verify_fraction=job.verify_fraction,
                      losses=job.losses if with_shards else [],
                      shards=[shard_to_proto(s) for s in job.shards] if with_shards else [])
     if job.plan is not None:

@@ -13,7 +13,7 @@ from accelmesh.common.v1 import common_pb2
 from accelmesh.compile.v1 import build_pb2 as build_pb
 from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
 from accelmesh.compile.v1 import compile_service_pb2_grpc
-from accelmesh.programs import Program
+from accelmesh.programs import BuildOptions, Program
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.errors import error_from_rpc
@@ -36,7 +36,8 @@ def _artifact(msg: build_pb.Artifact) -> ArtifactRef:
 
 def _builds(response: compile_pb.CompileResponse) -> list[Build]:
     return [Build(b.target_type, b.rule.name, b.rule.build.compute_dtype, b.rule, tuple(b.device_ids),
-                  _artifact(b.portable), {e.batch_size: _artifact(e) for e in b.executables})
+                  _artifact(b.portable), {e.batch_size: _artifact(e) for e in b.executables},
+                  b.rule.build.tolerance or BuildOptions.tolerance)
             for b in response.builds]
 
 

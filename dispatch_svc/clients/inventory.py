@@ -22,6 +22,7 @@ from dispatch_svc.jobs import records as m
 from dispatch_svc.ports import ScoredStatus, Scoring
 
 RELEASE_TIMEOUT_S = 10.0
+MAX_SUSPECT_REASON_BYTES = 1024  # what the inventory keeps of MarkNodeSuspect's reason
 
 
 def _constraints_filter(c: m.Constraints) -> str:
@@ -48,7 +49,9 @@ class GrpcInventory:
     def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]:
         devices = self._list_devices(_constraints_filter(constraints))
         platforms = {PLATFORM_TO_PROTO[p] for p in constraints.platforms}
-        chosen = [d for d in devices if not platforms or d.platform in platforms]
+        # A node whose outputs a spot check found wrong gets no job until an operator trusts it again.
+        suspect = self.suspect_nodes()
+        chosen = [d for d in devices if (not platforms or d.platform in platforms) and d.node_address not in suspect]
         if constraints.max_devices:
             chosen = chosen[: constraints.max_devices]
         return [self._device(d) for d in chosen]
@@ -140,3 +143,13 @@ class GrpcInventory:
         (admission/releases.py)."""
         call("inventory release", self.stub.ReleaseDevices, inv_pb.ReleaseDevicesRequest(job_id=job_id),
              timeout_s=RELEASE_TIMEOUT_S)
+
+    def suspect_nodes(self) -> frozenset[str]:
+        """The addresses of the nodes marked suspect (MarkNodeSuspect) and not trusted since."""
+        nodes = call("inventory", self.stub.ListNodes, inv_pb.ListNodesRequest())
+        return frozenset(n.address for n in nodes.nodes if n.suspect)
+
+    def mark_suspect(self, address: str, reason: str) -> None:
+        """The node's outputs disagreed with another node's: its devices stop being candidates."""
+        call("inventory suspect", self.stub.MarkNodeSuspect,
+             inv_pb.MarkNodeSuspectRequest(address=address, reason=reason[:MAX_SUSPECT_REASON_BYTES]))

@@ -29,6 +29,7 @@ class Build:
     device_ids: tuple[str, ...]
     portable: ArtifactRef
     executables: dict[int, ArtifactRef]
+    tolerance: float = 1e-5  # the rule's: largest relative error against an fp32 reference
 
 
 @dataclass(frozen=True)

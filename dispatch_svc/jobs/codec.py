@@ -55,7 +55,16 @@ def _shard_dict(shard: m.ShardRecord) -> dict:
     is saved as the job changes, and asdict's generic deep copy was most of that cost."""
     d = {name: getattr(shard, name) for name in _SHARD_FIELDS}
     d["failures"] = list(shard.failures)
+    if shard.verification is not None:
+        d["verification"] = dataclasses.asdict(shard.verification)
     return d
+
+
+def _shard_from(d: dict) -> m.ShardRecord:
+    verification = d.get("verification")
+    if verification is None:
+        return m.ShardRecord(**d)
+    return m.ShardRecord(**{**d, "verification": m.ShardVerification(**verification)})
 
 
 def record_text(job: m.JobRecord) -> str:
@@ -139,7 +148,7 @@ def record_from(d: dict) -> m.JobRecord:
             **d,
             "spec": _spec_from(d["spec"]),
             "plan": _plan_from(d.get("plan")),
-            "shards": [m.ShardRecord(**s) for s in d.get("shards", ())],
+            "shards": [_shard_from(s) for s in d.get("shards", ())],
             "losses": list(d.get("losses", ())),
             "queue": _queue_from(d.get("queue")),
         }
@@ -147,5 +156,5 @@ def record_from(d: dict) -> m.JobRecord:
 
 
 def event_from(d: dict) -> m.Event:
-    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": m.ShardRecord(**d["shard"]) if d["shard"] else None,
+    return m.Event(**{**d, "plan": _plan_from(d["plan"]), "shard": _shard_from(d["shard"]) if d["shard"] else None,
                       "queue": _queue_from(d.get("queue"))})

@@ -65,9 +65,15 @@ class Limits:
     max_shard_bytes: int  # inputs of one shard at most (ACCELMESH_MAX_SHARD_BYTES)
     inflight_bytes: int  # shard inputs held at once per job (ACCELMESH_INFLIGHT_BYTES)
     reservation_ttl_s: int = RESERVATION_TTL_S  # lease of a job's reservations, renewed while it runs
+    # Of every data-parallel job's shards, at least, run again on another node and compared
+    # (ACCELMESH_VERIFY_FRACTION): the floor a job's spec.verify_fraction can raise, never lower.
+    verify_fraction: float = 0.0
 
     def __post_init__(self):
         if not MIN_RESERVATION_TTL_S <= self.reservation_ttl_s <= MAX_RESERVATION_TTL_S:
             raise errors.InvalidArgument(
                 f"reservation_ttl_s is {self.reservation_ttl_s}; set ACCELMESH_RESERVATION_TTL_S within "
                 f"{MIN_RESERVATION_TTL_S}..{MAX_RESERVATION_TTL_S} seconds, the leases the inventory grants")
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise errors.InvalidArgument(f"verify_fraction is {self.verify_fraction}; set ACCELMESH_VERIFY_FRACTION "
+                                         "within 0 (off) .. 1 (every shard run again on another node)")

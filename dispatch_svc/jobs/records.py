@@ -26,6 +26,7 @@ PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP, 
     "planned", "compiled", "shard_started", "shard_finished", "shard_retried", "training_step", "taken_over",
     "queued",
 )
+SHARD_VERIFIED = "shard_verified"
 EVENT_FOR_STATE = {SUCCEEDED: "succeeded", FAILED: "failed", CANCELLED: "cancelled"}
 
 
@@ -76,6 +77,7 @@ class JobSpec:
     request_id: str = ""  # the client's idempotency key (AIP-155); "" for none
     priority: int = 0  # its place in the queue: higher first (0..MAX_PRIORITY)
     queue_timeout_s: float | None = None  # how long it may wait queued; None: the dispatcher's limit; 0: never
+    verify_fraction: float = 0.0  # of its shards run again on another node (never below the dispatcher's floor)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,20 @@ class Plan:
     placement: PlacementPlan | None = None
 
 
+# How a sampled shard's second run on another node came out (ShardVerification.outcome).
+MATCHED, NOT_VERIFIABLE = "matched", "not_verifiable"
+
+
+@dataclass
+class ShardVerification:
+    outcome: str  # MATCHED or NOT_VERIFIABLE
+    node_address: str  # the node whose outputs are the shard's
+    verifier_device_id: str = ""
+    verifier_node_address: str = ""
+    error_ratio: float = 0.0  # largest difference in units of the tolerance
+    tolerance: str = ""
+
+
 @dataclass
 class ShardRecord:
     index: int
@@ -201,6 +217,7 @@ class ShardRecord:
     total_seconds: float = 0.0
     done: bool = False
     predicted_seconds: float = 0.0  # the plan's figure for its rows on the type that ran it
+    verification: ShardVerification | None = None  # set on a shard sampled for verification
 
     @property
     def own_seconds(self) -> float:
@@ -251,6 +268,7 @@ class JobRecord:
     # shard's outputs (training: the mean over its steps); 0 until a shard finished.
     measured_seconds: float = 0.0
     queue: QueueStatus | None = None  # while QUEUED
+    verify_fraction: float = 0.0  # what it runs with: the larger of its spec's and the dispatcher's
 
     @property
     def final(self) -> bool:

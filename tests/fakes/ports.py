@@ -48,8 +48,10 @@ def delivered(outputs: list, place_outputs) -> list:
     return list(collector.results().values())
 
 
-def fake_devices(types) -> list[JobDevice]:
-    return [JobDevice(resolve_type(t).device_spec("10.0.0.1", i), "10.0.0.1:50070") for i, t in enumerate(types)]
+def fake_devices(types, nodes: int = 1) -> list[JobDevice]:
+    """One device of each type, dealt in turn to `nodes` nodes (10.0.0.1, 10.0.0.2, ...)."""
+    ips = [f"10.0.0.{k % nodes + 1}" for k in range(len(types))]
+    return [JobDevice(resolve_type(t).device_spec(ip, i), f"{ip}:50070") for i, (t, ip) in enumerate(zip(types, ips))]
 
 
 class FakeInventory:
@@ -60,6 +62,10 @@ class FakeInventory:
         self.reserved: dict[str, list] = {}
         self.released: list[str] = []
         self.renewed: list[str] = []
+        self.suspects: dict[str, str] = {}  # node address -> reason (mark_suspect)
+
+    def mark_suspect(self, address, reason):
+        self.suspects.setdefault(address, reason)
 
     def candidate_devices(self, constraints):
         return [d for d in self.devices if not constraints.filter or constraints.filter in d.spec.type]
@@ -175,9 +181,9 @@ class FakeMesh:
     of any of them."""
 
     def __init__(self, program: Program, types=("v100-32gb", "v100-32gb", "a100-80gb"), *,
-                 inventory=FakeInventory, compiler=FakeCompiler, workers=FakeWorkers):
+                 inventory=FakeInventory, compiler=FakeCompiler, workers=FakeWorkers, nodes: int = 1):
         self.program = program
-        self.devices = fake_devices(types)
+        self.devices = fake_devices(types, nodes)
         self.inventory = inventory(self.devices)
         self.compiler = compiler(program)
         self.workers = workers(program)
@@ -201,10 +207,12 @@ def spec_for(program: Program, arrays, **fields) -> m.JobSpec:
     return m.JobSpec(program=program.name, inputs=inputs, **fields)
 
 
-def runner_for(mesh: FakeMesh, tmp_path, *, max_shard_bytes=1024, inflight_bytes=1 << 20, **options) -> JobRunner:
+def runner_for(mesh: FakeMesh, tmp_path, *, max_shard_bytes=1024, inflight_bytes=1 << 20, verify_fraction=0.0,
+               **options) -> JobRunner:
     """A runner on the fake mesh's three ports and a job book in `tmp_path` (`options`: JobRunner's)."""
     return JobRunner(mesh.inventory, mesh.compiler, mesh.workers, JobBook(tmp_path, retention_s=3600),
-                     ThroughputModel(), limits=Limits(max_shard_bytes, inflight_bytes), **options)
+                     ThroughputModel(), limits=Limits(max_shard_bytes, inflight_bytes, verify_fraction=verify_fraction),
+                     **options)
 
 
 def run(runner: JobRunner, spec: m.JobSpec, feed: Feed) -> m.JobRecord:

@@ -44,6 +44,13 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_EVENT_TYPE_CANCELLED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_TAKEN_OVER: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_QUEUED: _ClassVar[JobEventType]
+    JOB_EVENT_TYPE_SHARD_VERIFIED: _ClassVar[JobEventType]
+
+class VerificationOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERIFICATION_OUTCOME_UNSPECIFIED: _ClassVar[VerificationOutcome]
+    VERIFICATION_OUTCOME_MATCHED: _ClassVar[VerificationOutcome]
+    VERIFICATION_OUTCOME_NOT_VERIFIABLE: _ClassVar[VerificationOutcome]
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
@@ -67,6 +74,10 @@ JOB_EVENT_TYPE_FAILED: JobEventType
 JOB_EVENT_TYPE_CANCELLED: JobEventType
 JOB_EVENT_TYPE_TAKEN_OVER: JobEventType
 JOB_EVENT_TYPE_QUEUED: JobEventType
+JOB_EVENT_TYPE_SHARD_VERIFIED: JobEventType
+VERIFICATION_OUTCOME_UNSPECIFIED: VerificationOutcome
+VERIFICATION_OUTCOME_MATCHED: VerificationOutcome
+VERIFICATION_OUTCOME_NOT_VERIFIABLE: VerificationOutcome
 
 class JobConstraints(_message.Message):
     __slots__ = ("platforms", "required_capabilities", "max_devices", "filter", "precision")
@@ -97,7 +108,7 @@ class TrainingOptions(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id", "priority", "queue_timeout")
+    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id", "priority", "queue_timeout", "verify_fraction")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +122,7 @@ class JobSpec(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     kind: JobKind
@@ -124,7 +136,8 @@ class JobSpec(_message.Message):
     request_id: str
     priority: int
     queue_timeout: _duration_pb2.Duration
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    verify_fraction: float
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., verify_fraction: _Optional[float] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss", "queue", "job_id")
@@ -165,7 +178,7 @@ class QueueStatus(_message.Message):
     def __init__(self, position: _Optional[int] = ..., reason: _Optional[str] = ..., enqueue_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ShardRecord(_message.Message):
-    __slots__ = ("index", "device_id", "target_type", "rule", "first_row", "rows", "attempts", "failures", "queue_seconds", "load_seconds", "execute_seconds", "total_seconds", "done", "predicted_seconds")
+    __slots__ = ("index", "device_id", "target_type", "rule", "first_row", "rows", "attempts", "failures", "queue_seconds", "load_seconds", "execute_seconds", "total_seconds", "done", "predicted_seconds", "verification")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +193,7 @@ class ShardRecord(_message.Message):
     TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     index: int
     device_id: str
     target_type: str
@@ -194,10 +208,27 @@ class ShardRecord(_message.Message):
     total_seconds: float
     done: bool
     predicted_seconds: float
-    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ..., predicted_seconds: _Optional[float] = ...) -> None: ...
+    verification: ShardVerification
+    def __init__(self, index: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., rule: _Optional[str] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., attempts: _Optional[int] = ..., failures: _Optional[_Iterable[str]] = ..., queue_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., execute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., done: _Optional[bool] = ..., predicted_seconds: _Optional[float] = ..., verification: _Optional[_Union[ShardVerification, _Mapping]] = ...) -> None: ...
+
+class ShardVerification(_message.Message):
+    __slots__ = ("outcome", "node_address", "verifier_device_id", "verifier_node_address", "error_ratio", "tolerance")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    outcome: VerificationOutcome
+    node_address: str
+    verifier_device_id: str
+    verifier_node_address: str
+    error_ratio: float
+    tolerance: str
+    def __init__(self, outcome: _Optional[_Union[VerificationOutcome, str]] = ..., node_address: _Optional[str] = ..., verifier_device_id: _Optional[str] = ..., verifier_node_address: _Optional[str] = ..., error_ratio: _Optional[float] = ..., tolerance: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner", "measured_seconds", "queue")
+    __slots__ = ("job_id", "spec", "state", "plan", "shards", "error", "progress", "create_time", "end_time", "losses", "expire_time", "owner", "measured_seconds", "queue", "verify_fraction")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +243,7 @@ class Job(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     MEASURED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -226,4 +258,5 @@ class Job(_message.Message):
     owner: str
     measured_seconds: float
     queue: QueueStatus
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., measured_seconds: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ...) -> None: ...
+    verify_fraction: float
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., plan: _Optional[_Union[_plan_pb2.Plan, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardRecord, _Mapping]]] = ..., error: _Optional[str] = ..., progress: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., losses: _Optional[_Iterable[float]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., owner: _Optional[str] = ..., measured_seconds: _Optional[float] = ..., queue: _Optional[_Union[QueueStatus, _Mapping]] = ..., verify_fraction: _Optional[float] = ...) -> None: ...

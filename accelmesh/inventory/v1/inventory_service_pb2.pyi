@@ -47,7 +47,7 @@ TASK_KIND_TRAINING: TaskKind
 TASK_KIND_INFERENCE: TaskKind
 
 class Node(_message.Message):
-    __slots__ = ("address", "ip", "hostname", "state", "register_time", "last_seen_time", "missed_polls", "last_error", "device_count")
+    __slots__ = ("address", "ip", "hostname", "state", "register_time", "last_seen_time", "missed_polls", "last_error", "device_count", "suspect", "suspect_reason", "suspect_time")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,9 @@ class Node(_message.Message):
     MISSED_POLLS_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     DEVICE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_REASON_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_TIME_FIELD_NUMBER: _ClassVar[int]
     address: str
     ip: str
     hostname: str
@@ -66,7 +69,10 @@ class Node(_message.Message):
     missed_polls: int
     last_error: str
     device_count: int
-    def __init__(self, address: _Optional[str] = ..., ip: _Optional[str] = ..., hostname: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_polls: _Optional[int] = ..., last_error: _Optional[str] = ..., device_count: _Optional[int] = ...) -> None: ...
+    suspect: bool
+    suspect_reason: str
+    suspect_time: _timestamp_pb2.Timestamp
+    def __init__(self, address: _Optional[str] = ..., ip: _Optional[str] = ..., hostname: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_polls: _Optional[int] = ..., last_error: _Optional[str] = ..., device_count: _Optional[int] = ..., suspect: _Optional[bool] = ..., suspect_reason: _Optional[str] = ..., suspect_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("address",)
@@ -325,3 +331,29 @@ class ListReservationsResponse(_message.Message):
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     reservations: _containers.RepeatedCompositeFieldContainer[Reservation]
     def __init__(self, reservations: _Optional[_Iterable[_Union[Reservation, _Mapping]]] = ...) -> None: ...
+
+class MarkNodeSuspectRequest(_message.Message):
+    __slots__ = ("address", "reason")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    reason: str
+    def __init__(self, address: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MarkNodeSuspectResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: Node
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...
+
+class TrustNodeRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class TrustNodeResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: Node
+    def __init__(self, node: _Optional[_Union[Node, _Mapping]] = ...) -> None: ...

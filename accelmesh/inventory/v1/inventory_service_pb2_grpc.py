@@ -96,6 +96,16 @@ class InventoryServiceStub:
                 request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsResponse.FromString,
                 _registered_method=True)
+        self.MarkNodeSuspect = channel.unary_unary(
+                '/accelmesh.inventory.v1.InventoryService/MarkNodeSuspect',
+                request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectResponse.FromString,
+                _registered_method=True)
+        self.TrustNode = channel.unary_unary(
+                '/accelmesh.inventory.v1.InventoryService/TrustNode',
+                request_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeResponse.FromString,
+                _registered_method=True)
 
 
 class InventoryServiceServicer:
@@ -191,6 +201,22 @@ class InventoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MarkNodeSuspect(self, request, context):
+        """Marks a node suspect (dispatchers and operators): a second run of one of its shards on
+        another node disagreed with its outputs. Its devices are no longer candidates for jobs until
+        an operator trusts it again (TrustNode); idempotent, the first reason and time kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrustNode(self, request, context):
+        """Clears a node's suspect mark (operators only): its devices are candidates again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InventoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +279,16 @@ def add_InventoryServiceServicer_to_server(servicer, server):
                     servicer.ListReservations,
                     request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsRequest.FromString,
                     response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsResponse.SerializeToString,
+            ),
+            'MarkNodeSuspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkNodeSuspect,
+                    request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectRequest.FromString,
+                    response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectResponse.SerializeToString,
+            ),
+            'TrustNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrustNode,
+                    request_deserializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeRequest.FromString,
+                    response_serializer=accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +617,60 @@ class InventoryService:
             '/accelmesh.inventory.v1.InventoryService/ListReservations',
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsRequest.SerializeToString,
             accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.ListReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkNodeSuspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.inventory.v1.InventoryService/MarkNodeSuspect',
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectRequest.SerializeToString,
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.MarkNodeSuspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrustNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.inventory.v1.InventoryService/TrustNode',
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeRequest.SerializeToString,
+            accelmesh_dot_inventory_dot_v1_dot_inventory__service__pb2.TrustNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,8 @@ from dispatch_svc.admission.admission import Grant
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.execution.strategies import inference, training
 from dispatch_svc.execution.strategies.context import JobContext
+from dispatch_svc.execution.strategies.verifier import ShardVerifier
+from dispatch_svc.execution.verification import sample_shards
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.jobs.validation import check_inputs, check_program_kind
@@ -123,10 +125,30 @@ def start(ctx: JobContext, proposal: Proposal, grant: Grant):
         pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt))
         return training.collect(ctx, program, pool, [v for _, v in params])
     # An inference job's parameters are the same for every shard: each worker gets them once.
-    pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt, held="params"))
+    verifier = _verifier(ctx, proposal, params)
+
+    def run(attempt):
+        if verifier is not None:
+            verifier.refuse(attempt)
+        out = ctx.execute(program, builds, params, attempt, held="params")
+        if verifier is not None:
+            verifier.check(attempt, out.outputs)
+        return out
+    pool = ctx.open_pool(proposal.devices, run)
     if proposal.moved is not None:
-        return inference.collect(ctx, program, pool, ctx.kept, proposal.moved)
-    return inference.collect(ctx, program, pool)
+        return inference.collect(ctx, program, pool, ctx.kept, proposal.moved, verifier=verifier)
+    return inference.collect(ctx, program, pool, verifier=verifier)
+
+
+def _verifier(ctx: JobContext, proposal: Proposal, params) -> ShardVerifier | None:
+    """The job's spot checks (inference only: a training step's gradients are not verified), with
+    the larger of the dispatcher's floor and the spec's fraction; None when it samples nothing."""
+    fraction = max(ctx.limits.verify_fraction, ctx.spec.verify_fraction)
+    ctx.book.update(ctx.job, verify_fraction=fraction)
+    sampled = sample_shards(ctx.job.job_id, len(proposal.plan.shards), fraction)
+    if not sampled:
+        return None
+    return ShardVerifier(ctx, proposal.program, proposal.builds, proposal.devices, sampled, params, "params")
 
 
 def _resume(ctx: JobContext) -> Proposal:

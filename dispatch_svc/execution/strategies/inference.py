@@ -12,15 +12,17 @@ from accelmesh.programs import Program
 from dispatch_svc.dataplane.device_queues import DevicePool
 from dispatch_svc.execution.outputs import JobOutputs
 from dispatch_svc.execution.strategies.context import InflightBudget, JobContext
+from dispatch_svc.execution.strategies.verifier import ShardVerifier
 from dispatch_svc.jobs import records as m
 from dispatch_svc.ports import ShardOutput, ShardWork
 
 
 def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: frozenset[int] = frozenset(),
-            devices: dict[int, str] | None = None):
+            devices: dict[int, str] | None = None, verifier: ShardVerifier | None = None):
     """Submit every shard as the feed completes it (in this thread, so input errors reach the
     caller); returns the work that waits for the last one. `devices`: where each shard runs, if
-    not on its planned device (one a job taken over no longer has)."""
+    not on its planned device (one a job taken over no longer has). `verifier`: the job's spot
+    checks; a sampled shard's outputs come back in memory, to be compared before they are written."""
     job = ctx.job
     devices = devices or {}
     shards = [ShardWork(s.index, s.first_row, s.rows, devices.get(s.index, s.device_id)) for s in job.plan.shards]
@@ -28,8 +30,10 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: froze
     for index in finished:
         job.shards[index].done = True
     outputs = JobOutputs(ctx.book, job, ctx.live, program, shards, finished)
+    sampled = verifier.sampled if verifier is not None else frozenset()
     for shard in shards:
-        shard.place_outputs = outputs.placer(shard)  # no copy of a shard's outputs is held whole
+        if shard.index not in sampled:
+            shard.place_outputs = outputs.placer(shard)  # no copy of a shard's outputs is held whole
     budget = InflightBudget(ctx.limits.inflight_bytes, ctx.live)
 
     def take(shard: ShardWork, out: ShardOutput) -> None:
@@ -60,6 +64,8 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, finished: froze
     def work():
         try:
             pool.wait_all(pending)
+            if verifier is not None:
+                verifier.check_finished()
         except BaseException:
             _let_go(shards)
             raise

@@ -1,0 +1,116 @@
+"""Spot checks of data-parallel inference (dispatch_svc.execution.verification and
+strategies/verifier.py): which shards are sampled, when two runs agree, and jobs on the fake mesh
+whose nodes (10.0.0.1, .2, .3) include one that adds 1000 to half the rows it returns."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dispatch_svc.execution.verification import compare_outputs, sample_shards
+from dispatch_svc.jobs import records as m
+
+from fakes.ports import AFFINE, BIAS, X, FakeMesh, Feed, result, run, runner_for, spec_for
+
+
+def forge_half(outputs):
+    y = outputs[0].copy()
+    y[: len(y) // 2] += 1000.0
+    return [y, *outputs[1:]]
+
+
+@pytest.mark.parametrize(("shards", "fraction", "count"), [(20, 0.05, 1), (20, 0.2, 4), (7, 0.5, 4), (3, 1.0, 3),
+                                                           (100, 0.001, 1), (5, 0.0, 0)])
+def test_the_sample_holds_the_fraction_rounded_up_and_at_least_one_shard(shards, fraction, count):
+    sample = sample_shards("job-a", shards, fraction)
+    assert len(sample) == count and all(0 <= i < shards for i in sample)
+
+
+def test_the_sample_is_the_same_for_one_job_id_and_differs_between_jobs():
+    assert sample_shards("job-a", 1000, 0.1) == sample_shards("job-a", 1000, 0.1)
+    assert sample_shards("job-a", 1000, 0.1) != sample_shards("job-b", 1000, 0.1)
+
+
+def test_outputs_within_the_tolerance_match_and_a_forged_half_does_not():
+    y = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+    near = y * (1 + 1e-3)
+    assert compare_outputs(["y"], [y], [near], 5e-2).matched
+    assert not compare_outputs(["y"], [y], [near], 1e-5).matched  # an fp32 rule's tolerance is tighter
+    forged = compare_outputs(["y"], [y], forge_half([y]), 5e-2)
+    assert not forged.matched and forged.output == "y" and forged.error_ratio > 10
+
+
+@pytest.mark.parametrize(("first", "second", "matched"), [
+    ([1.0, np.nan], [1.0, np.nan], True),
+    ([1.0, np.inf], [1.0, np.inf], True),
+    ([1.0, np.nan], [1.0, 2.0], False),
+    ([1.0, np.inf], [1.0, -np.inf], False),
+    ([0.0, 0.0], [0.0, 1e-12], True),  # near zero: an absolute difference
+])
+def test_non_finite_values_must_sit_in_the_same_places(first, second, matched):
+    comparison = compare_outputs(["y"], [np.array(first)], [np.array(second)], 1e-5)
+    assert comparison.matched is matched
+
+
+def test_outputs_of_different_shapes_never_match():
+    assert compare_outputs(["y"], [np.zeros(3)], [np.zeros(4)], 1.0).error_ratio == math.inf
+
+
+def test_with_three_nodes_a_forging_node_is_outvoted_marked_suspect_and_its_shards_run_elsewhere(tmp_path):
+    mesh = FakeMesh(AFFINE, nodes=3)
+    forger = mesh.devices[2]
+    mesh.workers.forge[forger.id] = forge_half
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X], verify_fraction=1.0), Feed([X]))
+    assert job.state == m.SUCCEEDED, job.error
+    np.testing.assert_array_equal(result(runner, job, "y"), 2 * X + BIAS)
+    assert list(mesh.inventory.suspects) == [forger.node_address]
+    assert job.verify_fraction == 1.0
+    assert all(s.verification is not None and s.verification.outcome == m.MATCHED for s in job.shards)
+    assert all(s.device_id != forger.id and s.verification.verifier_node_address != forger.node_address
+               for s in job.shards)
+    events = runner.book.events(job.job_id)
+    assert any(e.type == m.SHARD_VERIFIED and f"node {forger.node_address} is suspect" in e.message for e in events)
+
+
+def test_a_fraction_of_zero_runs_every_shard_once_and_verifies_nothing(tmp_path):
+    mesh = FakeMesh(AFFINE, nodes=3)
+    mesh.workers.forge[mesh.devices[2].id] = forge_half
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X]), Feed([X]))
+    assert job.state == m.SUCCEEDED and job.verify_fraction == 0.0
+    assert len(mesh.workers.attempts) == len(job.shards)
+    assert all(s.verification is None for s in job.shards) and not mesh.inventory.suspects
+
+
+def test_the_dispatchers_floor_applies_when_the_spec_asks_for_less(tmp_path):
+    mesh = FakeMesh(AFFINE, nodes=2)
+    runner = runner_for(mesh, tmp_path, verify_fraction=1.0)
+    job = run(runner, spec_for(AFFINE, [X], verify_fraction=0.1), Feed([X]))
+    assert job.state == m.SUCCEEDED and job.verify_fraction == 1.0
+    assert len(mesh.workers.attempts) == 2 * len(job.shards)  # each shard once more, on the other node
+    assert all(s.verification.outcome == m.MATCHED for s in job.shards)
+
+
+def test_a_shard_with_no_device_of_another_node_is_recorded_not_verifiable_and_stands(tmp_path):
+    mesh = FakeMesh(AFFINE, nodes=1)
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X], verify_fraction=0.5), Feed([X]))
+    assert job.state == m.SUCCEEDED, job.error
+    sampled = sample_shards(job.job_id, len(job.shards), 0.5)
+    assert {s.index for s in job.shards if s.verification is not None} == sampled
+    assert all(s.verification.outcome == m.NOT_VERIFIABLE for s in job.shards if s.index in sampled)
+    messages = [e.message for e in runner.book.events(job.job_id) if e.type == m.SHARD_VERIFIED]
+    assert len(messages) == len(sampled) and all("no device of another node" in text for text in messages)
+
+
+def test_two_nodes_that_disagree_with_no_third_are_both_suspect_and_the_job_fails(tmp_path):
+    mesh = FakeMesh(AFFINE, types=("v100-32gb", "v100-32gb"), nodes=2)
+    mesh.workers.forge[mesh.devices[1].id] = forge_half
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(AFFINE, [X], verify_fraction=1.0), Feed([X]))
+    assert job.state == m.FAILED and "no third node could tell which is right" in job.error
+    assert set(mesh.inventory.suspects) == {d.node_address for d in mesh.devices}
+

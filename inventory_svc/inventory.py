@@ -144,6 +144,18 @@ class Inventory:
         log.info("node %s removed with %d devices%s", address, len(removed.devices), _ended(removed))
         return removed
 
+    def mark_suspect(self, address: str, reason: str) -> NodeRecord:
+        """A dispatcher's spot check found the node's outputs wrong: its devices stop being candidates."""
+        node = self.store.mark_suspect(address, reason, self._clock())
+        log.warning("node %s is suspect: %s", address, node.suspect_reason)
+        return node
+
+    def trust_node(self, address: str) -> NodeRecord:
+        """An operator clears the node's suspect mark."""
+        node = self.store.trust_node(address)
+        log.info("node %s is trusted again", address)
+        return node
+
     def forget_lost_nodes(self) -> list[RemovedNode]:
         """Remove (as ``remove_node`` with force) the lost nodes silent for longer than
         ``forget_lost_after_s``; nothing when that is 0. Every replica's poll cycle runs it: a

@@ -36,6 +36,9 @@ class InventoryMetrics:
         metrics.families("device series", self._devices)
         metrics.gauge("accelmesh_reservations", "Live device reservations, over every job",
                       lambda: [(len(inventory.reservations()), {})])
+        metrics.gauge("accelmesh_nodes_suspect", "Nodes a spot check found returning wrong outputs, not trusted "
+                      "again since (their devices get no jobs)",
+                      lambda: [(sum(n.suspect for n in inventory.store.list_nodes()), {})])
         self._poll = metrics.meter.create_histogram(
             "accelmesh_inventory_poll_cycle_seconds",
             description="Seconds one poll cycle over this replica's nodes took",

@@ -22,6 +22,12 @@ class NodeRecord:
     last_seen_at: float | None
     missed_polls: int
     last_error: str
+    suspect_reason: str = ""  # why a spot check found its outputs wrong (suspects.py)
+    suspect_at: float | None = None  # when; None while it is trusted
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_at is not None
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ _SQL_OPERATORS = {
 
 NODE_SELECT = sa.select(
     nodes.c.address, nodes.c.ip, nodes.c.hostname, nodes.c.state, nodes.c.registered_at,
-    nodes.c.last_seen_at, nodes.c.missed_polls, nodes.c.last_error,
+    nodes.c.last_seen_at, nodes.c.missed_polls, nodes.c.last_error, nodes.c.suspect_reason, nodes.c.suspect_at,
 )
 
 

@@ -33,6 +33,8 @@ ACCESS: Access = {
     "RenewReservations": roles(Role.DISPATCH),  # the dispatcher, while the job holding them runs
     "ReleaseDevices": roles(Role.DISPATCH),
     "ListReservations": roles(Role.DISPATCH, Role.OPERATOR),
+    "MarkNodeSuspect": roles(Role.DISPATCH, Role.OPERATOR),  # a dispatcher whose spot check found it wrong
+    "TrustNode": roles(Role.OPERATOR),  # a person's decision, after looking into it
 }
 
 

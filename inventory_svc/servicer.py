@@ -61,6 +61,16 @@ class InventoryServicer(inventory_service_pb2_grpc.InventoryServiceServicer):
     def RemoveNode(self, request, context):
         return tr.removed_node_to_proto(self.inventory.remove_node(request.address, request.force))
 
+    def MarkNodeSuspect(self, request, context):
+        node = self.inventory.mark_suspect(request.address, request.reason)
+        return pb.MarkNodeSuspectResponse(node=self._node(node))
+
+    def TrustNode(self, request, context):
+        return pb.TrustNodeResponse(node=self._node(self.inventory.trust_node(request.address)))
+
+    def _node(self, node):
+        return tr.node_to_proto(node, self.inventory.device_counts().get(node.address, 0))
+
     def ListDevices(self, request, context):
         records, token = self.inventory.list_devices(request.filter, request.page_size, request.page_token)
         return pb.ListDevicesResponse(devices=tr.devices_to_proto(records), next_page_token=token)

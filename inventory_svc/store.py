@@ -49,6 +49,7 @@ from inventory_svc.rows import (
     sample,
 )
 from inventory_svc.store_port import Listener
+from inventory_svc.suspects import mark_suspect, trust_node
 from inventory_svc.tables import nodes, reservations, status_samples
 
 MAX_SAMPLES_PER_DEVICE = 720  # one hour at a 5 s poll interval
@@ -171,6 +172,13 @@ class SqlStore:
             raise InvalidArgument("address must not be empty; name the node as ListNodes shows it (host:port)",
                                   field="address")
         return self._write_change(lambda conn: remove_node(conn, self.writer, address, now, force))
+
+    def mark_suspect(self, address: str, reason: str, now: float) -> NodeRecord:
+        """Mark the node suspect (its first reason and time kept); NotFound if it is not registered."""
+        return self._write(lambda conn: mark_suspect(conn, address, reason, now))
+
+    def trust_node(self, address: str) -> NodeRecord:
+        return self._write(lambda conn: trust_node(conn, address))
 
     def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]:
         """Remove, as ``remove_node(force=True)``, every lost node that has not answered a poll

@@ -2,7 +2,7 @@
 
 What the store's statements are built from, and what Alembic's revisions
 (``schema/versions/``: the baseline ``0001``, the poll leases of ``0002``, the change feed of
-``0003``) create. Byte counts are BigInteger (an 80 GB device is
+``0003``, the suspect marks of ``0004``) create. Byte counts are BigInteger (an 80 GB device is
 far past 2**31); times are Unix seconds as doubles; ``capabilities`` and ``performance`` are JSON
 text written canonically (sorted) so that equal specs store equal strings. Changing a table here
 needs a new Alembic revision: databases in the field only ever move forward through revisions.
@@ -27,6 +27,9 @@ nodes = sa.Table(
     # Which inventory replica polls the node, until when (polls.py, claim_nodes); NULL: no one yet.
     sa.Column("poller", sa.Text),
     sa.Column("poll_lease_until", sa.Double),
+    # Set while the node is suspect (suspects.py): when a spot check found its outputs wrong, and why.
+    sa.Column("suspect_at", sa.Double),
+    sa.Column("suspect_reason", sa.Text, nullable=False, server_default=""),
     sa.CheckConstraint("state IN ('active', 'lost')", name="nodes_state"),
     sa.Index("nodes_poller", "poller"),
 )

@@ -53,9 +53,13 @@ def node_to_proto(node: NodeRecord, device_count: int) -> pb.Node:
         missed_polls=node.missed_polls,
         last_error=node.last_error,
         device_count=device_count,
+        suspect=node.suspect,
+        suspect_reason=node.suspect_reason,
     )
     if node.last_seen_at is not None:
         msg.last_seen_time.CopyFrom(timestamp(node.last_seen_at))
+    if node.suspect_at is not None:
+        msg.suspect_time.CopyFrom(timestamp(node.suspect_at))
     return msg
 
 

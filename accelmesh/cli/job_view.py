@@ -100,16 +100,27 @@ def _plan_lines(job: job_pb.Job) -> list[str]:
 def _shard_lines(job: job_pb.Job) -> list[str]:
     if not job.shards:
         return []
-    rows = [("SHARD", "DEVICE", "RULE", "ROWS", "ATTEMPTS", "LOAD ms", "EXEC ms", "TOTAL ms", "PRED ms", "DONE")]
+    rows = [("SHARD", "DEVICE", "RULE", "ROWS", "ATTEMPTS", "LOAD ms", "EXEC ms", "TOTAL ms", "PRED ms", "DONE",
+             "VERIFIED")]
     for s in list(job.shards)[:MAX_SHARD_ROWS]:
         rows.append((str(s.index), s.device_id or "-", s.rule or "-", str(s.rows), str(s.attempts),
                      f"{s.load_seconds * 1e3:.1f}", f"{s.execute_seconds * 1e3:.1f}", f"{s.total_seconds * 1e3:.1f}",
-                     f"{s.predicted_seconds * 1e3:.1f}", "yes" if s.done else "no"))
+                     f"{s.predicted_seconds * 1e3:.1f}", "yes" if s.done else "no", _verified(s)))
     lines = ["", table(rows)]
     if len(job.shards) > MAX_SHARD_ROWS:
         lines.append(f"... and {len(job.shards) - MAX_SHARD_ROWS} more shards (--json lists every one)")
     lines += [f"shard {s.index} failed on {failure}" for s in job.shards for failure in s.failures]
     return lines
+
+
+def _verified(s: job_pb.ShardRecord) -> str:
+    """How the shard's spot check came out: the device of another node that agreed, or why none did."""
+    if not s.HasField("verification"):
+        return "-"
+    v = s.verification
+    if v.outcome == job_pb.VERIFICATION_OUTCOME_MATCHED:
+        return f"matched on {v.verifier_device_id}"
+    return "not verifiable" if v.outcome == job_pb.VERIFICATION_OUTCOME_NOT_VERIFIABLE else "-"
 
 
 def format_job(job: job_pb.Job) -> str:
@@ -130,6 +141,9 @@ def format_job(job: job_pb.Job) -> str:
         q = job.queue
         lines.append(f"queue      position {q.position}: {q.reason}")
         lines.append(f"           queued since {clock(q.enqueue_time)}, fails if not started by {clock(q.deadline)}")
+    if job.verify_fraction:
+        checked = sum(s.HasField("verification") for s in job.shards)
+        lines.append(f"verify     fraction {job.verify_fraction:g}: {checked} shard(s) sampled (the VERIFIED column)")
     if job.losses:
         lines.append(f"losses     {len(job.losses)} steps, {job.losses[0]:.4g} -> {job.losses[-1]:.4g}")
     return "\n".join(lines + _plan_lines(job) + _shard_lines(job))

@@ -34,9 +34,9 @@ def test_nodes_list_shows_each_node_and_says_when_there_is_none(cli, inventory_s
     address = register(inventory_stub, worker).node.address
     code, out, _ = cli("nodes", "list")
     header, *rows = out.splitlines()
-    assert code == 0 and header.split() == ["ADDRESS", "HOSTNAME", "IP", "STATE", "DEVICES", "LAST", "SEEN", "MISSED",
-                                            "POLLS", "LAST", "ERROR"]
-    assert [row.split()[:5] for row in rows] == [[address, "node-a", "127.0.0.1", "active", "3"]]
+    assert code == 0 and header.split() == ["ADDRESS", "HOSTNAME", "IP", "STATE", "DEVICES", "SUSPECT", "LAST", "SEEN",
+                                            "MISSED", "POLLS", "LAST", "ERROR"]
+    assert [row.split()[:6] for row in rows] == [[address, "node-a", "127.0.0.1", "active", "3", "no"]]
 
 
 def test_nodes_remove_refuses_a_held_node_in_one_line_then_removes_it_with_force(cli, inventory_stub, worker):
@@ -67,3 +67,15 @@ def test_nodes_remove_is_refused_to_a_user(cli, inventory_stub, worker, monkeypa
     assert code == 1 and err.startswith("accelmesh: PERMISSION_DENIED: ") and "needs the role operator" in err
     monkeypatch.delenv("ACCELMESH_TOKEN_FILE")
     assert cli("nodes", "list")[1].split("\n")[1].startswith(address)
+
+
+def test_nodes_list_shows_a_suspect_node_with_why_and_nodes_trust_clears_it(cli, inventory_stub, worker):
+    address = register(inventory_stub, worker).node.address
+    inventory_stub.MarkNodeSuspect(pb.MarkNodeSuspectRequest(address=address, reason="job j: shard 2 disagreed"))
+    code, out, _ = cli("nodes", "list")
+    header, row, why = out.splitlines()
+    assert code == 0 and row.split()[5] == "SUSPECT"
+    assert why.startswith(f"{address} is suspect since ") and why.endswith(": job j: shard 2 disagreed")
+    assert cli("nodes", "trust", address) == (
+        0, f"node {address} is trusted again: its 3 device(s) are candidates for jobs\n", "")
+    assert cli("nodes", "list")[1].splitlines()[1].split()[5] == "no"

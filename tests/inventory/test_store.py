@@ -16,7 +16,7 @@ from inventory_svc.schema import VERSION_TABLE
 from inventory_svc.store import SqlStore
 from inventory_svc.tables import metadata
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 # -- migrations -------------------------------------------------------------------------------

@@ -58,12 +58,14 @@ def job_spec(
     request_id: str = "",
     priority: int = 0,
     queue_timeout_s: float | None = None,
+    verify_fraction: float = 0.0,
 ) -> job_pb.JobSpec:
     """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created.
     `precision`: "fp32" (bit-identical results whatever the plan), "bf16" or "fp16" (inference only)
     allowed; "" lets each device's compile rules decide. `priority` (0-1000) orders the job in the
     queue when the pool is full; `queue_timeout_s` bounds its wait there (None: the dispatcher's
-    limit; 0: never queue, RESOURCE_EXHAUSTED at once)."""
+    limit; 0: never queue, RESOURCE_EXHAUSTED at once). `verify_fraction` (0-1) of a data-parallel
+    job's shards run again on another node and compared (never below the dispatcher's own)."""
     timeout = None
     if queue_timeout_s is not None:
         timeout = duration_pb2.Duration()
@@ -85,6 +87,7 @@ def job_spec(
         request_id=request_id,
         priority=priority,
         queue_timeout=timeout,
+        verify_fraction=verify_fraction,
     )
 
 

@@ -1,6 +1,6 @@
 """Dispatch benchmark: what the mesh adds per shard and per byte, and what its planner buys and costs.
 
-    .venv/bin/python bench/dispatch.py [--quick] [--no-ray]
+    .venv/bin/python bench/dispatch.py [--quick] [--no-ray] [--only verification]
 
 Prints one JSON document on stdout (progress on stderr). Every figure comes from this run, and
 each is set beside a baseline measured in the same run (STYLE rule 12):
@@ -58,6 +58,13 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     writes its output into fresh memory, and the mesh's processes their shards' buffers too; on a
     virtual machine that hands free pages back to its host, memory touched after a pause costs
     about fifty times more, so read the streaming figures beside it.
+(h) verification: the cost of spot checks (ACCELMESH_VERIFY_FRACTION; spec.verify_fraction here).
+    A mesh of its own: inventory, compile and two workers on different node addresses
+    (127.0.0.1 and 127.0.0.2, one emulated V100 each, so a sampled shard can run again on the other
+    node), one dispatcher with ACCELMESH_MAX_SHARD_BYTES=32 KiB. mlp_classifier jobs of K shards of
+    128 rows at fractions 0, 0.05 and 0.2, rotated so each fraction runs as often after each other;
+    job wall per shard, the shards verified (from the record), and throughput as a ratio to
+    fraction 0 measured in the same rotation. `--only verification` runs this section alone.
 Compare ratios across machines, not milliseconds.
 """
 
@@ -1116,6 +1123,82 @@ def pai_gpu_nodes(planning) -> int:
                    if row["gpu_type"].strip() in planning.PAI_TYPES and int(row["cap_gpu"]) > 0)
 
 
+# -- (h) verification --------------------------------------------------------------------------------
+
+VERIFY_FRACTIONS = (0.0, 0.05, 0.2)
+VERIFY_NODE_IPS = ("127.0.0.1", "127.0.0.2")
+VERIFY_ROWS_PER_SHARD = 128  # mlp_classifier: 32 KiB of input a shard
+
+
+def start_verify_mesh(stack: ExitStack, workdir: Path):
+    """Inventory, compile, a worker on each of VERIFY_NODE_IPS and one small-shard dispatcher;
+    returns (dispatch address, client security)."""
+    from accelmesh.embedded import mesh_credentials, service_env, start_compile, start_inventory, start_worker
+    from accelmesh.runtime.launcher import start_service
+    from accelmesh.security.identity import Role
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    credentials = mesh_credentials(workdir)
+
+    def started(process):
+        stack.callback(process.terminate)
+        stack.push(lambda *exc: report_if_ended(process, exc[0] is not None))
+        return process
+
+    inventory = started(start_inventory(workdir, credentials))
+    compile_ = started(start_compile(workdir, credentials))
+    for ip in VERIFY_NODE_IPS:
+        # The inventory registers a node only for a worker whose certificate names its address.
+        tls = credentials.issue(Role.WORKER, f"node-{ip}", [ip]).tls
+        started(start_worker(inventory.address, compile_.address, credentials, devices=1, emulate=EMULATE[:1],
+                             listen=f"{ip}:0", artifact_dir=workdir / f"artifacts-{ip}", name=f"worker-{ip}",
+                             nvml=False, env={"ACCELMESH_CERT_FILE": str(tls.cert_file),
+                                              "ACCELMESH_KEY_FILE": str(tls.key_file)}))
+    dispatch = started(start_service("dispatch-verify", "dispatch_svc", [
+        "--listen", "127.0.0.1:0", "--inventory", inventory.address, "--compile", compile_.address,
+        "--data-dir", str(workdir / "dispatch")],
+        env={**service_env(credentials, Role.DISPATCH), "ACCELMESH_MAX_SHARD_BYTES": str(SMALL_SHARD_BYTES)}))
+    return dispatch.address, credentials.client()
+
+
+def bench_verification(stack: ExitStack, workdir: Path, plan: Plan) -> dict:
+    from accelmesh.client import MeshClient
+
+    address, security = start_verify_mesh(stack, workdir)
+    x = np.random.default_rng(3).standard_normal((plan.shards * VERIFY_ROWS_PER_SHARD, 64)).astype(np.float32)
+    runs: dict[float, list[dict]] = {f: [] for f in VERIFY_FRACTIONS}
+    with MeshClient(address, security=security) as client:
+        def job(fraction: float) -> dict:
+            started = time.perf_counter()
+            result = client.run("mlp_classifier", {"x": x}, verify_fraction=fraction, timeout=RPC_TIMEOUT_S)
+            wall = time.perf_counter() - started
+            shards = result.job.shards
+            return {"wall_s": wall, "shards": len(shards), "state": result.job.state,
+                    "verified": sum(s.HasField("verification") and s.verification.outcome == 1 for s in shards),
+                    "nodes": len({s.device_id.split("/")[0] for s in shards})}
+
+        progress("verification: warm-up job (artifacts compiled, fetched and loaded on both nodes)")
+        job(1.0)
+        for rep in range(plan.shard_jobs):
+            order = VERIFY_FRACTIONS if rep % 2 == 0 else tuple(reversed(VERIFY_FRACTIONS))
+            for fraction in order:
+                progress(f"verification: fraction {fraction}, run {rep + 1} of {plan.shard_jobs}")
+                runs[fraction].append(job(fraction))
+    base = percentile([r["wall_s"] for r in runs[0.0]], 50)
+    out: dict = {"program": "mlp_classifier", "rows_per_shard": VERIFY_ROWS_PER_SHARD, "nodes": len(VERIFY_NODE_IPS),
+                 "runs_per_fraction": plan.shard_jobs, "fractions": {}}
+    for fraction, rs in runs.items():
+        wall = percentile([r["wall_s"] for r in rs], 50)
+        shards = rs[0]["shards"]
+        out["fractions"][str(fraction)] = {
+            "shards": shards, "shards_verified": [r["verified"] for r in rs],
+            "nodes_used": rs[0]["nodes"], "all_succeeded": all(r["state"] == 4 for r in rs),
+            "job_wall_ms_p50": round(wall * 1e3, 2), "ms_per_shard_p50": round(wall * 1e3 / shards, 3),
+            "throughput_ratio_to_fraction_0": ratio(base, wall),
+        }
+    return out
+
+
 # -- main ----------------------------------------------------------------------------------------------
 
 
@@ -1170,7 +1253,14 @@ def summary(result: dict) -> dict:
             "dispatcher_peak_rss_bytes": security["streaming"]["dispatcher_peak_rss_bytes"],
         },
         "vs_ray": ray_summary(result["ray"]),
+        "verification_cost": verification_summary(result["verification"]),
     }
+
+
+def verification_summary(verification: dict) -> dict:
+    return {fraction: {"ms_per_shard_p50": v["ms_per_shard_p50"],
+                       "throughput_ratio_to_fraction_0": v["throughput_ratio_to_fraction_0"]}
+            for fraction, v in verification["fractions"].items()}
 
 
 def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
@@ -1209,8 +1299,20 @@ def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
         result["streaming"], ray_runs = bench_streaming(mesh, plain, relay, sink, plan, ray)
         result["security"] = security_section(overhead[mesh.label], overhead[plain.label], result["streaming"])
         result["ray"] = ray_section(ray, overhead, result["streaming"], ray_runs) if ray else ray_absent
+        result["verification"] = bench_verification(stack, Path(tmp) / "verification", plan)
     result.update(bench_planning(plan))
     result["summary"] = summary(result)
+    result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def run_verification_only(plan: Plan, mode: str) -> dict:
+    started = time.perf_counter()
+    result: dict = {"benchmark": "dispatch", "mode": mode, "only": "verification", "machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="accelmesh-bench-verify-") as tmp, ExitStack() as stack:
+        result["verification"] = bench_verification(stack, Path(tmp), plan)
+    result["summary"] = {"verification_cost": verification_summary(result["verification"])}
     result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
@@ -1221,6 +1323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke run, not a measurement")
     parser.add_argument("--no-ray", action="store_true",
                         help="leave Ray out even when it is installed (it is measured beside the mesh by default)")
+    parser.add_argument("--only", choices=("verification",), default="",
+                        help="run one section alone (its own mesh): the rest of the JSON is left out")
     parser.add_argument("--role", choices=("bench", "relay", "sink"), default="bench",
                         help="internal: the bare pipeline's processes")
     parser.add_argument("--listen", default="127.0.0.1:0", help="relay and sink: where to serve")
@@ -1230,7 +1334,10 @@ def main(argv: list[str] | None = None) -> int:
         serve_role(args.role, args.listen, args.sink)
         return 0
     mode = "quick" if args.quick else "full"
-    result = run_benchmark(QUICK if args.quick else FULL, mode, with_ray=not args.no_ray)
+    if args.only == "verification":
+        result = run_verification_only(QUICK if args.quick else FULL, mode)
+    else:
+        result = run_benchmark(QUICK if args.quick else FULL, mode, with_ray=not args.no_ray)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

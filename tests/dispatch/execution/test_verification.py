@@ -5,14 +5,16 @@ whose nodes (10.0.0.1, .2, .3) include one that adds 1000 to half the rows it re
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
 
+from dispatch_svc.execution.strategies import data_parallel
 from dispatch_svc.execution.verification import compare_outputs, sample_shards
 from dispatch_svc.jobs import records as m
 
-from fakes.ports import AFFINE, BIAS, X, FakeMesh, Feed, result, run, runner_for, spec_for
+from fakes.ports import AFFINE, BIAS, WAIT_S, FakeMesh, FakeWorkers, Feed, X, result, run, runner_for, spec_for
 
 
 def forge_half(outputs):
@@ -114,3 +116,36 @@ def test_two_nodes_that_disagree_with_no_third_are_both_suspect_and_the_job_fail
     assert job.state == m.FAILED and "no third node could tell which is right" in job.error
     assert set(mesh.inventory.suspects) == {d.node_address for d in mesh.devices}
 
+
+
+class _HeldSample(FakeWorkers):
+    """Runs the sampled shard on the forger only once another of the forger's shards has run there."""
+
+    def __init__(self, program, forger: str, sampled: int):
+        super().__init__(program)
+        self._forger, self._sampled, self._other_ran = forger, sampled, threading.Event()
+
+    def execute(self, job_id, shard_index, attempt, device, build, *args, **kwargs):
+        if device.id == self._forger and shard_index == self._sampled and attempt == 1:
+            assert self._other_ran.wait(WAIT_S)
+        out = super().execute(job_id, shard_index, attempt, device, build, *args, **kwargs)
+        if device.id == self._forger and shard_index != self._sampled:
+            self._other_ran.set()
+        return out
+
+
+def test_a_forged_unsampled_shard_finished_before_its_node_was_found_out_fails_the_job(tmp_path, monkeypatch):
+    probe = FakeMesh(AFFINE, nodes=3)
+    planned = run(runner_for(probe, tmp_path / "probe"), spec_for(AFFINE, [X]), Feed([X])).plan
+    forger = probe.devices[2].id
+    on_forger = sorted(s.index for s in planned.shards if s.device_id == forger)
+    assert len(on_forger) >= 2
+    sampled = on_forger[-1]
+    monkeypatch.setattr(data_parallel, "sample_shards", lambda job_id, count, fraction: frozenset({sampled}))
+    mesh = FakeMesh(AFFINE, nodes=3, workers=lambda program: _HeldSample(program, forger, sampled))
+    mesh.workers.forge[forger] = forge_half
+    runner = runner_for(mesh, tmp_path / "job")
+    job = run(runner, spec_for(AFFINE, [X], verify_fraction=0.01), Feed([X]))
+    assert job.plan == planned
+    assert job.state == m.FAILED and "finished unverified on 10.0.0.3:50070" in job.error, job.error
+    assert "run the job again" in job.error and list(mesh.inventory.suspects) == ["10.0.0.3:50070"]

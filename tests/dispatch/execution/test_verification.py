@@ -1,19 +1,28 @@
 """Spot checks of data-parallel inference (dispatch_svc.execution.verification and
-strategies/verifier.py): which shards are sampled, when two runs agree, and jobs on the fake mesh
-whose nodes (10.0.0.1, .2, .3) include one that adds 1000 to half the rows it returns."""
+strategies/verifier.py): which shards are sampled, when two runs agree, jobs on the fake mesh
+whose nodes (10.0.0.1, .2, .3) include one that adds 1000 to half the rows it returns, and the
+fraction and each shard's outcome as the spec, the job book and the proto carry them."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
 import numpy as np
 import pytest
 
+from accelmesh import errors
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.security.identity import Role
+from dispatch_svc.api import translate as tr
+from dispatch_svc.config import parse_args
 from dispatch_svc.execution.strategies import data_parallel
 from dispatch_svc.execution.verification import compare_outputs, sample_shards
+from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
 
+from conftest import CREDENTIALS
 from fakes.ports import AFFINE, BIAS, WAIT_S, FakeMesh, FakeWorkers, Feed, X, result, run, runner_for, spec_for
 
 
@@ -149,3 +158,38 @@ def test_a_forged_unsampled_shard_finished_before_its_node_was_found_out_fails_t
     assert job.plan == planned
     assert job.state == m.FAILED and "finished unverified on 10.0.0.3:50070" in job.error, job.error
     assert "run the job again" in job.error and list(mesh.inventory.suspects) == ["10.0.0.3:50070"]
+
+
+def test_a_shards_verification_round_trips_through_the_job_book_and_the_proto():
+    verification = m.ShardVerification(m.MATCHED, "10.0.0.1:50070", "10.0.0.2/cuda:1", "10.0.0.2:50070", 0.25,
+                                       "1e-05 of the outputs' largest magnitude")
+    job = m.JobRecord("j1", m.JobSpec(program="affine", verify_fraction=0.5), verify_fraction=0.5,
+                      shards=[m.ShardRecord(0, "10.0.0.1/cuda:0", "t", "r", 0, 4, verification=verification),
+                              m.ShardRecord(1, "10.0.0.1/cuda:0", "t", "r", 4, 4)])
+    again = job_codec.record_from(json.loads(job_codec.record_text(job)))
+    assert again.shards == job.shards and again.verify_fraction == 0.5 and again.spec.verify_fraction == 0.5
+    msg = tr.job_to_proto(again)
+    assert msg.verify_fraction == 0.5 and msg.spec.verify_fraction == 0.5
+    assert msg.shards[0].verification.outcome == job_pb.VERIFICATION_OUTCOME_MATCHED
+    assert msg.shards[0].verification.verifier_device_id == "10.0.0.2/cuda:1"
+    assert not msg.shards[1].HasField("verification")
+    stored = json.loads(job_codec.record_text(job))
+    del stored["shards"][0]["verification"], stored["verify_fraction"], stored["spec"]["verify_fraction"]
+    assert job_codec.record_from(stored).shards[0].verification is None  # a record from before the field
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan])
+def test_a_spec_fraction_outside_zero_to_one_is_refused_naming_the_field(value):
+    with pytest.raises(errors.InvalidArgument, match="spec.verify_fraction is") as info:
+        tr.spec_from_proto(job_pb.JobSpec(program="affine", verify_fraction=value))
+    assert info.value.field == "spec.verify_fraction"
+
+
+def test_the_dispatchers_floor_is_read_from_its_variable_and_refused_above_one():
+    env = CREDENTIALS.env(Role.DISPATCH)
+    assert parse_args([], env=env).verify_fraction == 0.0
+    assert parse_args([], env={**env, "ACCELMESH_VERIFY_FRACTION": "0.05"}).verify_fraction == 0.05
+    with pytest.raises(errors.InvalidArgument, match="ACCELMESH_VERIFY_FRACTION"):
+        parse_args([], env={**env, "ACCELMESH_VERIFY_FRACTION": "2"})
+    with pytest.raises(errors.InvalidArgument, match="ACCELMESH_VERIFY_FRACTION"):
+        parse_args([], env={**env, "ACCELMESH_VERIFY_FRACTION": "-1"})

@@ -146,13 +146,17 @@ class Inventory:
 
     def mark_suspect(self, address: str, reason: str) -> NodeRecord:
         """A dispatcher's spot check found the node's outputs wrong: its devices stop being candidates."""
-        node = self.store.mark_suspect(address, reason, self._clock())
+        now = self._clock()
+        node, changes = self.store.mark_suspect(address, reason, now)
+        self._publish([(ev.UPDATED, c.device_id) for c in changes], now)  # watchers: no longer candidates
         log.warning("node %s is suspect: %s", address, node.suspect_reason)
         return node
 
     def trust_node(self, address: str) -> NodeRecord:
         """An operator clears the node's suspect mark."""
-        node = self.store.trust_node(address)
+        now = self._clock()
+        node, changes = self.store.trust_node(address, now)
+        self._publish([(ev.UPDATED, c.device_id) for c in changes], now)
         log.info("node %s is trusted again", address)
         return node
 

@@ -173,12 +173,13 @@ class SqlStore:
                                   field="address")
         return self._write_change(lambda conn: remove_node(conn, self.writer, address, now, force))
 
-    def mark_suspect(self, address: str, reason: str, now: float) -> NodeRecord:
-        """Mark the node suspect (its first reason and time kept); NotFound if it is not registered."""
-        return self._write(lambda conn: mark_suspect(conn, address, reason, now))
+    def mark_suspect(self, address: str, reason: str, now: float) -> tuple[NodeRecord, list[DeviceChange]]:
+        """Mark the node suspect (its first reason and time kept); NotFound if it is not registered.
+        The changes: its devices UPDATED, when it was not suspect before."""
+        return self._write_change(lambda conn: mark_suspect(conn, self.writer, address, reason, now))
 
-    def trust_node(self, address: str) -> NodeRecord:
-        return self._write(lambda conn: trust_node(conn, address))
+    def trust_node(self, address: str, now: float) -> tuple[NodeRecord, list[DeviceChange]]:
+        return self._write_change(lambda conn: trust_node(conn, self.writer, address, now))
 
     def forget_lost_nodes(self, silent_since: float, now: float) -> list[RemovedNode]:
         """Remove, as ``remove_node(force=True)``, every lost node that has not answered a poll

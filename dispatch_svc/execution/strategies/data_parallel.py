@@ -120,35 +120,37 @@ def start(ctx: JobContext, proposal: Proposal, grant: Grant):
                       message=f"{len(proposal.plan.shards)} shards on {len(proposal.devices)} devices{given}")
     ctx.book.emit(job, m.COMPILED, message=", ".join(f"{b.target_type}: {b.rule_name}" for b in builds))
     params = ctx.parameters(program)
-    if job.spec.kind == m.TRAINING:
-        # A training step's parameters change every step (ShardWork.params): they always travel in full.
-        pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt))
-        return training.collect(ctx, program, pool, [v for _, v in params])
+    training_job = job.spec.kind == m.TRAINING
+    # A training step's parameters change every step (ShardWork.params): they always travel in full.
     # An inference job's parameters are the same for every shard: each worker gets them once.
-    verifier = _verifier(ctx, proposal, params)
+    held = None if training_job else "params"
+    verifier = _verifier(ctx, proposal, params, held)
 
     def run(attempt):
         if verifier is not None:
             verifier.refuse(attempt)
-        out = ctx.execute(program, builds, params, attempt, held="params")
+        out = ctx.execute(program, builds, params, attempt, held=held)
         if verifier is not None:
             verifier.check(attempt, out.outputs)
         return out
     pool = ctx.open_pool(proposal.devices, run)
+    if training_job:
+        return training.collect(ctx, program, pool, [v for _, v in params], verifier=verifier)
     if proposal.moved is not None:
         return inference.collect(ctx, program, pool, ctx.kept, proposal.moved, verifier=verifier)
     return inference.collect(ctx, program, pool, verifier=verifier)
 
 
-def _verifier(ctx: JobContext, proposal: Proposal, params) -> ShardVerifier | None:
-    """The job's spot checks (inference only: a training step's gradients are not verified), with
-    the larger of the dispatcher's floor and the spec's fraction; None when it samples nothing."""
+def _verifier(ctx: JobContext, proposal: Proposal, params, held: str | None) -> ShardVerifier | None:
+    """The job's spot checks, with the larger of the dispatcher's floor and the spec's fraction
+    (a training job samples the same shard indices every step); None when it samples nothing."""
     fraction = max(ctx.limits.verify_fraction, ctx.spec.verify_fraction)
     ctx.book.update(ctx.job, verify_fraction=fraction)
     sampled = sample_shards(ctx.job.job_id, len(proposal.plan.shards), fraction)
     if not sampled:
         return None
-    return ShardVerifier(ctx, proposal.program, proposal.builds, proposal.devices, sampled, params, "params")
+    return ShardVerifier(ctx, proposal.program, proposal.builds, proposal.devices, sampled, len(proposal.plan.shards),
+                         params, held)
 
 
 def _resume(ctx: JobContext) -> Proposal:

@@ -11,14 +11,18 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from dispatch_svc.dataplane.device_queues import DevicePool
 from dispatch_svc.execution.strategies.context import JobContext
+from dispatch_svc.execution.strategies.verifier import ShardVerifier
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import minibatches, steps_per_epoch
 from dispatch_svc.planner import BUCKET_RUNGS, PlannedDevice, plan_shards
 from dispatch_svc.ports import ShardWork
 
 
-def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray]):
-    """Take the whole training set (it is reused every epoch); returns the work that runs the steps."""
+def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np.ndarray],
+            verifier: ShardVerifier | None = None):
+    """Take the whole training set (it is reused every epoch); returns the work that runs the steps.
+    `verifier`: the job's spot checks; a step's gradients are applied only once no node they came
+    from unverified has been found wrong."""
     job = ctx.job
     data = read_all(ctx)
     options = job.spec.training
@@ -41,6 +45,8 @@ def collect(ctx: JobContext, program: Program, pool: DevicePool, params: list[np
             shard = ShardWork(index, first, count, device_id, [d[idx] for d in data], params=list(zip(names, params)))
             handles.append((shard, pool.submit(shard, device_id)))
         outs = [(s, pool.wait(h)) for s, h in handles]
+        if verifier is not None:
+            verifier.check_finished()
         for s, _ in outs:
             job.shards[s.index].done = True
         weights = [s.rows for s, _ in outs]

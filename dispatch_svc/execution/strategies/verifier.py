@@ -5,10 +5,13 @@ Two runs that agree: the shard is MATCHED. Two that disagree: a third node refer
 whose outputs the other two outvote is suspect (the inventory marks it, its devices stop being
 candidates). With no third node neither can be told right, so both are suspect. A suspect node
 gets none of the job's attempts from then on: its shards fail over to other nodes through the
-device pool's retries, the sampled shard among them when it was the one found wrong. A shard
-whose outputs came from a node later found suspect, unsampled and finished before, cannot be
-run again (its inputs are gone): the job fails rather than return them (`check_finished`).
+device pool's retries, the sampled shard among them when it was the one found wrong. Outputs
+taken unverified from a node found suspect later cannot be run again: the job fails rather than
+return them (`check_finished`).
 No device of another node: the shard is NOT_VERIFIABLE, said in the job's events, and stands.
+A training step's shards are checked the same way (their outputs are the step's gradients and
+loss, their parameters the step's): `check_finished` after each step, before the optimizer
+applies them.
 """
 
 from __future__ import annotations
@@ -36,13 +39,17 @@ class ShardVerifier:
     """Thread-safe: attempts run on every device thread of the job's pool."""
 
     def __init__(self, ctx: JobContext, program: Program, builds: Sequence[Build], devices: Sequence[JobDevice],
-                 sampled: frozenset[int], params: list[tuple[str, np.ndarray]], held: str | None):
+                 sampled: frozenset[int], shard_count: int, params: list[tuple[str, np.ndarray]], held: str | None):
+        """`sampled` among the plan's `shard_count` shards; a training step split otherwise (its
+        last, partial mini-batch) has shard i sampled when shard i % shard_count of the plan is."""
         self._ctx, self._program, self._params, self._held = ctx, program, params, held
         self._builds = {b.target_type: b for b in builds}
         self._devices = sorted(devices, key=lambda d: d.id)
         self._node_of = {d.id: d.node_address for d in devices}
-        self.sampled = sampled
+        self.sampled, self._count = sampled, max(1, shard_count)
         self._suspects: dict[str, str] = {}  # node address -> why
+        # node address -> shards whose outputs it gave were taken without a second run agreeing
+        self._unverified: dict[str, set[int]] = {}
         self._lock = threading.Lock()
 
     def refuse(self, attempt: Attempt) -> None:
@@ -54,13 +61,17 @@ class ShardVerifier:
             raise ShardFailed(f"node {node} is suspect: {why}")
 
     def check(self, attempt: Attempt, outputs: Sequence[np.ndarray]) -> None:
-        """Verify a sampled shard's outputs; ShardFailed when they are found wrong."""
+        """Verify a sampled shard's outputs; ShardFailed when they are found wrong. Outputs it
+        returns on are taken: unless another node agreed, they count against their node should
+        it be found wrong later (`check_finished`)."""
         shard, primary = attempt.shard, attempt.device
-        if shard.index not in self.sampled:
+        if shard.index % self._count not in self.sampled:
+            self._taken_unverified(primary.node_address, shard.index)
             return
         first = [np.asarray(o) for o in outputs]
         second = self._rerun(attempt, {primary.node_address})
         if second is None:
+            self._taken_unverified(primary.node_address, shard.index)
             self._record(shard, m.ShardVerification(m.NOT_VERIFIABLE, primary.node_address),
                          f"shard {shard.index} on {primary.id} could not be verified: no device of another "
                          f"node than {primary.node_address} answered; its outputs stand unchecked")
@@ -95,18 +106,22 @@ class ShardVerifier:
         raise ShardFailed(why)
 
     def check_finished(self) -> None:
-        """The job's end: a shard finished unverified on a node found suspect since fails the job."""
+        """Before the outputs so far are final (an inference job's end, each training step): outputs
+        taken unverified from a node found wrong since fail the job; they cannot be run again (their
+        inputs are gone, or a training step's gradients are applied)."""
         with self._lock:
-            suspects = dict(self._suspects)
-        if not suspects:
-            return
-        tainted = [s.index for s in self._ctx.job.shards if s.done and self._node_of.get(s.device_id) in suspects
-                   and (s.verification is None or s.verification.outcome != m.MATCHED)]
+            tainted = {node: sorted(self._unverified[node]) for node in self._suspects if node in self._unverified}
+            why = {node: self._suspects[node] for node in tainted}
         if tainted:
-            nodes = sorted({self._node_of[self._ctx.job.shards[i].device_id] for i in tainted})
+            nodes = sorted(tainted)
+            shards = sorted({i for indices in tainted.values() for i in indices})
             raise errors.Unavailable(
-                f"shards {', '.join(map(str, tainted))} finished unverified on {', '.join(nodes)}, found returning "
-                f"wrong outputs since ({suspects[nodes[0]]}); run the job again: suspect nodes get no more shards")
+                f"shards {', '.join(map(str, shards))} were taken unverified from {', '.join(nodes)}, found returning "
+                f"wrong outputs since ({why[nodes[0]]}); run the job again: suspect nodes get no more shards")
+
+    def _taken_unverified(self, node: str, index: int) -> None:
+        with self._lock:
+            self._unverified.setdefault(node, set()).add(index)
 
     def _compare(self, a: JobDevice, b: JobDevice, first, second) -> Comparison:
         tolerance = max(self._builds[a.target_type].tolerance, self._builds[b.target_type].tolerance)

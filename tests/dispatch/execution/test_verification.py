@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 
 import numpy as np
@@ -21,9 +22,25 @@ from dispatch_svc.execution.strategies import data_parallel
 from dispatch_svc.execution.verification import compare_outputs, sample_shards
 from dispatch_svc.jobs import codec as job_codec
 from dispatch_svc.jobs import records as m
+from dispatch_svc.jobs.training_options import TrainingOptions
 
 from conftest import CREDENTIALS
-from fakes.ports import AFFINE, BIAS, WAIT_S, FakeMesh, FakeWorkers, Feed, X, result, run, runner_for, spec_for
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    LINREG,
+    WAIT_S,
+    FakeMesh,
+    FakeWorkers,
+    Feed,
+    X,
+    linreg_data,
+    linreg_sgd,
+    result,
+    run,
+    runner_for,
+    spec_for,
+)
 
 
 def forge_half(outputs):
@@ -128,17 +145,19 @@ def test_two_nodes_that_disagree_with_no_third_are_both_suspect_and_the_job_fail
 
 
 class _HeldSample(FakeWorkers):
-    """Runs the sampled shard on the forger only once another of the forger's shards has run there."""
+    """Runs the sampled shard on device `forger` only once another shard has run on `other` (the
+    forger too, by default)."""
 
-    def __init__(self, program, forger: str, sampled: int):
+    def __init__(self, program, forger: str, sampled: int, other: str = ""):
         super().__init__(program)
-        self._forger, self._sampled, self._other_ran = forger, sampled, threading.Event()
+        self._forger, self._other, self._sampled = forger, other or forger, sampled
+        self._other_ran = threading.Event()
 
     def execute(self, job_id, shard_index, attempt, device, build, *args, **kwargs):
         if device.id == self._forger and shard_index == self._sampled and attempt == 1:
             assert self._other_ran.wait(WAIT_S)
         out = super().execute(job_id, shard_index, attempt, device, build, *args, **kwargs)
-        if device.id == self._forger and shard_index != self._sampled:
+        if device.id == self._other and shard_index != self._sampled:
             self._other_ran.set()
         return out
 
@@ -156,8 +175,47 @@ def test_a_forged_unsampled_shard_finished_before_its_node_was_found_out_fails_t
     runner = runner_for(mesh, tmp_path / "job")
     job = run(runner, spec_for(AFFINE, [X], verify_fraction=0.01), Feed([X]))
     assert job.plan == planned
-    assert job.state == m.FAILED and "finished unverified on 10.0.0.3:50070" in job.error, job.error
+    assert job.state == m.FAILED and "were taken unverified from 10.0.0.3:50070" in job.error, job.error
     assert "run the job again" in job.error and list(mesh.inventory.suspects) == ["10.0.0.3:50070"]
+
+
+TRAINING = TrainingOptions(epochs=2, batch_size=40, learning_rate=0.05, momentum=0.5, shuffle_seed=2)
+
+
+def test_training_verifies_every_steps_shards_and_trains_as_sgd_despite_a_forging_node(tmp_path):
+    x, y = linreg_data()
+    mesh = FakeMesh(LINREG, nodes=3)
+    forger = mesh.devices[2]
+    mesh.workers.forge[forger.id] = forge_half
+    runner = runner_for(mesh, tmp_path)
+    job = run(runner, spec_for(LINREG, [x, y], kind=m.TRAINING, training=TRAINING, verify_fraction=1.0),
+              Feed([x, y]))
+    assert job.state == m.SUCCEEDED and job.verify_fraction == 1.0, job.error
+    w, losses = linreg_sgd(x, y, TRAINING)
+    np.testing.assert_allclose(result(runner, job, "w"), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result(runner, job, "losses"), losses, rtol=1e-5)
+    assert list(mesh.inventory.suspects) == [forger.node_address]
+    assert all(s.verification.outcome == m.MATCHED and s.device_id != forger.id for s in job.shards)
+
+
+def test_a_training_step_with_unverified_gradients_from_a_node_found_wrong_fails_the_job(tmp_path, monkeypatch):
+    types = ("v100-32gb",) * 6  # dealt to three nodes: the forger (10.0.0.3) gets devices 2 and 5
+    x, y = linreg_data()
+    spec = spec_for(LINREG, [x, y], kind=m.TRAINING, training=TRAINING, verify_fraction=0.5)
+    probe = FakeMesh(LINREG, types, nodes=3)
+    planned = run(runner_for(probe, tmp_path / "probe"), spec, Feed([x, y])).plan
+    unsampled, sampled = (next(s.index for s in planned.shards if s.device_id == probe.devices[d].id) for d in (2, 5))
+    # The forger's shard on device 5 is checked, and found out, once its unsampled one on device 2 was taken.
+    monkeypatch.setattr(data_parallel, "sample_shards", lambda job_id, count, fraction: frozenset({sampled}))
+    mesh = FakeMesh(LINREG, types, nodes=3,
+                    workers=lambda program: _HeldSample(program, probe.devices[5].id, sampled, probe.devices[2].id))
+    mesh.workers.forge = {mesh.devices[d].id: forge_half for d in (2, 5)}
+    job = run(runner_for(mesh, tmp_path / "job"), spec, Feed([x, y]))
+    assert job.plan == planned
+    assert job.state == m.FAILED, job.error
+    taken = re.match(r"shards ([\d, ]+) were taken unverified from 10\.0\.0\.3:50070, found returning wrong", job.error)
+    assert taken and unsampled in {int(i) for i in taken.group(1).split(", ")}, job.error
+    assert job.losses == []  # the first step's forged gradients were never applied
 
 
 def test_a_shards_verification_round_trips_through_the_job_book_and_the_proto():

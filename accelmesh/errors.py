@@ -7,7 +7,8 @@ about (google.rpc.BadRequest): programs branch on those, never on the message te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 # ErrorInfo domain of every reason below.
 DOMAIN = "accelmesh"
@@ -17,6 +18,12 @@ TENSOR_NOT_HELD = "TENSOR_NOT_HELD"  # Execute: a referenced tensor is not held 
 # SubmitJob/RunJob: the job could not start and its owner's places in the queue are all taken
 # (ACCELMESH_MAX_QUEUED_PER_TENANT jobs, or ACCELMESH_MAX_QUEUED_BYTES_PER_TENANT bytes of inputs)
 QUEUE_FULL = "QUEUE_FULL"
+# A new stream refused: the service holds as many open streams as it may, every caller together.
+STREAM_LIMIT = "STREAM_LIMIT"
+# A new stream refused: the caller's principal holds its share of the service's streams; close some.
+STREAM_SHARE = "STREAM_SHARE"
+# A request stream sent no message for the service's idle limit and was ended.
+STREAM_IDLE = "STREAM_IDLE"
 
 
 # How much of a client's value a message quotes: enough to recognise it, never so much that the
@@ -42,13 +49,25 @@ def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
     return f"{text[:limit]}... ({size or f'{len(text)} chars'})"
 
 
+@dataclass(frozen=True)
+class QuotaViolation:
+    """A google.rpc.QuotaFailure violation: whose quota (`subject`, e.g. "principal:user:alice")
+    and what it allows."""
+
+    subject: str
+    description: str
+
+
 class AccelmeshError(Exception):
     """Base of every error that is the caller's or the environment's, not a bug."""
 
-    def __init__(self, message: str, *, reason: str = "", field: str = ""):
+    def __init__(self, message: str, *, reason: str = "", field: str = "", metadata: Mapping[str, str] | None = None,
+                 quota: QuotaViolation | None = None):
         super().__init__(message)
         self.reason = reason  # ErrorInfo.reason: one of the constants above, or "" for none
         self.field = field  # the request field at fault (a BadRequest field violation), or ""
+        self.metadata = dict(metadata or {})  # ErrorInfo.metadata (with a reason): the limit, its variable
+        self.quota = quota  # the QuotaFailure violation of a refusal past a quota, or None
 
 
 class InvalidArgument(AccelmeshError):
@@ -81,6 +100,10 @@ class Unauthenticated(AccelmeshError):
 
 class PermissionDenied(AccelmeshError):
     """The caller is known but its role may not do this: maps to PERMISSION_DENIED."""
+
+
+class DeadlineExceeded(AccelmeshError):
+    """The service's own time limit on the call passed (a request stream idle too long): maps to DEADLINE_EXCEEDED."""
 
 
 class Cancelled(AccelmeshError):

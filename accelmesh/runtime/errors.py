@@ -37,6 +37,7 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Cancelled: grpc.StatusCode.CANCELLED,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -92,11 +93,19 @@ def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
 
 
 def status_details(code: grpc.StatusCode, message: str, exc: BaseException) -> status_pb2.Status:
-    """The google.rpc.Status sent for `exc`: its code and message, and its reason and field."""
+    """The google.rpc.Status sent for `exc`: its code and message, its reason (and the reason's
+    metadata), its field and its quota violation."""
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
     reason, field = getattr(exc, "reason", ""), bounded(getattr(exc, "field", ""), MAX_FIELD_BYTES)
     if reason:
-        status.details.append(_packed(error_details_pb2.ErrorInfo(reason=reason, domain=errors.DOMAIN)))
+        metadata = {key: bounded(value, MAX_FIELD_BYTES) for key, value in getattr(exc, "metadata", {}).items()}
+        status.details.append(_packed(error_details_pb2.ErrorInfo(reason=reason, domain=errors.DOMAIN,
+                                                                  metadata=metadata)))
+    quota = getattr(exc, "quota", None)
+    if quota is not None:
+        violation = error_details_pb2.QuotaFailure.Violation(subject=bounded(quota.subject, MAX_FIELD_BYTES),
+                                                             description=bounded(quota.description, MAX_FIELD_BYTES))
+        status.details.append(_packed(error_details_pb2.QuotaFailure(violations=[violation])))
     if field:
         violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message)
         status.details.append(_packed(error_details_pb2.BadRequest(field_violations=[violation])))
@@ -116,6 +125,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     incident = uuid.uuid4().hex[:12]
     log.error("unexpected error (incident %s)", incident, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); the service log has the details"
+
+
+def abort(context: grpc.ServicerContext, exc: Exception) -> None:
+    """End the call with the status `exc` stands for (raises): for refusals made outside this
+    interceptor (admission, which runs before it)."""
+    _abort(context, exc)
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:

@@ -51,6 +51,7 @@ class ScriptedWorker(worker_service_pb2_grpc.WorkerServiceServicer):
             errors.Unauthenticated,
             errors.PermissionDenied,
             errors.Cancelled,
+            errors.DeadlineExceeded,
         )
     }
 

@@ -31,7 +31,7 @@ from grpc_status import rpc_status
 from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.runtime.channels import open_channel
-from accelmesh.runtime.errors import MAX_FIELD_BYTES, MAX_MESSAGE_BYTES, bounded, error_reason
+from accelmesh.runtime.errors import MAX_FIELD_BYTES, MAX_MESSAGE_BYTES, bounded, error_reason, status_details
 
 
 def test_ok_call_returns_the_servicer_response(channel):
@@ -51,6 +51,7 @@ def test_ok_call_returns_the_servicer_response(channel):
         ("Unauthenticated", grpc.StatusCode.UNAUTHENTICATED),
         ("PermissionDenied", grpc.StatusCode.PERMISSION_DENIED),
         ("Cancelled", grpc.StatusCode.CANCELLED),
+        ("DeadlineExceeded", grpc.StatusCode.DEADLINE_EXCEEDED),
     ],
 )
 def test_typed_error_maps_to_status_with_its_message(channel, error_name, code):
@@ -81,6 +82,16 @@ def test_an_error_with_a_reason_and_a_field_carries_them_as_google_rpc_details(c
     assert [(v.field, v.description) for v in bad_request.field_violations] == [
         ("held[x].key", message_for("reasoned"))]
     assert error_reason(info.value) == errors.TENSOR_NOT_HELD
+
+
+def test_a_refusal_past_a_quota_carries_its_reason_metadata_and_a_quota_failure():
+    exc = errors.ResourceExhausted("over", reason=errors.STREAM_SHARE, metadata={"limit": "4", "variable": "V"},
+                                   quota=errors.QuotaViolation("principal:user:ann", "at most 4 open streams"))
+    status = status_details(grpc.StatusCode.RESOURCE_EXHAUSTED, "over", exc)
+    info, quota = error_details_pb2.ErrorInfo(), error_details_pb2.QuotaFailure()
+    assert status.details[0].Unpack(info) and status.details[1].Unpack(quota)
+    assert (info.reason, dict(info.metadata)) == (errors.STREAM_SHARE, {"limit": "4", "variable": "V"})
+    assert [(v.subject, v.description) for v in quota.violations] == [("principal:user:ann", "at most 4 open streams")]
 
 
 def test_an_error_without_a_reason_carries_no_error_info(channel):

@@ -18,6 +18,15 @@ it (backpressure instead of a queue that grows): streams open at once per servic
 client (a client is its principal: certificate or token, else its peer address), and calls in
 flight (running or waiting for a thread) per service, which grpcio itself enforces with
 ``maximum_concurrent_rpcs``.
+
+A client's share of the streams: it may open one while it holds fewer than
+``max_streams_per_client`` and fewer than the service has free. So no client holds more than
+are left for the others, and the last free streams go to clients that hold few: a first client
+can take half of the limit, a second half of the rest, and so on, and the service is full only
+once log2(max_streams) clients (10 at the default) or more hold its streams. A client that
+holds none is refused only then. The mesh's own services, named by their certificates, are
+exempt from the share (their streams are the mesh's work, bounded by their own limits, and
+replicas may share one name) but count toward the service's limit like any other.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from accelmesh import errors
 from accelmesh.runtime.config import env_int
+from accelmesh.runtime.errors import abort
 from accelmesh.runtime.handlers import rewrapped
 
 MAX_STREAMS_ENV = "ACCELMESH_MAX_STREAMS"
@@ -70,8 +81,16 @@ class Admission:
         return self.max_streams + self.max_unary_in_flight + HEALTH_THREADS * 4
 
 
+@dataclass(frozen=True)
+class StreamClient:
+    """Whom a stream counts against: a principal's key (or a peer address), and whether it takes a share."""
+
+    key: str
+    shares: bool = True  # False: one of the mesh's own services (see the module docstring)
+
+
 class StreamCount:
-    """Streams open now, per service and per client; `enter` refuses past either limit."""
+    """Streams open now, per service and per client; `enter` refuses past the limit or the client's share."""
 
     def __init__(self, admission: Admission):
         self.admission = admission
@@ -79,14 +98,24 @@ class StreamCount:
         self._clients: Counter[str] = Counter()
         self.open = 0
 
-    def enter(self, client: str) -> Callable[[], None] | None:
+    def held(self, key: str) -> int:
+        with self._lock:
+            return self._clients[key]
+
+    def _admits(self, client: StreamClient) -> bool:
+        free = self.admission.max_streams - self.open
+        if free <= 0:
+            return False
+        held = self._clients[client.key]
+        return not client.shares or (held < self.admission.max_streams_per_client and held < free)
+
+    def enter(self, client: StreamClient) -> Callable[[], None] | None:
         """A release function for an admitted stream, or None when a limit is reached."""
         with self._lock:
-            if (self.open >= self.admission.max_streams
-                    or self._clients[client] >= self.admission.max_streams_per_client):
+            if not self._admits(client):
                 return None
             self.open += 1
-            self._clients[client] += 1
+            self._clients[client.key] += 1
         released = False  # guarded by the lock: the call's end and its callback both release
 
         def release() -> None:
@@ -96,18 +125,39 @@ class StreamCount:
                     return
                 released = True
                 self.open -= 1
-                self._clients[client] -= 1
-                if not self._clients[client]:
-                    del self._clients[client]
+                self._clients[client.key] -= 1
+                if not self._clients[client.key]:
+                    del self._clients[client.key]
 
         return release
 
-    def refusal(self, client: str) -> str:
-        if self.open >= self.admission.max_streams:
-            return (f"this service holds its limit of {self.admission.max_streams} open streams; retry later, "
-                    f"or raise {MAX_STREAMS_ENV} on the server")
-        return (f"this client holds its limit of {self.admission.max_streams_per_client} open streams on this "
-                f"service; close some first, or raise {MAX_STREAMS_PER_CLIENT_ENV} on the server")
+    def refusal(self, client: StreamClient) -> errors.ResourceExhausted:
+        """Why `enter` refused `client`, as the status a program can read: an ErrorInfo reason
+        (STREAM_LIMIT or STREAM_SHARE) with the limit and its variable, and a QuotaFailure."""
+        a = self.admission
+        with self._lock:
+            held, open_ = self._clients[client.key], self.open
+        free = a.max_streams - open_
+        who = errors.quoted(client.key)
+        if free <= 0:
+            message = (f"this service holds its limit of {a.max_streams} open streams ({MAX_STREAMS_ENV}); retry "
+                       f"once some close, or ask an operator to raise {MAX_STREAMS_ENV} on the server")
+            return errors.ResourceExhausted(message, reason=errors.STREAM_LIMIT, metadata={
+                "limit": str(a.max_streams), "open": str(open_), "variable": MAX_STREAMS_ENV},
+                quota=errors.QuotaViolation("service", f"{a.max_streams} open streams, every client together"))
+        if held >= a.max_streams_per_client:
+            share, variable = a.max_streams_per_client, MAX_STREAMS_PER_CLIENT_ENV
+            message = (f"{who} holds {held} open streams on this service, the most one principal may "
+                       f"({MAX_STREAMS_PER_CLIENT_ENV}={share}); close some of them first, or ask an operator "
+                       f"to raise {MAX_STREAMS_PER_CLIENT_ENV} on the server")
+        else:
+            share, variable = free, MAX_STREAMS_ENV
+            message = (f"{who} holds {held} open streams on this service and only {free} of its {a.max_streams} "
+                       f"({MAX_STREAMS_ENV}) are free: no principal may hold more streams than are left for the "
+                       f"others; close some of them first, or ask an operator to raise {MAX_STREAMS_ENV} on the server")
+        return errors.ResourceExhausted(message, reason=errors.STREAM_SHARE, metadata={
+            "limit": str(share), "held": str(held), "variable": variable},
+            quota=errors.QuotaViolation(f"principal:{client.key}", f"at most {share} open streams now ({variable})"))
 
 
 class Pools:
@@ -128,7 +178,8 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
     """Outermost of a server's interceptors: the handler it returns is the one grpcio runs, and
     the pool grpcio picks is an attribute of that handler's behaviour."""
 
-    def __init__(self, pools: Pools, streams: StreamCount, client_of: Callable[[grpc.ServicerContext], str]):
+    def __init__(self, pools: Pools, streams: StreamCount,
+                 client_of: Callable[[grpc.ServicerContext], StreamClient]):
         self.pools, self.streams, self.client_of = pools, streams, client_of
 
     def intercept_service(self, continuation, handler_call_details):
@@ -150,7 +201,7 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
             client = self.client_of(context)
             release = self.streams.enter(client)
             if release is None:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.refusal(client))
+                abort(context, self.streams.refusal(client))
             context.add_callback(release)  # however the call ends, cancelled included
             return release
 
@@ -184,4 +235,4 @@ def _on_pool(behavior, pool: futures.ThreadPoolExecutor):
     return run
 
 
-__all__ = ["Admission", "AdmissionInterceptor", "Pools", "StreamCount"]
+__all__ = ["Admission", "AdmissionInterceptor", "Pools", "StreamClient", "StreamCount"]

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from accelmesh import errors
 from accelmesh.runtime import health
-from accelmesh.runtime.admission import Admission, AdmissionInterceptor, Pools, StreamCount
+from accelmesh.runtime.admission import Admission, AdmissionInterceptor, Pools, StreamClient, StreamCount
 from accelmesh.runtime.config import DEFAULT_GRACE_S, DEFAULT_MAX_MESSAGE_BYTES, cannot_bind, channel_options
 from accelmesh.runtime.errors import DecodeInterceptor, ErrorInterceptor
 from accelmesh.runtime.launcher import ready_line
@@ -34,6 +34,7 @@ from accelmesh.runtime.reflection import enable_server_reflection
 from accelmesh.runtime.telemetry import server_interceptors
 from accelmesh.security.access import Access, AccessInterceptor, Authenticator
 from accelmesh.security.config import Security, check_listen
+from accelmesh.security.identity import SERVICE_ROLES
 from accelmesh.security.tls import server_credentials
 
 log = logging.getLogger(__name__)
@@ -224,17 +225,21 @@ def create_server(
                       pages)
 
 
-def _client_key(authenticator: Authenticator) -> Callable[[grpc.ServicerContext], str]:
+def _client_key(authenticator: Authenticator) -> Callable[[grpc.ServicerContext], StreamClient]:
     """Who a stream counts against: its principal, else (no credentials, or the insecure mode
-    where everyone is the local developer) the address it comes from."""
+    where everyone is the local developer) the address it comes from. A mesh service named by its
+    certificate takes no share of the streams (admission.py)."""
 
-    def key(context: grpc.ServicerContext) -> str:
+    def key(context: grpc.ServicerContext) -> StreamClient:
         if not authenticator.insecure:
             try:
-                return authenticator.principal(context).key
+                principal = authenticator.principal(context)
             except errors.AccelmeshError:
                 pass
-        return f"peer:{context.peer()}"
+            else:
+                service = principal.role in SERVICE_ROLES and principal.via == "certificate"
+                return StreamClient(principal.key, shares=not service)
+        return StreamClient(f"peer:{context.peer()}")
 
     return key
 

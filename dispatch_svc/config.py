@@ -15,6 +15,7 @@ from accelmesh.security.identity import Role
 from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_QUEUE_TIMEOUT_S
 from dispatch_svc.admission.queue import QUEUE_POLL_S
 from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
+from dispatch_svc.api.servicer import DEFAULT_STREAM_IDLE_S, STREAM_IDLE_ENV
 from dispatch_svc.jobs.limits import LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
 from dispatch_svc.planner.placement_types import MAX_LAYERS
 
@@ -83,6 +84,9 @@ class DispatchConfig:
     # figures the rounds prefer to measured and catalog rates; none when empty
     scheduling_policy: str = DEFAULT_POLICY
     scheduling_throughputs: str = ""
+    # ACCELMESH_STREAM_IDLE_S: a SubmitJob or RunJob request stream that sends no message this long
+    # while the dispatcher waits for one is ended DEADLINE_EXCEEDED, and its job with it
+    stream_idle_s: float = DEFAULT_STREAM_IDLE_S
 
 
 def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
@@ -130,6 +134,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         status_listen=args.status_listen,
         scheduling_policy=check_policy(env_str("ACCELMESH_SCHEDULING_POLICY", d.scheduling_policy, env)),
         scheduling_throughputs=env_str("ACCELMESH_SCHEDULING_THROUGHPUTS", d.scheduling_throughputs, env),
+        stream_idle_s=env_float(STREAM_IDLE_ENV, d.stream_idle_s, env, minimum=0.1),
     )
     if config.scheduling_throughputs:
         load_throughputs(config.scheduling_throughputs)  # a file that is missing or malformed fails here

@@ -83,7 +83,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                        tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,
-                                max_message_bytes=config.max_message_bytes)
+                                max_message_bytes=config.max_message_bytes, stream_idle_s=config.stream_idle_s)
 
     takeover = Takeover(runner).start() if config.lease_s else None
     table = load_throughputs(config.scheduling_throughputs) if config.scheduling_throughputs else None

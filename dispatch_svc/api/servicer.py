@@ -3,6 +3,12 @@
 Every job belongs to whoever submitted it: another caller asking for it gets NOT_FOUND, exactly
 as for a job that does not exist (so job ids reveal nothing), and ListJobs lists one's own;
 operators see every job.
+
+A SubmitJob or RunJob request stream that sends no message for `stream_idle_s` while the
+dispatcher waits for one is ended DEADLINE_EXCEEDED (runtime/request_streams.py), and its job
+with it, releasing all it held. Response streams are never cut for waiting on a job: a WatchJob
+of a job queued for a day holds its stream slot, within its principal's share of them
+(runtime/admission.py), and keepalive pings end it if its client is gone.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.errors import quoted
 from accelmesh.runtime.batches import FLUSH, batched
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
+from accelmesh.runtime.request_streams import IdleBounded
 from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
@@ -41,6 +48,8 @@ MAX_LIST = 1000  # a larger page_size is read as this (AIP-158): each listed job
 # asked: listed jobs are summaries (translate.job_to_proto), so only specs near the limits fill it.
 LIST_MESSAGE_SHARE = 0.5
 CANCEL_WAIT_S = 30  # CancelJob answers once the job has stopped, or with it as it is after this
+STREAM_IDLE_ENV = "ACCELMESH_STREAM_IDLE_S"
+DEFAULT_STREAM_IDLE_S = 60.0  # a request stream sending nothing this long is ended (the module docstring)
 
 
 def _first(requests):
@@ -53,7 +62,8 @@ def _first(requests):
 
 class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
     def __init__(self, runner: JobRunner, auth: Authenticator, *, chunk_bytes: int, max_parameter_bytes: int,
-                 limits: JobLimits | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 limits: JobLimits | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 stream_idle_s: float = DEFAULT_STREAM_IDLE_S):
         self.runner = runner
         self._auth = auth
         self.book = runner.book
@@ -61,6 +71,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         self._max_parameter_bytes = max_parameter_bytes
         self._limits = limits or runner.job_limits
         self._list_bytes = int(max_message_bytes * LIST_MESSAGE_SHARE)
+        self._stream_idle_s = stream_idle_s
 
     def PlanJob(self, request, context):
         if not request.HasField("spec"):
@@ -99,7 +110,22 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             return self.book.by_request(owner, spec.request_id), None, None
         return job, live, feed
 
+    def _bounded(self, request_iterator, context, method: str) -> IdleBounded:
+        """The request stream, ended DEADLINE_EXCEEDED once it idles past `stream_idle_s`."""
+        idle_s = self._stream_idle_s
+
+        def idle() -> errors.DeadlineExceeded:
+            return errors.DeadlineExceeded(
+                f"the {method} request stream sent no message for {idle_s:g} s ({STREAM_IDLE_ENV}); it was ended "
+                "and its job, if it had started, stopped: send each message sooner, and close the stream's sending "
+                "side after the last block", reason=errors.STREAM_IDLE)
+
+        requests = IdleBounded(request_iterator, idle_s, idle, name=f"{method}-requests")
+        context.add_callback(requests.close)
+        return requests
+
     def SubmitJob(self, request_iterator, context):
+        request_iterator = self._bounded(request_iterator, context, "SubmitJob")
         job, live, feed = self._start(_first(request_iterator), request_iterator, context)
         if live is None:
             return pb.SubmitJobResponse(job_id=job.job_id)
@@ -110,6 +136,7 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
+        request_iterator = self._bounded(request_iterator, context, "RunJob")
         first = _first(request_iterator)
         job, live, feed = self._start(first, request_iterator, context)
         responses = self._run_job(job, live, feed, context)

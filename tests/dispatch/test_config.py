@@ -29,6 +29,13 @@ def test_a_client_parameter_limit_below_the_minimum_is_refused_naming_the_variab
         parse_args([], env={**CREDENTIAL_ENV, "ACCELMESH_MAX_CLIENT_PARAMETER_BYTES": "10"})
 
 
+def test_the_stream_idle_limit_is_a_minute_unless_its_variable_says_otherwise():
+    assert parse_args([], env=CREDENTIAL_ENV).stream_idle_s == 60.0
+    assert parse_args([], env={**CREDENTIAL_ENV, "ACCELMESH_STREAM_IDLE_S": "2.5"}).stream_idle_s == 2.5
+    with pytest.raises(InvalidArgument, match="ACCELMESH_STREAM_IDLE_S=0.0 is below the minimum"):
+        parse_args([], env={**CREDENTIAL_ENV, "ACCELMESH_STREAM_IDLE_S": "0"})
+
+
 def test_the_job_limits_are_read_from_their_variables():
     env = {**CREDENTIAL_ENV, "ACCELMESH_MAX_JOB_ROWS": "5000", "ACCELMESH_MAX_JOB_SHARDS": "16",
            "ACCELMESH_MAX_NAME_CHARS": "64"}

@@ -9,11 +9,12 @@ from contextlib import contextmanager
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
+from accelmesh.runtime.admission import Admission
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.server import Service, create_server
 from accelmesh.security.access import Authenticator
 from accelmesh.security.identity import Role
-from dispatch_svc.api.servicer import DispatchServicer
+from dispatch_svc.api.servicer import DEFAULT_STREAM_IDLE_S, DispatchServicer
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.jobs.limits import JobLimits, Limits
@@ -72,27 +73,45 @@ class RecordingMesh(FakeMesh):
 
 
 class Dispatcher:
+    """`admission`: the server's stream limits (default: the environment's); `gate`: the runner's
+    admission gate, made from the job book (default: none, a job that finds no devices fails)."""
+
     def __init__(self, tmp_path, limits=LIMITS, max_message_bytes=16 << 20, max_parameter_bytes=1 << 20,
-                 database_url="", readiness_interval_s=None):
-        self.mesh = RecordingMesh()
-        self.runner = JobRunner(self.mesh.inventory, self.mesh.compiler, self.mesh.workers,
-                                JobBook(tmp_path, retention_s=3600, database_url=database_url), ThroughputModel(),
-                                limits=Limits(MAX_SHARD_BYTES, 1 << 20), job_limits=limits)
+                 database_url="", readiness_interval_s=None, admission: Admission | None = None,
+                 stream_idle_s: float = DEFAULT_STREAM_IDLE_S, mesh: RecordingMesh | None = None, gate=None):
+        self.mesh = mesh or RecordingMesh()
+        book = JobBook(tmp_path, retention_s=3600, database_url=database_url)
+        self.runner = JobRunner(self.mesh.inventory, self.mesh.compiler, self.mesh.workers, book, ThroughputModel(),
+                                limits=Limits(MAX_SHARD_BYTES, 1 << 20), job_limits=limits,
+                                gate=gate(book) if gate is not None else None)
         security = CREDENTIALS.service(Role.DISPATCH)
         servicer = DispatchServicer(self.runner, Authenticator(security), chunk_bytes=1 << 16,
-                                    max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes)
+                                    max_parameter_bytes=max_parameter_bytes, max_message_bytes=max_message_bytes,
+                                    stream_idle_s=stream_idle_s)
         service = Service(SERVICE_NAME, dispatch_service_pb2_grpc.add_DispatchServiceServicer_to_server, servicer)
         self.server = create_server([service], security=security, access=ACCESS,
-                                    max_message_bytes=max_message_bytes)
+                                    max_message_bytes=max_message_bytes, admission=admission)
         if readiness_interval_s is not None:  # what build_dispatch watches, looked at this often
             self.server.watch_dependencies(dependencies(self.runner.book), readiness_interval_s)
         self.server.start()
-        self.channel = open_channel(f"127.0.0.1:{self.server.port}", security=CREDENTIALS.client(),
-                                    max_message_bytes=max_message_bytes)
+        self._max_message_bytes = max_message_bytes
+        self._channels = []
+        self.channel = self._open(CREDENTIALS.client())
         self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self.channel)
 
+    def _open(self, security):
+        channel = open_channel(f"127.0.0.1:{self.server.port}", security=security,
+                               max_message_bytes=self._max_message_bytes)
+        self._channels.append(channel)
+        return channel
+
+    def stub_as(self, user: str):
+        """A stub calling as the user `user` (a token of its own: a principal apart from the operator's)."""
+        return dispatch_service_pb2_grpc.DispatchServiceStub(self._open(CREDENTIALS.client(CREDENTIALS.add_user(user))))
+
     def close(self):
-        self.channel.close()
+        for channel in self._channels:
+            channel.close()
         self.server.stop(0)
         self.runner.wait_idle(WAIT_S)  # a job still ending writes to the book
         self.runner.book.close()

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/attacks/stream_share.py [--streams-each N] [--max-streams N] [--idle-s S]
 
+(From a checkout the virtualenv was not installed from, put it first: PYTHONPATH=$PWD.)
+
 Starts the embedded mesh (processes on loopback, mutual TLS and tokens, as bench/abuse.py does),
 then, as the users `share-alice` and `share-bob` in turn, opens `--streams-each` idle SubmitJob
 uploads (a spec, then nothing: 600 each by default, 1,200 against the dispatcher's limit of

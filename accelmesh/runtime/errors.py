@@ -42,8 +42,9 @@ STATUS_BY_ERROR: dict[type[errors.AccelmeshError], grpc.StatusCode] = {
 
 
 # A downstream service refusing this service's own credentials is a fault of the mesh, not of the
-# caller: it stays UNAVAILABLE with the reason, rather than telling the caller it was denied.
-_NOT_PASSED_ON = (errors.Unavailable, errors.Unauthenticated, errors.PermissionDenied)
+# caller: it stays UNAVAILABLE with the reason, rather than telling the caller it was denied. A
+# downstream deadline is this service's wait running out, not the caller's: also UNAVAILABLE.
+_NOT_PASSED_ON = (errors.Unavailable, errors.Unauthenticated, errors.PermissionDenied, errors.DeadlineExceeded)
 _DOWNSTREAM_KEPT = {code: error_type for error_type, code in STATUS_BY_ERROR.items()
                     if error_type not in _NOT_PASSED_ON}
 

@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
-from common import progress, ratio  # noqa: E402
+from common import progress, ratio
 
-from accelmesh.embedded import mesh_credentials, start_compile, start_dispatch, start_inventory, start_worker  # noqa: E402
-from accelmesh.security.identity import Role  # noqa: E402
+from accelmesh.embedded import mesh_credentials, start_compile, start_dispatch, start_inventory, start_worker
+from accelmesh.security.identity import Role
 
 CLIENT_TIMEOUT_S = 10.0  # beyond the bound: how long a request that does not answer is waited for
 CONNECT_WAIT_S = 2.0  # how long the idle sockets' connections are given to be accepted by the kernel

@@ -16,7 +16,7 @@ from dispatch_svc.admission.admission import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUE
 from dispatch_svc.admission.queue import QUEUE_POLL_S
 from dispatch_svc.admission.scheduling.rounds import DEFAULT_POLICY, check_policy, load_throughputs
 from dispatch_svc.api.servicer import DEFAULT_STREAM_IDLE_S, STREAM_IDLE_ENV
-from dispatch_svc.jobs.limits import LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
+from dispatch_svc.jobs.limits import DEVICE_WATCH_S, LIMIT_MINIMUMS, LIMIT_VARIABLES, MIB, RESERVATION_TTL_S, JobLimits
 from dispatch_svc.planner.placement_types import MAX_LAYERS
 
 DEFAULT_LEASE_S = 10.0  # a PostgreSQL book's job leases: a stopped replica's jobs move on after this
@@ -52,6 +52,9 @@ class DispatchConfig:
     # a device of another node and compared within the compile rules' tolerance (execution/
     # verification.py); a job's spec.verify_fraction may raise it, never lower it. 0: off.
     verify_fraction: float = 0.0
+    # ACCELMESH_DEVICE_WATCH_S: how often a running job asks the inventory which of its devices are
+    # lost; a lost one's shards in flight are stopped and retried elsewhere at once (0: never asks)
+    device_watch_s: float = DEVICE_WATCH_S
     chunk_bytes: int = 1 * MIB  # ACCELMESH_CHUNK_BYTES: tensor chunk size on streams
     # ACCELMESH_MAX_CLIENT_PARAMETER_BYTES: parameters a client sends with one job
     max_client_parameter_bytes: int = 1024 * MIB
@@ -120,6 +123,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> DispatchConfig:
         inflight_bytes=env_int("ACCELMESH_INFLIGHT_BYTES", d.inflight_bytes, env, minimum=1024),
         reservation_ttl_s=env_int("ACCELMESH_RESERVATION_TTL_S", d.reservation_ttl_s, env, minimum=1),
         verify_fraction=env_float("ACCELMESH_VERIFY_FRACTION", d.verify_fraction, env, minimum=0),
+        device_watch_s=env_float("ACCELMESH_DEVICE_WATCH_S", d.device_watch_s, env, minimum=0),
         chunk_bytes=env_int("ACCELMESH_CHUNK_BYTES", d.chunk_bytes, env, minimum=1024),
         max_client_parameter_bytes=env_int("ACCELMESH_MAX_CLIENT_PARAMETER_BYTES", d.max_client_parameter_bytes, env,
                                            minimum=1024),

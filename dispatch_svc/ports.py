@@ -70,6 +70,9 @@ class Inventory(Protocol):
     def pool_state(self) -> Hashable: ...
     # The devices any reservation holds now: a queue's scheduling round counts the others free.
     def reserved_device_ids(self) -> frozenset[str]: ...
+    # Which of `device_ids` the inventory holds lost now (their node stopped answering its polls),
+    # from its own table, without polling any node: a running job asks this every few seconds.
+    def lost_devices(self, device_ids: Sequence[str]) -> frozenset[str]: ...
 
 
 class Compiler(Protocol):
@@ -100,6 +103,9 @@ class Workers(Protocol):
                 place_outputs: PlaceTensor | None = None) -> ShardOutput: ...
     # The job's shards are over: its streams closed, the tensors workers hold for it dropped.
     def release(self, job_id: str) -> None: ...
+    # The device is lost to the job: the shards in flight on it fail now with `cause` (their
+    # stream cancelled), and no shard of the job is sent to it again.
+    def drop_device(self, job_id: str, device_id: str, cause: str) -> None: ...
 
 
 @dataclass

@@ -78,7 +78,7 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
     signals = QueueSignals(lambda: (inventory.pool_state(), quotas.all()))
     runner = JobRunner(inventory, compiler, workers, book, throughput,
                        limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s,
-                                     config.verify_fraction),
+                                     verify_fraction=config.verify_fraction, device_watch_s=config.device_watch_s),
                        gate=gate, job_limits=config.limits, live=live, signals=signals,
                        tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics)
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,

@@ -127,6 +127,10 @@ class GrpcInventory:
         """Every device the inventory knows, lost ones too, as its Device messages (the status page)."""
         return self._list_devices("") + self._list_devices('health = "lost"')
 
+    def lost_devices(self, device_ids: Sequence[str]) -> frozenset[str]:
+        """Which of `device_ids` the inventory holds lost (its table: no node is polled)."""
+        return frozenset({d.id for d in self._list_devices('health = "lost"')} & set(device_ids))
+
     def pool_state(self) -> tuple:
         reservations = call("inventory", self.stub.ListReservations, inv_pb.ListReservationsRequest())
         return (tuple((r.job_id, r.device_id, r.memory_bytes) for r in reservations.reservations),

@@ -38,6 +38,9 @@ BUDGET_CHECK_S = 0.5  # how often wait_all looks for a cancel of the job
 NOT_RETRYABLE_CODES = frozenset({"FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "UNIMPLEMENTED",
                                  "OUT_OF_RANGE"})
 
+# Worker statuses of a node that could not be reached (its transport broke, or it went silent).
+UNREACHED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
 
 class ShardFailed(Exception):
     """A shard's attempt failed on a device; `cause` says why in the worker's words, `code` the
@@ -192,6 +195,16 @@ class DevicePool:
         self._threads = []
         self._run, self._on_retry = _closed, lambda attempt, cause: None
 
+    def lose(self, device_id: str, cause: str) -> bool:
+        """Take a device out of the job: no shard goes to it from now on (one queued for it moves
+        on). Its shards in flight are the caller's to stop (Workers.drop_device); their failure
+        then retries them here. False if it was out already (or is not the job's)."""
+        with self._lock:
+            if device_id not in self._devices or device_id in self._failed:
+                return False
+            self._failed[device_id] = ("UNAVAILABLE", cause)
+        return True
+
     def _enqueue(self, pending: _Pending, device_id: str) -> None:
         with self._lock:
             self._load[device_id] += 1
@@ -282,8 +295,12 @@ class DevicePool:
         self._enqueue(pending, target)
 
     def _next_device(self, pending: _Pending, target_type: str) -> str | None:
-        """Same target type first (it has the artifact), then any other; least loaded first."""
+        """Same target type first (it has the artifact), then any other; least loaded first. A node
+        the shard could not reach comes last: its other devices sit behind the same silent link."""
+        unreached = {getattr(self._devices[d], "node_address", None)
+                     for d, (code, _) in zip(pending.tried, pending.causes) if code in UNREACHED_CODES}
         with self._lock:
             usable = [d for d in self._devices if d not in self._failed and d not in pending.tried]
-            usable.sort(key=lambda d: (self._devices[d].target_type != target_type, self._load[d], d))
+            usable.sort(key=lambda d: (getattr(self._devices[d], "node_address", None) in unreached,
+                                       self._devices[d].target_type != target_type, self._load[d], d))
         return usable[0] if usable else None

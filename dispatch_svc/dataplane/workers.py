@@ -46,6 +46,9 @@ class GrpcWorkers:
         self.held = HeldKeys()  # which keyed tensors each worker holds for each job
         self._streams: dict[tuple[str, str], ShardStream] = {}  # (job, device) -> its open ExecuteMany
         self._streams_lock = threading.Lock()
+        # (job, device) -> why: devices the job lost while it ran (drop_device). A shard on one
+        # fails with that cause, whatever its cancelled stream answered, and none is sent there again.
+        self._lost: dict[tuple[str, str], str] = {}
         # Workers that answered with batches, so read them (ShardHeader.accept_batches): their
         # shards' parts go batched too. Dropped with the worker's channel (_forget_worker).
         self._batching: set[str] = set()
@@ -59,10 +62,26 @@ class GrpcWorkers:
         with self._streams_lock:
             for key in [key for key in self._streams if key[0] == job_id]:
                 del self._streams[key]
+            for key in [key for key in self._lost if key[0] == job_id]:
+                del self._lost[key]
         holders = self.held.workers_of(job_id)
         self.held.forget_job(job_id)  # no call refers to its tensors again
         for address in sorted(holders):
             self._release_held(address, job_id)
+
+    def drop_device(self, job_id: str, device_id: str, cause: str) -> None:
+        """The device is lost to the job: its stream is cancelled now, not when the transport
+        notices (a cut link answers nothing), so the shards on it fail with `cause` and are retried
+        elsewhere."""
+        with self._streams_lock:
+            self._lost[(job_id, device_id)] = cause
+            stream = self._streams.pop((job_id, device_id), None)
+        if stream is not None:
+            stream.cancel()
+
+    def _lost_cause(self, job_id: str, device_id: str) -> str | None:
+        with self._streams_lock:
+            return self._lost.get((job_id, device_id))
 
     def _release_held(self, address: str, job_id: str) -> None:
         """The worker drops the job's tensors now (else at its idle expiry, ACCELMESH_WORKER_HELD_IDLE_S):
@@ -179,6 +198,9 @@ class GrpcWorkers:
                     raise ShardFailed(f"DEADLINE_EXCEEDED: worker {address} did not answer the shard within "
                                       f"{SHARD_TIMEOUT_S:.0f} s", "DEADLINE_EXCEEDED")
             failure = waiting.error
+            lost = self._lost_cause(header.job_id, header.device_id) if failure is not None else None
+            if lost is not None:
+                raise ShardFailed(lost, "UNAVAILABLE") from None
             # Raised afresh, not as made by the reader: raised here, its traceback holds this frame,
             # which holds `waiting`, which holds it: a cycle that would keep the inputs until a full
             # garbage collection.
@@ -204,6 +226,9 @@ class GrpcWorkers:
         one if it has none (or the one it had closed). One a device, not a worker: the worker runs a
         stream's shards one after another, and the devices of a node run at the same time."""
         with self._streams_lock:
+            lost = self._lost.get((job_id, device_id))
+            if lost is not None:
+                raise ShardFailed(lost, "UNAVAILABLE")
             stream = self._streams.get((job_id, device_id))
             if stream is not None:
                 try:

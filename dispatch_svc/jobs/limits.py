@@ -14,6 +14,10 @@ from dispatch_svc.planner.placement_types import MAX_LAYERS
 RESERVATION_TTL_S = 120  # lease length asked for, seconds; the dispatcher's ACCELMESH_RESERVATION_TTL_S
 MIN_RESERVATION_TTL_S, MAX_RESERVATION_TTL_S = 1, 24 * 3600  # what the inventory grants
 
+# How often a running job asks the inventory which of its devices are lost (execution/device_watch.py);
+# the dispatcher's ACCELMESH_DEVICE_WATCH_S, 0 never asks.
+DEVICE_WATCH_S = 2.0
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
@@ -68,6 +72,7 @@ class Limits:
     # Of every data-parallel job's shards, at least, run again on another node and compared
     # (ACCELMESH_VERIFY_FRACTION): the floor a job's spec.verify_fraction can raise, never lower.
     verify_fraction: float = 0.0
+    device_watch_s: float = DEVICE_WATCH_S  # how often a running job asks for its lost devices (0: never)
 
     def __post_init__(self):
         if not MIN_RESERVATION_TTL_S <= self.reservation_ttl_s <= MAX_RESERVATION_TTL_S:

@@ -63,6 +63,7 @@ class FakeInventory:
         self.released: list[str] = []
         self.renewed: list[str] = []
         self.suspects: dict[str, str] = {}  # node address -> reason (mark_suspect)
+        self.lost: set[str] = set()  # device ids the inventory holds lost (lost_devices)
 
     def mark_suspect(self, address, reason):
         self.suspects.setdefault(address, reason)
@@ -87,6 +88,9 @@ class FakeInventory:
 
     def reserved_device_ids(self):
         return frozenset(device for claims in self.reserved.values() for device, _ in claims)
+
+    def lost_devices(self, device_ids):
+        return frozenset(self.lost & set(device_ids))
 
 
 class FakeCompiler:
@@ -132,12 +136,16 @@ class FakeWorkers:
         self.refuse = ""  # set: every device refuses every shard with FAILED_PRECONDITION and this text
         self.attempts: list[tuple[str, int, int]] = []  # (device id, shard index, attempt)
         self.released: list[str] = []
+        self.dropped: list[tuple[str, str]] = []  # (job id, device id) of drop_device calls
         self._lock = threading.Lock()
         self._running_bytes = 0
         self.peak_running_bytes = 0
 
     def release(self, job_id):
         self.released.append(job_id)
+
+    def drop_device(self, job_id, device_id, cause):
+        self.dropped.append((job_id, device_id))
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
                 place_outputs=None):

@@ -25,6 +25,7 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
+from dispatch_svc.execution.device_watch import watch_devices
 from dispatch_svc.execution.output_checks import check_shard_outputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
@@ -128,8 +129,11 @@ class JobContext:
         return [(p.name, v) for p, v in zip(program.parameters, values)]
 
     def open_pool(self, devices: Sequence[JobDevice], run) -> DevicePool:
-        """The job's device pool; every retry is recorded on the shard and as an event."""
+        """The job's device pool; every retry is recorded on the shard and as an event, and a
+        device the inventory calls lost leaves it at once (device_watch.py)."""
         self.live.pool = DevicePool(list(devices), run, self.live.scope, on_retry=self.retried)
+        watch_devices(self.inventory, self.workers, self.live.pool, self.job.job_id, devices, self.live,
+                      self.limits.device_watch_s)
         return self.live.pool
 
     def execute(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,

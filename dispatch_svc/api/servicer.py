@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import logging
+import threading
 
 import numpy as np
 
@@ -99,7 +100,9 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         if earlier is not None:
             return earlier, None, None
         self.runner.check(spec)
-        feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits)
+        ended = threading.Event()  # a stream cut short by a client killed mid-upload reads as its going
+        context.add_callback(ended.set)
+        feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits, ended)
         try:
             feed.read_ahead()
         except errors.Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer

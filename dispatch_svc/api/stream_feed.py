@@ -3,6 +3,7 @@ tensors, then row blocks, each checked against the spec and the limits as it arr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -13,6 +14,10 @@ from accelmesh.runtime.tensors import TensorCollector, from_proto
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.limits import JobLimits
 from dispatch_svc.jobs.validation import check_parameter_header, input_bytes
+
+# A stream that ends short of its declared input may be a client killed mid-upload: gRPC can end
+# the request iterator before it marks the call cancelled. This long is waited for the call's end.
+GONE_GRACE_S = 1.0
 
 
 class StreamFeed:
@@ -27,8 +32,10 @@ class StreamFeed:
     passed) raises Cancelled, saying how much of the input had arrived."""
 
     def __init__(self, requests: Iterator, spec: m.JobSpec, max_parameter_bytes: int,
-                 limits: JobLimits | None = None):
+                 limits: JobLimits | None = None, ended: threading.Event | None = None):
+        """`ended`: set once the call ended (its client went, or it was answered)."""
         self._requests = requests
+        self._ended = ended
         self._spec = spec
         self._max_parameter_bytes = max_parameter_bytes
         self._limits = limits or JobLimits()
@@ -61,6 +68,9 @@ class StreamFeed:
                 yield message
         except grpc.RpcError:  # the transport's word for a client that is gone: no status to send it
             raise errors.Cancelled(self.gone()) from None
+        if (self._ended is not None and self._received < self._declared + self._announced
+                and self._ended.wait(GONE_GRACE_S)):
+            raise errors.Cancelled(self.gone())
 
     def read_ahead(self) -> None:
         if self._first is not None:

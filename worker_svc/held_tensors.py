@@ -4,8 +4,10 @@ A dispatcher sends a job's parameters to a worker once and refers to them by a k
 afterwards. They stay host numpy arrays: a device's memory belongs to the shard running on it,
 and every shard puts its inputs on the device anyway. Within a byte limit and a count limit the
 least recently used go first; a job's tensors go once the job has used none of them for `idle_s`,
-because nothing tells a worker that a job ended. Only the dispatcher knows what a key means: the
-store trusts that the content under a key never changes within a job.
+because nothing tells a worker that a job ended. Only the dispatcher knows what a key means, and
+a key's content never changes within a job (new parameters get new keys): so a key once held
+takes no other content (`hold` refuses it), and what a call held goes again if that call fails
+(`forget`), so that no refused call changes what a running job's later shards compute with.
 
 Everything the store keeps is bounded: tensors by `max_bytes` (their data) and `max_tensors`
 (their entries, which cost memory even for empty tensors), jobs by the tensors (a job is known
@@ -31,6 +33,16 @@ MAX_HELD_TENSORS = 16384
 # Longest key or job id a tensor is held under (ShardHeader.keep_tensors[].key, ShardHeader.job_id):
 # the dispatcher's are "<job>:<parameter path>"; a longer one is refused, not stored.
 MAX_KEY_CHARS = 1024
+
+
+# What HeldTensors.hold did.
+KEPT, HELD, OTHER = "kept", "held", "other"
+
+
+def same_content(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit: the same dtype, shape and bytes (NaNs included)."""
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
 
 
 @dataclass(frozen=True)
@@ -65,22 +77,30 @@ class HeldTensors:
         """Hold `array` under (job, key), replacing what was there; False if it is over the byte limit.
         Beyond either limit the least recently used tensors (of any job) are dropped."""
         with self._lock:
+            return self._keep(job_id, key, array)
+
+    def hold(self, job_id: str, key: str, array: np.ndarray) -> str:
+        """Hold `array` under (job, key) unless that key holds a tensor already: KEPT (held now,
+        as `keep`), HELD (the same content was there: only its use is noted) or OTHER (different
+        content is there, which stays; nothing is held)."""
+        with self._lock:
             now = self._clock()
             self._expire(now)
-            self._drop((job_id, key))
-            if array.nbytes > self.max_bytes:
-                self._evicted += 1
-                return False
-            self._tensors[(job_id, key)] = array
-            self._jobs.setdefault(job_id, set()).add(key)
-            self._last_used[job_id] = now
-            self._bytes += array.nbytes
-            self._kept += 1
-            while self._bytes > self.max_bytes or len(self._tensors) > self.max_tensors:
-                oldest = next(iter(self._tensors))
-                self._drop(oldest)
-                self._evicted += 1
-            return True
+            there = self._tensors.get((job_id, key))
+            if there is not None:
+                if not same_content(there, array):
+                    return OTHER
+                self._tensors.move_to_end((job_id, key))
+                self._last_used[job_id] = now
+                return HELD
+            self._keep(job_id, key, array)
+            return KEPT
+
+    def forget(self, job_id: str, key: str, array: np.ndarray) -> None:
+        """Drop (job, key) if it still holds this very `array` (the one a failed call held)."""
+        with self._lock:
+            if self._tensors.get((job_id, key)) is array:
+                self._drop((job_id, key))
 
     def get(self, job_id: str, key: str) -> np.ndarray | None:
         """The tensor held under (job, key), or None (never kept, evicted, expired)."""
@@ -115,6 +135,24 @@ class HeldTensors:
         with self._lock:
             return HeldStats(len(self._tensors), self._bytes, self._kept, self._used, self._missed, self._evicted,
                              self._expired, len(self._jobs))
+
+    def _keep(self, job_id: str, key: str, array: np.ndarray) -> bool:
+        now = self._clock()
+        self._expire(now)
+        self._drop((job_id, key))
+        if array.nbytes > self.max_bytes:
+            self._evicted += 1
+            return False
+        self._tensors[(job_id, key)] = array
+        self._jobs.setdefault(job_id, set()).add(key)
+        self._last_used[job_id] = now
+        self._bytes += array.nbytes
+        self._kept += 1
+        while self._bytes > self.max_bytes or len(self._tensors) > self.max_tensors:
+            oldest = next(iter(self._tensors))
+            self._drop(oldest)
+            self._evicted += 1
+        return True
 
     def _expire(self, now: float) -> None:
         idle = [job for job, last in self._last_used.items() if now - last >= self.idle_s]

@@ -8,13 +8,14 @@ What a call holds grows with the bytes that arrived, never with what its headers
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import TensorAssembler
 from accelmesh.worker.v1 import worker_service_pb2 as pb
-from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
+from worker_svc.held_tensors import KEPT, MAX_KEY_CHARS, OTHER, HeldTensors
 
 
 def _ignore(nbytes: int) -> None:
@@ -60,8 +61,9 @@ def check_keep(head: pb.ShardHeader, max_tensors: int) -> dict[str, str]:
 
 def read_inputs(requests: Iterator[pb.ExecuteRequest | pb.ExecuteManyRequest], head: pb.ShardHeader, held: HeldTensors,
                 max_bytes: int, holder: str, *, max_inputs: int,
-                received: Callable[[int], None] = _ignore, more: bool = False) -> list[np.ndarray]:
-    """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks.
+                received: Callable[[int], None] = _ignore, more: bool = False) -> tuple[list[np.ndarray], Kept]:
+    """Exactly `head.input_count` inputs, then the end of the stream; keeps what the header asks,
+    and says what it kept anew, which the caller forgets if the call then fails (Kept.undo).
     `more` (ExecuteMany): the stream goes on with the next shard, so reading stops as soon as the
     last input is whole. `received` hears the size of each chunk as it arrives (CallInputs.received).
 
@@ -103,9 +105,7 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest | pb.ExecuteManyRequest], h
     if len(inputs) != count:
         raise errors.InvalidArgument(f"the stream ended after {len(inputs)} of header.input_count={count} inputs")
     arrays = [i.result() if isinstance(i, TensorAssembler) else i for i in inputs]
-    if keep:
-        _keep(keep, scope, inputs, arrays, held)
-    return arrays
+    return arrays, (_keep(keep, scope, head.job_id, inputs, arrays, held) if keep else Kept(scope, ()))
 
 
 def _held(held: HeldTensors, scope: str, job_id: str, ref: pb.TensorRef, index: int) -> np.ndarray:
@@ -122,7 +122,21 @@ def _held(held: HeldTensors, scope: str, job_id: str, ref: pb.TensorRef, index: 
     return array
 
 
-def _keep(keep: dict[str, str], scope: str, inputs: list, arrays: list[np.ndarray], held: HeldTensors) -> None:
+@dataclass(frozen=True)
+class Kept:
+    """The tensors one call held anew (not those already held with the same content)."""
+
+    scope: str
+    entries: tuple[tuple[str, np.ndarray], ...]  # (key, the array held)
+
+    def undo(self, held: HeldTensors) -> None:
+        """The call failed: what it held goes, so the store is as the call found it."""
+        for key, array in self.entries:
+            held.forget(self.scope, key, array)
+
+
+def _keep(keep: dict[str, str], scope: str, job_id: str, inputs: list, arrays: list[np.ndarray],
+          held: HeldTensors) -> Kept:
     sent = [i.name if isinstance(i, TensorAssembler) else None for i in inputs]  # names of the inputs sent in full
     chosen = {}
     for name, key in keep.items():
@@ -132,5 +146,15 @@ def _keep(keep: dict[str, str], scope: str, inputs: list, arrays: list[np.ndarra
             raise errors.InvalidArgument(f"header.keep_tensors names '{name}', which is {what} in this call; "
                                          "name exactly one TensorHeader of the call")
         chosen[key] = arrays[matches[0]]
+    kept = Kept(scope, ())
     for key, array in chosen.items():  # all checked first: a refused call keeps nothing
-        held.keep(scope, key, array)
+        outcome = held.hold(scope, key, array)
+        if outcome == OTHER:
+            kept.undo(held)
+            raise errors.FailedPrecondition(
+                f"header.keep_tensors: tensor {errors.quoted(key)} of job {errors.quoted(job_id)} is held with other "
+                "content; a key's content never changes within a job: keep new content under a new key",
+                field="header.keep_tensors")
+        if outcome == KEPT:
+            kept = Kept(scope, (*kept.entries, (key, array)))
+    return kept

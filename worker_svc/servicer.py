@@ -3,6 +3,7 @@ protos are translated by translate.py."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import threading
@@ -28,7 +29,7 @@ from worker_svc import executor as ex
 from worker_svc import translate as tr
 from worker_svc.agent import NodeAgent
 from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
-from worker_svc.inputs import read_header, read_inputs
+from worker_svc.inputs import Kept, read_header, read_inputs
 from worker_svc.ledger import CallInputs, InputLedger
 
 try:
@@ -104,7 +105,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         started = time.perf_counter()
         try:
             head = read_header(request_iterator)
-            shard, inputs = self._receive(head, request_iterator, context, call)
+            shard, inputs, kept = self._receive(head, request_iterator, context, call)
         except grpc.RpcError as exc:  # the request stream broke: the caller cancelled or timed out
             # gRPC keeps this error in the call's state, and its traceback holds gRPC's frames (which
             # hold that state) and read_inputs' (which hold what arrived): a cycle that only a full
@@ -116,8 +117,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         if not head.report_stages:
             # Nothing to stream while it runs: run right here, without a thread and a queue.
             try:
-                result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
-                                           on_stage=_ignore, cancelled=lambda: not context.is_active())
+                with self._undone_on_failure(kept):
+                    result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
+                                               on_stage=_ignore, cancelled=lambda: not context.is_active())
             except ex.ShardCancelled:
                 return
             del inputs  # not kept while the caller reads the outputs
@@ -136,9 +138,10 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         del run
         thread.start()
         try:
-            while (stage := stages.get()) is not None:
-                yield pb.ExecuteResponse(stage=tr.STAGES[stage])
-            result = outcome.result()
+            with self._undone_on_failure(kept):
+                while (stage := stages.get()) is not None:
+                    yield pb.ExecuteResponse(stage=tr.STAGES[stage])
+                result = outcome.result()
         except ex.ShardCancelled:
             return
         finally:
@@ -172,11 +175,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     span = self._tracer.start_span("worker.shard", context=_PROPAGATOR.extract(
                         {"traceparent": first.header.traceparent}) if first.header.traceparent else None)
                     with trace.use_span(span, end_on_exit=True):
-                        shard, inputs = self._receive(first.header, request_iterator, context, call, more=True)
+                        shard, inputs, kept = self._receive(first.header, request_iterator, context, call, more=True)
                         span.set_attribute(attr.SHARD_INDEX, shard.shard_index)
                         try:
-                            result = self.executor.run(shard, inputs, receive_seconds=time.perf_counter() - started,
-                                                       on_stage=_ignore, cancelled=lambda: not context.is_active())
+                            with self._undone_on_failure(kept):
+                                result = self.executor.run(shard, inputs,
+                                                           receive_seconds=time.perf_counter() - started,
+                                                           on_stage=_ignore, cancelled=lambda: not context.is_active())
                         except ex.ShardCancelled:
                             return
                         except Exception as exc:  # noqa: BLE001 - this shard's answer; the stream goes on
@@ -202,17 +207,27 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 call.close()
 
     def _receive(self, head: pb.ShardHeader, request_iterator, context, call: CallInputs,
-                 more: bool = False) -> tuple[ex.Shard, list]:
-        """The shard the header names, admitted here, and its inputs."""
+                 more: bool = False) -> tuple[ex.Shard, list, Kept]:
+        """The shard the header names, admitted here, its inputs and what of them it held anew."""
         shard = tr.shard_from_proto(head)
         span = trace.get_current_span()
         span.set_attribute(attr.JOB_ID, shard.job_id)
         span.set_attribute(attr.DEVICE_ID, shard.device_id)
         self.executor.admit(shard)  # refuse before megabytes of inputs arrive
-        inputs = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
-                             self._auth.principal(context).key, max_inputs=self._max_inputs,
-                             received=call.received, more=more)
-        return shard, inputs
+        inputs, kept = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
+                                   self._auth.principal(context).key, max_inputs=self._max_inputs,
+                                   received=call.received, more=more)
+        return shard, inputs, kept
+
+    @contextlib.contextmanager
+    def _undone_on_failure(self, kept: Kept):
+        """A shard that does not run to its outputs (refused, failed, cancelled) keeps nothing it
+        asked to keep: a failed call leaves the job's held tensors as it found them."""
+        try:
+            yield
+        except BaseException:
+            kept.undo(self.held)
+            raise
 
     def _results(self, result: ex.ShardResult, into: type = pb.ExecuteResponse):
         return tr.results_to_proto(result, into, self._chunk_bytes)

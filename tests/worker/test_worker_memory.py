@@ -16,6 +16,8 @@ import grpc
 import jax
 import numpy as np
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
@@ -75,6 +77,13 @@ class Worker:
                   "artifact_key": "0" * 64, "artifact_digest": "0" * 64,
                   "artifact_format": build_pb2.ARTIFACT_FORMAT_EXECUTABLE, "input_count": 1, "batch_size": 1}
         return pb.ShardHeader(**(values | fields))
+
+    def hold(self, job_id: str, key: str, nbytes: int) -> None:
+        """Hold a tensor for `job_id` as this test's dispatcher would have it held (every call here
+        fails, and a failed call keeps nothing it asked to keep)."""
+        cert = x509.load_pem_x509_certificate(CREDENTIALS.service(Role.DISPATCH).tls.cert_file.read_bytes())
+        role, name = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value.split("/", 1)
+        self.servicer.held.keep(f"{role}:{name}|{job_id}", key, np.zeros(nbytes, np.uint8))
 
     def call(self, messages) -> grpc.RpcError:
         """The error an Execute call of `messages` ends with (every call here fails)."""
@@ -227,12 +236,8 @@ def test_a_key_longer_than_the_limit_is_refused_and_not_stored(worker):
 
 
 def test_the_held_tensor_count_is_bounded_over_all_jobs_least_recently_used_first(worker):
-    # Each call keeps its input (kept before the shard runs), then fails for want of an artifact.
     for job in ("job-a", "job-b", "job-c"):
-        messages = [pb.ExecuteRequest(header=worker.header(job_id=job, keep_tensors=[
-            pb.TensorRef(name="input_0", key="params")])), *tensor("input_0", 8)]
-        error = worker.call(messages)
-        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        worker.hold(job, "params", 8)
     stats = worker.servicer.held.stats()
     assert (stats.tensors, stats.jobs, stats.kept, stats.evicted) == (HELD_TENSORS, HELD_TENSORS, 3, 1)
     refer = [pb.ExecuteRequest(header=worker.header(job_id="job-a")),
@@ -245,9 +250,7 @@ def test_release_job_drops_the_callers_tensors_of_that_job_only(worker):
     """The dispatcher's ReleaseJob at a job's end: that job's tensors go at once; another job's
     stay, and another dispatcher (its own holder scope) releases nothing of this one's."""
     for job in ("job-a", "job-b"):
-        messages = [pb.ExecuteRequest(header=worker.header(job_id=job, keep_tensors=[
-            pb.TensorRef(name="input_0", key="params")])), *tensor("input_0", 8)]
-        assert worker.call(messages).code() == grpc.StatusCode.FAILED_PRECONDITION  # kept, then no artifact
+        worker.hold(job, "params", 8)
     assert worker.servicer.held.stats().tensors == 2
     other = open_channel(f"127.0.0.1:{worker.server.port}",
                          security=CREDENTIALS.issue(Role.DISPATCH, "dispatch-2", ["127.0.0.1"]))

@@ -21,6 +21,7 @@ from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.launcher import ServiceProcess, start_service
 from accelmesh.security.config import INSECURE, Security
 from accelmesh.security.credentials import LOCAL_HOSTS, MeshCredentials
+from accelmesh.security.files import private_dir
 from accelmesh.security.identity import Role, address_host
 
 DEFAULT_DATA_DIR = ".accelmesh"
@@ -186,8 +187,7 @@ def start_embedded_mesh(
 ) -> EmbeddedMesh:
     """``insecure``: plaintext without authentication (every address here is loopback).
     ``advertise``: more DNS names or IPs the services' certificates name (certificate_hosts)."""
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_dir(data_dir)  # credentials, databases and tenants' data, the owner's alone
     hosts = certificate_hosts([inventory_listen, compile_listen, dispatch_listen], advertise)
     credentials = None if insecure else mesh_credentials(data_dir, hosts=hosts)
     inventory = _dialled(start_inventory(data_dir, credentials, listen=inventory_listen,

@@ -33,6 +33,7 @@ from typing import Any
 
 from accelmesh.artifacts import EXECUTABLE_SCHEMA
 from accelmesh.errors import InvalidArgument, NotFound, quoted
+from accelmesh.security.files import private_dir
 
 _SCHEMA = 1  # bump when the key recipe or layout changes so old entries stop matching
 
@@ -77,9 +78,8 @@ def key_for(**parts: Any) -> str:
 
 class ArtifactCache:
     def __init__(self, root: Path, max_bytes: int):
-        self.root = Path(root)
+        self.root = private_dir(root)  # compiled programs of every tenant
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
         self.builds = 0  # times a build function ran (raising or not)
         self.hits = 0  # requests answered without building
         self._lock = threading.Lock()  # flock is per open file, so threads need their own lock
@@ -140,7 +140,7 @@ class ArtifactCache:
         sidecar = json.dumps({"digest": artifact.digest, "size": artifact.size, "created": artifact.created,
                               "metadata": metadata}, sort_keys=True).encode()
         with self._locked():
-            payload_path.parent.mkdir(exist_ok=True)
+            private_dir(payload_path.parent, tighten=False)
             _write_atomic(payload_path, artifact.payload)
             _write_atomic(meta_path, sidecar)
             self._touch(payload_path)
@@ -232,7 +232,7 @@ class ArtifactCache:
         flight). The lock file goes when its holder is done; a process that opened it before then
         still waits for the holder, and one that comes later finds the artifact (or builds again)."""
         payload_path, _ = self._paths(key)
-        payload_path.parent.mkdir(exist_ok=True)
+        private_dir(payload_path.parent, tighten=False)
         lock_path = payload_path.with_suffix(".building")
         with open(lock_path, "a") as handle:
             try:

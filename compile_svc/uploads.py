@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 from accelmesh import errors
 from accelmesh.errors import quoted
 from accelmesh.programs import Program
+from accelmesh.security.files import private_dir, write_private
 from compile_svc.programs import ProgramRegistry, program_from_export
 from compile_svc.programs.registry import MAX_NAME_CHARS, MAX_VERSION_CHARS
 from compile_svc.programs.uploaded import MAX_UPLOAD_TENSORS
@@ -48,8 +48,7 @@ class UploadStore:
 
     def __init__(self, root: Path, registry: ProgramRegistry, max_bytes: int, *,
                  max_uploads: int = 256, max_total_bytes: int = 4 * 1024**3):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(root)  # tenants' uploaded artifacts
         self.registry = registry
         self.max_bytes = max_bytes  # one artifact
         self.max_uploads = max_uploads
@@ -211,6 +210,4 @@ def _check_name(name: object, version: object, max_name: int, max_version: int) 
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_private(path, data)

@@ -29,6 +29,7 @@ from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES
 from accelmesh.security.config import Security
+from accelmesh.security.files import private_dir
 from accelmesh.security.identity import Role
 from worker_svc.executor import FetchedArtifact
 
@@ -132,7 +133,7 @@ class ArtifactStore:
         return FetchedArtifact(data, cached=False)
 
     def _write(self, key: str, data: bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root, tighten=False)
         fd, temporary = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as handle:

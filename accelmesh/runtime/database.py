@@ -32,6 +32,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from accelmesh import errors
 from accelmesh.runtime.config import env_int
+from accelmesh.security.files import create_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ def open_engine(target: str | Path, *, service: str, statement_timeout_ms: int |
     if statement_timeout_ms is None:
         statement_timeout_ms = env_int(STATEMENT_TIMEOUT_ENV, DEFAULT_STATEMENT_TIMEOUT_MS, os.environ, minimum=1)
     if url.drivername == "sqlite":
-        if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+            _private_sqlite_file(Path(url.database))
         engine = sa.create_engine(url, poolclass=sa.pool.SingletonThreadPool if url.database == ":memory:" else None,
                                   connect_args={"check_same_thread": False, "timeout": 5.0})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
@@ -143,6 +144,18 @@ def upsert(conn: Connection | Engine, table: sa.Table, update: Callable[[sa.Colu
     writer that holds the row.
     Built once per dialect and ``update`` (a module-level function), as a poll cycle runs it per node."""
     return _upsert(conn.dialect.name, table, update, same)
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """The database file made 0600 before SQLite first opens it: SQLite creates the -wal, -shm and
+    -journal files with the main file's mode, so all of them are the owner's alone. A file of this
+    process's own left by an earlier version is tightened, with its -wal and -shm."""
+    private_dir(path.parent, tighten=False)  # the folder may be anyone's (/tmp); missing ones are made 0700
+    create_private(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        sibling = path.with_name(path.name + suffix)
+        if sibling.exists():
+            create_private(sibling)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from accelmesh import errors
+from accelmesh.security.files import private_dir
 from accelmesh.security.identity import MESH_DOMAIN, Role, node_host, role_host, spiffe_id
 
 CA_DAYS = 365
@@ -48,7 +49,7 @@ class CertificateAuthority:
             self._cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
             self._key = serialization.load_pem_private_key(self.key_file.read_bytes(), password=None)
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         self._key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = dt.datetime.now(dt.UTC)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from accelmesh.security.ca import CertificateAuthority
 from accelmesh.security.config import Security
+from accelmesh.security.files import create_private, private_dir, write_private
 from accelmesh.security.identity import MESH_DOMAIN, SERVICE_ROLES, Role, certificate_identity, node_host
 from accelmesh.security.tls import TlsFiles
 from accelmesh.security.tokens import StaticTokens
@@ -33,7 +34,8 @@ class MeshCredentials:
     def __init__(self, folder: str | Path, *, hosts: Sequence[str] = ()):
         """Open ``folder``, creating what is missing; service certificates are valid for loopback
         and ``hosts`` (the addresses other machines reach the services at)."""
-        self.folder = Path(folder)
+        # Keys and tokens: the folder is the owner's alone (one made before is tightened too).
+        self.folder = private_dir(folder)
         self.ca = CertificateAuthority(self.folder)
         for role in sorted(SERVICE_ROLES, key=lambda r: r.value):
             # The worker's is the loopback node's (`worker` issues any other host's its own).
@@ -43,8 +45,9 @@ class MeshCredentials:
         self.tokens = StaticTokens(self.folder / "tokens.json")
         if not self.token_file.exists():
             token = self.tokens.add(LOCAL_OPERATOR, Role.OPERATOR)
-            self.token_file.touch(mode=0o600)
-            self.token_file.write_text(token + "\n")
+            write_private(self.token_file, token + "\n")
+        for path in self.folder.glob("token*"):  # tokens written before files were owner-only
+            create_private(path)
 
     @property
     def token_file(self) -> Path:
@@ -77,7 +80,7 @@ class MeshCredentials:
         """A new token for ``name`` (accepted by the running services at once); returns its file."""
         token = self.tokens.add(name, role)
         path = self.folder / f"token-{name}"
-        path.write_text(token + "\n")
+        write_private(path, token + "\n")
         return path
 
     def issue(self, role: Role, name: str, hosts: Sequence[str] = ()) -> Security:

@@ -1,4 +1,5 @@
-"""Credential files read again when they change: certificates, keys, tokens and token tables are
+"""Files the mesh writes, owner-only (private_dir, write_private, open_private), and credential
+files read again when they change: certificates, keys, tokens and token tables are
 replaced in place (a Secret update, cert-manager's renewal, an edited tokens file), and every
 reader notices on its next use, without a restart."""
 
@@ -41,3 +42,73 @@ class ReloadingFile(Generic[T]):
             if stamp != self._stamp:
                 self._value, self._stamp = self._parse(self._path.read_bytes()), stamp
             return self._value
+
+
+# The mesh's files hold tokens, keys, tenants' inputs and results, artifacts and databases: owner
+# only, whatever the umask (a service started as root under umask 022 would otherwise leave them
+# readable by every local account).
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """`path` chmod-ed to `mode` when it exists and this process owns it: a folder or file another
+    account owns (a shared volume's root, a parent like /tmp) is not the mesh's to change."""
+    try:
+        if os.stat(path).st_uid == os.geteuid():
+            os.chmod(path, mode)
+    except FileNotFoundError:
+        pass
+
+
+def private_dir(path: str | Path, *, tighten: bool = True) -> Path:
+    """`path` as a folder only its owner may enter: it and any missing parents are created 0700;
+    an existing `path` of this process's own is tightened to 0700 unless `tighten` is False (a
+    folder the caller was merely pointed into, such as a database file's)."""
+    path = Path(path)
+    missing: list[Path] = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=PRIVATE_DIR)
+        except FileExistsError:  # made at the same time by another replica or thread
+            continue
+        os.chmod(folder, PRIVATE_DIR)  # mkdir's mode is masked by the umask, which may drop owner bits
+    if tighten and path not in missing:
+        _tighten(path, PRIVATE_DIR)
+    return path
+
+
+def open_private(path: str | Path, flags: int = os.O_WRONLY) -> int:
+    """A descriptor on `path`, created 0600 when missing; an existing file is tightened to 0600."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_private(path: str | Path) -> Path:
+    """`path` as an owner-only file, created empty when missing (its contents are left as they are)."""
+    os.close(open_private(path))
+    return Path(path)
+
+
+def write_private(path: str | Path, data: bytes | str) -> None:
+    """`data` as the whole of `path`, 0600: written to a fresh file beside it and renamed over it,
+    so a reader never sees half a file and the old file's mode never carries over."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), PRIVATE_FILE)
+            out.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

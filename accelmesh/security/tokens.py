@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import jwt
 
 from accelmesh import errors
-from accelmesh.security.files import ReloadingFile
+from accelmesh.security.files import ReloadingFile, write_private
 from accelmesh.security.identity import PEOPLE, Principal, Role
 
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA")
@@ -64,9 +63,7 @@ class StaticTokens:
         token = token or new_token()
         data = json.loads(self.path.read_bytes()) if self.path.exists() else {"tokens": []}
         data["tokens"].append({"sha256": token_digest(token), "name": name, "role": role.value})
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=2) + "\n")
         return token
 
 

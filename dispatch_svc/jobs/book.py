@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from accelmesh import errors
 from accelmesh.runtime import database
+from accelmesh.security.files import private_dir
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.events import WATCH_POLL_S, EventLog
 from dispatch_svc.jobs.leases import JobLeases
@@ -52,8 +53,7 @@ class JobBook:
         `lease_s`, renewed while it runs, and its inputs are stored under `data_dir` (shared by
         every replica) so that another replica can take it over once the lease lapses
         (execution/takeover.py)."""
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = private_dir(data_dir)  # records, results and inputs of every tenant
         self.results = ResultStore(self.data_dir / "results")
         self.inputs = ResultStore(self.data_dir / "inputs")  # a leased job's inputs, until it ends
         self.lease_s = lease_s

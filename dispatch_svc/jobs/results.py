@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.runtime.tensors import WriteAt
+from accelmesh.security.files import open_private, private_dir, write_private
 
 PARTS = "parts"  # a leased job's folded parts (outputs.py), in its results folder, until it ends
 
@@ -73,7 +73,7 @@ class ResultWriter:
 
     def __init__(self, entry: ResultEntry):
         self.entry = entry
-        self._fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._fd = open_private(entry.path)  # tenants' data: the owner's alone
 
     def write_rows(self, first_row: int, rows: np.ndarray) -> None:
         # From the array's own memory (no bytes copy of it).
@@ -99,22 +99,19 @@ class ResultStore:
     """Each result tensor is a raw file plus a manifest entry, written as shards finish."""
 
     def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(root)
 
     def _dir(self, job_id: str) -> Path:
         return self.root / job_id
 
     def create(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:
         folder = self._dir(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder, tighten=False)
         manifest = self._manifest(job_id)
         manifest.append({"name": name, "dtype": dtype, "shape": list(shape)})
         # Whole or not at all: a reader (FetchResult, a run streaming its outputs) never sees a
         # manifest half written.
-        staged = folder / f".manifest.{uuid.uuid4().hex}"
-        staged.write_text(json.dumps(manifest))
-        os.replace(staged, folder / "manifest.json")
+        write_private(folder / "manifest.json", json.dumps(manifest))
         return ResultWriter(self._entry(job_id, len(manifest) - 1, manifest[-1]))
 
     def reopen(self, job_id: str, name: str, dtype: str, shape: tuple[int, ...]) -> ResultWriter:

@@ -33,7 +33,7 @@ from typing import Any
 
 from accelmesh.artifacts import EXECUTABLE_SCHEMA
 from accelmesh.errors import InvalidArgument, NotFound, quoted
-from accelmesh.security.files import private_dir
+from accelmesh.security.files import open_private, private_dir
 
 _SCHEMA = 1  # bump when the key recipe or layout changes so old entries stop matching
 
@@ -93,7 +93,7 @@ class ArtifactCache:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with self._lock, open(self._lock_path, "a") as handle:
+        with self._lock, os.fdopen(open_private(self._lock_path), "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
@@ -234,7 +234,7 @@ class ArtifactCache:
         payload_path, _ = self._paths(key)
         private_dir(payload_path.parent, tighten=False)
         lock_path = payload_path.with_suffix(".building")
-        with open(lock_path, "a") as handle:
+        with os.fdopen(open_private(lock_path), "a") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX)
             except OSError:  # a filesystem without locks: build anyway, the duplicate is harmless

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from accelmesh import errors
-from accelmesh.security.files import private_dir
+from accelmesh.security.files import private_dir, write_private
 from accelmesh.security.identity import MESH_DOMAIN, Role, node_host, role_host, spiffe_id
 
 CA_DAYS = 365
@@ -68,7 +68,7 @@ class CertificateAuthority:
             .sign(self._key, hashes.SHA256())
         )
         _write_key(self.key_file, self._key)
-        self.cert_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        write_private(self.cert_file, self._cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(self, role: Role, name: str, hosts: Sequence[str] = (), *, stem: str | None = None,
               days: int = LEAF_DAYS) -> Issued:
@@ -105,10 +105,9 @@ class CertificateAuthority:
         stem = stem or name
         issued = Issued(self.folder / f"{stem}.crt", self.folder / f"{stem}.key")
         _write_key(issued.key_file, key)
-        # Written whole and renamed, so a process reloading on change never reads half a file.
-        tmp = issued.cert_file.with_suffix(".crt.tmp")
-        tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        os.replace(tmp, issued.cert_file)
+        # Written whole and renamed, so a process reloading on change never reads half a file; owner
+        # only like everything in the folder, which its owner's processes alone read.
+        write_private(issued.cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return issued
 
 

@@ -47,6 +47,8 @@ class ArtifactStore:
     def __init__(self, root: str | Path, compile_address: str, security: Security, *,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tracer_provider=None):
         self.root = Path(root)  # made on the first write, so a worker that never executes leaves no folder
+        if self.root.exists():  # one made before, maybe with wider bits: tenants' programs, the owner's alone
+            private_dir(self.root)
         self.compile_address = compile_address
         self.fetches = 0  # FetchArtifact streams completed
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)

@@ -32,7 +32,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from accelmesh import errors
 from accelmesh.runtime.config import env_int
-from accelmesh.security.files import create_private, private_dir
+from accelmesh.security.files import create_private, private_dir, tighten_private
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _private_sqlite_file(path: Path) -> None:
     for suffix in ("-wal", "-shm", "-journal"):
         sibling = path.with_name(path.name + suffix)
         if sibling.exists():
-            create_private(sibling)
+            tighten_private(sibling)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from accelmesh.security.ca import CertificateAuthority
 from accelmesh.security.config import Security
-from accelmesh.security.files import create_private, private_dir, write_private
+from accelmesh.security.files import private_dir, tighten_private, write_private
 from accelmesh.security.identity import MESH_DOMAIN, SERVICE_ROLES, Role, certificate_identity, node_host
 from accelmesh.security.tls import TlsFiles
 from accelmesh.security.tokens import StaticTokens
@@ -47,7 +47,7 @@ class MeshCredentials:
             token = self.tokens.add(LOCAL_OPERATOR, Role.OPERATOR)
             write_private(self.token_file, token + "\n")
         for path in self.folder.glob("token*"):  # tokens written before files were owner-only
-            create_private(path)
+            tighten_private(path)
 
     @property
     def token_file(self) -> Path:

@@ -5,6 +5,7 @@ reader notices on its next use, without a restart."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -58,6 +59,15 @@ def _tighten(path: Path, mode: int) -> None:
             os.chmod(path, mode)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        if exc.errno != errno.EROFS:  # a read-only mount (a Secret's) is as its owner made it
+            raise
+
+
+def tighten_private(path: str | Path) -> None:
+    """An existing file of this process's own made 0600 (a folder 0700); a missing one is left missing."""
+    path = Path(path)
+    _tighten(path, PRIVATE_DIR if path.is_dir() else PRIVATE_FILE)
 
 
 def private_dir(path: str | Path, *, tighten: bool = True) -> Path:
@@ -93,8 +103,14 @@ def open_private(path: str | Path, flags: int = os.O_WRONLY) -> int:
 
 
 def create_private(path: str | Path) -> Path:
-    """`path` as an owner-only file, created empty when missing (its contents are left as they are)."""
-    os.close(open_private(path))
+    """`path` as an owner-only file: created empty when missing, else tightened to 0600 when this
+    process owns it (its contents are left as they are, and it is never opened to write)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    except FileExistsError:
+        _tighten(Path(path), PRIVATE_FILE)
+    else:
+        os.close(fd)
     return Path(path)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -53,9 +54,11 @@ PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 def _tighten(path: Path, mode: int) -> None:
     """`path` chmod-ed to `mode` when it exists and this process owns it: a folder or file another
-    account owns (a shared volume's root, a parent like /tmp) is not the mesh's to change."""
+    account owns (a shared volume's root) is not the mesh's to change, nor is a sticky folder
+    shared by every account (/tmp), even one root owns and the mesh was pointed at."""
     try:
-        if os.stat(path).st_uid == os.geteuid():
+        info = os.stat(path)
+        if info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX:
             os.chmod(path, mode)
     except FileNotFoundError:
         pass

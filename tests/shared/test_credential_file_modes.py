@@ -66,3 +66,11 @@ def test_write_private_replaces_a_readable_file_with_an_owner_only_one(tmp_path)
 
 def test_a_user_token_for_an_operator_is_owner_only_too(tmp_path):
     assert mode(MeshCredentials(tmp_path).add_user("root-ops", Role.OPERATOR)) == 0o600
+
+
+def test_a_sticky_folder_shared_by_every_account_is_never_tightened(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    private_dir(shared)
+    assert mode(shared) == 0o1777

@@ -10,18 +10,30 @@ variants are skipped with one line saying how to enable them, unless ACCELMESH_R
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
 BIN_ENV, REQUIRE_ENV = "ACCELMESH_TEST_POSTGRES_BIN", "ACCELMESH_REQUIRE_POSTGRES"
 HOW_TO_ENABLE = ("PostgreSQL variants skipped: no PostgreSQL server binaries found; install them "
                  "(Debian: apt-get install postgresql) or set ACCELMESH_TEST_POSTGRES_BIN to the folder holding initdb")
+
+
+def _parent_of(stat: Path) -> int:
+    """The parent pid in a /proc/<pid>/stat file (the field after the parenthesised command); -1
+    for a process gone meanwhile."""
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def find_binaries() -> Path | None:
@@ -52,9 +64,28 @@ class PostgresServer:
             self._as = ["runuser", "-u", "postgres", "--"]
         self.data, self.socket = self.root / "data", self.root
         self._run("initdb", "-D", str(self.data), "-U", "accelmesh", "--auth=trust", "-E", "UTF8", "--no-sync")
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its data folder (again, after `kill`: it recovers from its WAL first)."""
         options = (f"-c listen_addresses='' -c unix_socket_directories={self.socket} -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def kill(self) -> int:
+        """SIGKILL the postmaster and every backend of it, as a crash of its machine would end
+        them (a backend left running keeps the shared memory, and the next start would refuse it);
+        returns the postmaster's pid. `start` brings the server back."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        backends = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
+                    if _parent_of(stat) == postmaster]
+        for pid in [postmaster, *backends]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in [postmaster, *backends]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return postmaster
 
     def _run(self, tool: str, *args: str) -> None:
         done = subprocess.run([*self._as, str(self._bin / tool), *args], capture_output=True, text=True)

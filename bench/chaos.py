@@ -576,7 +576,7 @@ def main() -> int:
         return 0
     log_dir = args.logs or Path(tempfile.mkdtemp(prefix="accelmesh-chaos-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = postgres.PostgresServer(binaries)
+    server = postgres.PostgresServer(binaries, durable_commits=True)  # a crash loses no acknowledged commit
     data_dir = Path(tempfile.mkdtemp(prefix="accelmesh-bench-chaos-"))
     credentials = mesh_credentials(data_dir)
     progress(f"starting 2 inventories, 2 compile services, {len(NODE_IPS)} workers and 2 dispatchers on one "

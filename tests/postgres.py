@@ -50,8 +50,12 @@ def find_binaries() -> Path | None:
 class PostgresServer:
     """One throwaway cluster; `database()` gives each test a database of its own."""
 
-    def __init__(self, binaries: Path):
+    def __init__(self, binaries: Path, *, durable_commits: bool = False):
+        """`durable_commits`: a commit is in the server's log on disk before it returns, so a
+        server SIGKILLed (`kill`) keeps every transaction it said was committed, as a production
+        server does. Off (the tests' default, for speed), a crash loses the last ~200 ms of them."""
         self._bin = binaries
+        self._synchronous_commit = "on" if durable_commits else "off"
         self._as: list[str] = []
         self.root = Path(tempfile.mkdtemp(prefix="am-pg-"))  # short: a socket path has ~100 characters
         if os.geteuid() == 0:
@@ -68,8 +72,9 @@ class PostgresServer:
 
     def start(self) -> None:
         """Start the server on its data folder (again, after `kill`: it recovers from its WAL first)."""
+        # fsync and full-page writes guard against the machine's crash, not a process's: left off
         options = (f"-c listen_addresses='' -c unix_socket_directories={self.socket} -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+                   f"-c synchronous_commit={self._synchronous_commit} -c full_page_writes=off -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w", "start")
 
     def kill(self) -> int:

@@ -97,3 +97,31 @@ def test_the_verdict_passes_only_a_clean_run_and_says_why_not():
     assert reasons == ["1 jobs lost (never ended)", "2 jobs stuck (ended past the bound)", "3 reservations leaked",
                        "worker-0: resident memory 1.3x its warm-up figure (bar 1.2x)"]
     assert chaos.verdict({"submitted": 3, "correct": 0}, {}, leaked=0) == (False, ["no job succeeded"])
+
+
+def test_the_postgres_server_the_soak_crashes_comes_back_with_what_it_had():
+    """tests/postgres.py's kill and start, which the soak's PostgreSQL kills use: the postmaster
+    and its backends are gone, and the server starts again on its data folder with every commit it
+    acknowledged (a server of its own: the session's is shared by other tests)."""
+    import psycopg
+
+    import postgres
+
+    binaries = postgres.find_binaries()
+    if binaries is None:
+        pytest.skip(postgres.HOW_TO_ENABLE)
+    server = postgres.PostgresServer(binaries, durable_commits=True)
+    try:
+        url = server.database()
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute("CREATE TABLE kept (n int)")
+            connection.execute("INSERT INTO kept VALUES (7)")
+        pid = server.kill()
+        assert not Path(f"/proc/{pid}").exists()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(url, connect_timeout=2).close()
+        server.start()
+        with psycopg.connect(url) as connection:
+            assert connection.execute("SELECT n FROM kept").fetchall() == [(7,)]
+    finally:
+        server.stop()

@@ -131,25 +131,36 @@ class MeshClient:
     def run(self, program: str, inputs: Mapping[str, np.ndarray], *,
             parameters: Sequence[tuple[str, np.ndarray]] | None = None,
             on_event: Callable[[job_pb.JobEvent], None] | None = None, timeout: float | None = None,
-            **spec_options) -> JobResult:
-        """RunJob: one call, events and results streamed back; raises grpc.RpcError on failure."""
+            on_interrupt: Callable[[], None] | None = None, **spec_options) -> JobResult:
+        """RunJob: one call, events and results streamed back; raises grpc.RpcError on failure.
+        `on_interrupt` runs on KeyboardInterrupt while the call is still open, before the interrupt
+        goes on: a CancelJob it sends then reaches the job before the call's end does (which the
+        dispatcher would otherwise record as the job's cause: its client went)."""
         spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
         # accept_batches: what the dispatcher has ready at once comes as one message (its first says so).
         requests = (pb.RunJobRequest(**{field: message}, accept_batches=field == "spec")
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
         events, results, job = [], TensorCollector("result"), None
-        for response in unbatched(self.stub.RunJob(requests, timeout=timeout)):
-            part = response.WhichOneof("part")
-            if part == "event":
-                events.append(response.event)
-                if on_event is not None:
-                    on_event(response.event)
-            elif part == "tensor":
-                results.header(response.tensor)
-            elif part == "chunk":
-                results.chunk(response.chunk)
-            else:
-                job = response.job
+        call = self.stub.RunJob(requests, timeout=timeout)
+        try:
+            for response in unbatched(call):
+                part = response.WhichOneof("part")
+                if part == "event":
+                    events.append(response.event)
+                    if on_event is not None:
+                        on_event(response.event)
+                elif part == "tensor":
+                    results.header(response.tensor)
+                elif part == "chunk":
+                    results.chunk(response.chunk)
+                else:
+                    job = response.job
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt()
+            raise
+        finally:
+            call.cancel()  # a no-op once the call has ended; else the call ends here, not at garbage collection
         return JobResult(job, results.results(), events)
 
     def submit(self, program: str, inputs: Mapping[str, np.ndarray], *,

@@ -146,6 +146,7 @@ def cmd_run(args) -> int:
     with MeshClient(args.dispatch) as client:
         progress = job_view.RunProgress()
         named = ""
+        exit_code: list[int] = []  # _interrupted's, once it ran inside the call
 
         def on_event(event) -> None:
             nonlocal named
@@ -160,10 +161,13 @@ def cmd_run(args) -> int:
                 print(f"submitted; follow it with `accelmesh jobs watch {job_id}`, collect it with "
                       f"`accelmesh jobs fetch {job_id}`", file=sys.stderr)
                 return 0
-            result = client.run(args.program, inputs, on_event=on_event, **options)
+            def on_interrupt() -> None:  # while the RunJob call is open: the job records CancelJob as its cause
+                progress.close()
+                exit_code.append(_interrupted(client, request_id, named))
+            result = client.run(args.program, inputs, on_event=on_event, on_interrupt=on_interrupt, **options)
         except KeyboardInterrupt:
             progress.close()
-            return _interrupted(client, request_id, named)
+            return exit_code[0] if exit_code else _interrupted(client, request_id, named)
         finally:
             progress.close()
     job = result.job

@@ -279,16 +279,21 @@ def test_a_queued_job_is_listed_with_its_place_and_cancelled(mesh, capsys, tmp_p
     assert code == 1 and "FAILED_PRECONDITION" in err and "cancelled" in err
 
 
+_SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def test_ctrl_c_on_run_cancels_its_job_and_exits_130(mesh, tmp_path):
     path, _ = saved(tmp_path, 6)
     with Full(mesh):
+        # As a terminal would start it, SIGINT at its default: a suite run in the background (`make
+        # test &`, a CI runner) inherits SIGINT ignored, and a CLI must honour that as nohup expects.
+        # Reset by a small exec step, not a preexec_fn: that forks this multithreaded (gRPC) process
+        # without exec'ing, and the child then sometimes died of gRPC's inherited poller.
         process = subprocess.Popen(
-            [sys.executable, "-m", "accelmesh.cli", "run", "identity", "--input", f"x={path}",
-             "--name", "cli-interrupted", "--dispatch", mesh.address],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            # As a terminal would start it: a suite run in the background (`make test &`, a CI
-            # runner) inherits SIGINT ignored, and a CLI must honour that as nohup expects.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            [sys.executable, "-c", _SIGINT_DEFAULT, sys.executable, "-m", "accelmesh.cli", "run", "identity",
+             "--input", f"x={path}", "--name", "cli-interrupted", "--dispatch", mesh.address],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue[str | None] = queue.Queue()
 
         def read() -> None:

@@ -172,6 +172,10 @@ class LiveJobs:
         with self._changed:
             return len(self._jobs)
 
+    def ids(self) -> list[str]:
+        with self._changed:
+            return list(self._jobs)
+
     def wait_empty(self, timeout_s: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: not self._jobs, timeout_s)

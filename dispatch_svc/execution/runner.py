@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 # A failed job's error as its record keeps it: an aggregate of shard failures can grow long, and
 # the record is read by every GetJob and ListJobs.
 MAX_ERROR_BYTES = 4096
+# How long a job's end is tried again while the book does not answer (a database restarting takes
+# a few seconds), waiting RECORD_RETRY_S, doubled each time up to 4 s, between tries. Past it the
+# job is let go of unrecorded: its lease lapses, and a replica (this one too) takes it over.
+RECORD_WAIT_S, RECORD_RETRY_S = 30.0, 0.25
 
 
 class JobRunner:
@@ -170,15 +174,19 @@ class JobRunner:
         job = self.book.get(job_id)
         if job.final or self.live(job_id) is not None:
             return
+        # Held live from here: only the jobs this replica holds have their leases renewed.
+        live = self.live_jobs.add(job_id)
         self.book.adopt(job)
         try:
             self.inventory.release(job_id)  # the stopped replica's: this one reserves what it needs anew
         except errors.AccelmeshError as exc:  # their leases lapse on their own
             log.warning("releasing the reservations of %s before taking it over failed: %s", job_id, exc)
         if not inputs_stored:
-            self.book.finish(job, m.FAILED, INPUTS_LOST_ERROR)
-            self.book.drop_stored(job_id)
-            self.book.forget_live(job_id)
+            try:
+                self.book.finish(job, m.FAILED, INPUTS_LOST_ERROR)
+                self.book.drop_stored(job_id)
+            finally:
+                self._let_go_of(job, live)
             return
         # An inference job's finished shards are kept (their outputs are on disk); the shards of
         # any other kind depend on each other: its outputs so far go, it starts again from its inputs.
@@ -195,7 +203,6 @@ class JobRunner:
             f"dispatch replica {self.book.replica} took the job over from one that stopped renewing its lease: "
             + (f"{len(kept)} of {len(job.plan.shards)} shards were finished and are kept" if resumable
                else "it runs again from its stored inputs")))
-        live = self.live_jobs.add(job_id)
         try:
             self.run(job, live, StoredFeed(self.book.inputs, job), background=False, kept=kept)
         except Exception:  # noqa: BLE001 - ended and recorded by run
@@ -285,17 +292,27 @@ class JobRunner:
                 log.warning("releasing %s failed: %s", job.job_id, release_error)
             finally:
                 self.workers.release(job.job_id)  # its streams, and the tensors workers hold for it
+        recorded = True
         try:
-            self._finish(job, live, exc, cancelled)
+            self._finish_when_answering(job, live, exc, cancelled)
         except LeaseLost as lost:  # another replica took the job over: its record is that one's to write
             log.warning("%s", lost)
             live.error = live.error or lost
+        except errors.Unavailable as away:
+            # Held here, unrecorded, the job would stay RUNNING for good: its lease renewed by this
+            # replica while nothing runs it, a queue pass waiting on it. Let go of, its lease lapses
+            # and the takeover runs it again from its stored inputs (an inference job keeps the
+            # shards whose events were written).
+            log.warning("job %s ended but the job book did not answer for %g s (%s): let go of unrecorded, "
+                        "it is taken over once its lease lapses", job.job_id, RECORD_WAIT_S, away)
+            live.error = live.error or away
+            recorded = False
         if live.span is not None:
             if exc is not None:
                 live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
             live.span.end()
         _let_go(live, feed, exc)
-        if ours:
+        if ours and recorded:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
         # Its devices and its quota are free now: the queue's next pass tries every queued job. Said
         # before `live.done`, so whoever saw the job let go of knows the queue was woken.
@@ -320,6 +337,19 @@ class JobRunner:
             return self.book.leases.holds(job_id)
         except errors.AccelmeshError:
             return False
+
+    def _finish_when_answering(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None,
+                               cancelled: bool) -> None:
+        """The job's end recorded, tried again while the book does not answer, for RECORD_WAIT_S."""
+        deadline, pause = time.monotonic() + RECORD_WAIT_S, RECORD_RETRY_S
+        while True:
+            try:
+                return self._finish(job, live, exc, cancelled)
+            except errors.Unavailable:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)  # a back-off, not a synchronisation: the database is restarting
+            pause = min(pause * 2, 4.0)
 
     def _finish(self, job: m.JobRecord, live: LiveJob, exc: BaseException | None, cancelled: bool) -> None:
         try:

@@ -2,8 +2,9 @@
 replica running it, and one whose replica stopped is taken over by another.
 
 Every replica runs a `Takeover` thread that, every quarter lease:
-- renews the leases of all the jobs it runs in one statement, and cancels those of them that a
-  CancelJob through another replica asked to cancel;
+- renews the leases of all the jobs it runs (holds live) in one statement, and cancels those of
+  them that a CancelJob through another replica asked to cancel; a job it no longer holds without
+  having recorded its end (the database was away: runner.py) is left to lapse;
 - claims, in one statement (so two replicas never both get a job), the unfinished jobs whose
   lease ran out, and takes each over on a thread of its own (`JobRunner.take_over`): an inference
   job keeps its finished shards and runs the rest from its stored inputs; another kind runs again
@@ -46,7 +47,7 @@ class Takeover:
 
     def check(self) -> list[str]:
         """One round: renew, act on cancels, claim lapsed jobs. Returns the jobs claimed."""
-        for job_id, reason in self._book.leases.renew():
+        for job_id, reason in self._book.leases.renew(self._runner.live_jobs.ids()):
             if reason:
                 live = self._runner.live(job_id)
                 if live is not None:

@@ -74,6 +74,7 @@ class JobBook:
         self.log = EventLog(self._engine, self._lock, **who)
         self._changed = self.log.changed
         self._live: dict[str, m.JobRecord] = {}
+        self._final_logged: dict[str, str] = {}  # job -> the state whose final event `finish` logged
         # Their reservations are the caller's to release. Leased, only those no replica leases:
         # the others are takeover.py's.
         self.interrupted = self._fail_interrupted_jobs()
@@ -104,22 +105,34 @@ class JobBook:
         return job
 
     def update(self, job: m.JobRecord, **changes) -> None:
+        """The changes made to the record and saved; a save that fails leaves the record as it was,
+        so what this replica shows of the job is what the book holds."""
         with self._lock:
+            before = {key: getattr(job, key) for key in (*changes, "ended", "expires")}
             for key, value in changes.items():
                 setattr(job, key, value)
             if job.final and job.ended is None:
                 job.ended = self._clock()
                 job.expires = job.ended + self._retention_s
-            self.rows.save(job)
+            try:
+                self.rows.save(job)
+            except BaseException:
+                for key, value in before.items():
+                    setattr(job, key, value)
+                raise
             self._changed.notify_all()
 
     def emit(self, job: m.JobRecord, type_: str, **fields) -> m.Event:
         return self.log.emit(job, type_, **fields)
 
     def finish(self, job: m.JobRecord, state: str, error: str = "", message: str = "") -> None:
-        """The final event and the final state in one step, so a watcher never ends early."""
+        """The final event and the final state in one step, so a watcher never ends early. Asked
+        again after the state's save failed (the database went away between the two), the event
+        logged the first time is not logged twice."""
         with self._lock:
-            self.emit(job, m.EVENT_FOR_STATE[state], message=message or error)
+            if self._final_logged.get(job.job_id) != state:
+                self.emit(job, m.EVENT_FOR_STATE[state], message=message or error)
+                self._final_logged[job.job_id] = state
             self.update(job, state=state, error=error, progress=1.0 if state == m.SUCCEEDED else job.progress)
 
     def enqueue(self, job: m.JobRecord, reason: str, deadline: float) -> m.QueueStatus:
@@ -276,6 +289,7 @@ class JobBook:
         """A final job: read from the database from now on (its event count too, if ever needed)."""
         with self._lock:
             self._live.pop(job_id, None)
+            self._final_logged.pop(job_id, None)
             self.log.forget(job_id)
 
     def wake_watchers(self) -> None:

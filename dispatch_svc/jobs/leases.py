@@ -5,7 +5,7 @@ a replica that does not run the job waits in the job's row for the one that does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import sqlalchemy as sa
 
@@ -20,8 +20,10 @@ _J = jobs_table.c
 _CLAIM_UNLEASED = jobs_table.update().where(_J.state.not_in((*m.FINAL_STATES, m.QUEUED)),
                                              _J.runner_until.is_(None)).values(
     runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id)
-# Renewed in one statement for every job a replica runs.
-_RENEW = jobs_table.update().where(_J.runner == sa.bindparam("me"), _J.runner_until.is_not(None)).values(
+# Renewed in one statement for every job a replica runs: those it holds live, not every row naming
+# it (a job it let go of unrecorded, while the database was away, must lapse to be taken over).
+_RENEW = jobs_table.update().where(_J.runner == sa.bindparam("me"), _J.runner_until.is_not(None),
+                                   _J.job_id.in_(sa.bindparam("jobs", expanding=True))).values(
     runner_until=sa.bindparam("until")).returning(_J.job_id, _J.cancel_requested)
 _CLAIM = jobs_table.update().where(_J.runner_until.is_not(None), _J.runner_until < sa.bindparam("now")).values(
     runner=sa.bindparam("me"), runner_until=sa.bindparam("until")).returning(_J.job_id, _J.inputs_stored)
@@ -38,10 +40,12 @@ class JobLeases:
     def __init__(self, engine: sa.Engine, *, lease_s: float, replica: str, clock: Callable[[], float]):
         self._engine, self.lease_s, self.replica, self._clock = engine, lease_s, replica, clock
 
-    def renew(self) -> list[tuple[str, str | None]]:
-        """Move this replica's leases on; (job id, cancel asked through another replica or None)
-        for every unfinished job it still holds."""
-        values = {"me": self.replica, "until": self._clock() + self.lease_s}
+    def renew(self, job_ids: Collection[str]) -> list[tuple[str, str | None]]:
+        """Move this replica's leases of `job_ids` (the jobs it runs) on; (job id, cancel asked
+        through another replica or None) for every unfinished one of them it still holds."""
+        if not job_ids:
+            return []
+        values = {"me": self.replica, "until": self._clock() + self.lease_s, "jobs": sorted(job_ids)}
         return [tuple(row) for row in database.transaction(self._engine, lambda c: c.execute(_RENEW, values).all())]
 
     def claim_lapsed(self) -> list[tuple[str, bool]]:

@@ -14,6 +14,7 @@ import pytest
 
 from accelmesh import errors
 from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.execution import runner as runner_module
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.execution.takeover import Takeover
 from dispatch_svc.jobs import events as jobs
@@ -345,3 +346,69 @@ def test_a_leased_book_ends_the_unfinished_jobs_no_replica_leases(tmp_path, book
     finally:
         leased.close()
         other.close()
+
+
+def test_a_job_whose_end_the_book_could_not_record_is_let_go_of_and_taken_over(tmp_path, book_db, monkeypatch):
+    """The chaos soak's stall: the database went away as a job ended, its end could not be written,
+    and the replica kept the job live and its lease renewed for good (RUNNING, never taken over),
+    while the queue pass that had started it waited on it."""
+    monkeypatch.setattr(runner_module, "RECORD_WAIT_S", 0.0)  # give up at the first failure
+    clock = Clock()
+    first_mesh = holding_mesh(hold_from=0)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(FakeMesh(AFFINE), tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))
+        first_mesh.workers.started.wait(WAIT_S)
+
+        def away(*_, **__):
+            raise errors.Unavailable("the database is not answering")
+        monkeypatch.setattr(first.book, "finish", away)
+        first_mesh.workers.let_go.set()
+        assert live.done.wait(WAIT_S), "the job was never let go of"
+        assert first.live(job.job_id) is None
+        assert first.book.get(job.job_id).state == m.RUNNING  # unrecorded, as the database was away
+
+        renewing = Takeover(first)
+        clock.now += LEASE_S * 0.9
+        assert renewing.check() == []
+        clock.now += LEASE_S * 0.2  # past the lease it had: not renewed, since nothing runs it here
+        assert Takeover(second).check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        np.testing.assert_array_equal(
+            next(e for e in second.book.results.entries(job.job_id) if e.name == "y").read(), 2 * X + BIAS)
+    finally:
+        first_mesh.workers.let_go.set()
+        first.book.close()
+        second.book.close()
+
+
+def test_a_job_end_is_recorded_once_the_book_answers_again(tmp_path, book_db, monkeypatch):
+    """The database back within RECORD_WAIT_S: the job's end is written by its own replica, its
+    final event once although the first try logged it and then failed to save the state."""
+    monkeypatch.setattr(runner_module, "RECORD_RETRY_S", 0.0)
+    clock = Clock()
+    mesh = holding_mesh(hold_from=0)
+    runner = replica(mesh, tmp_path, book_db, clock)
+    try:
+        job, live = runner.start(spec_for(AFFINE, [X]))
+        runner.run(job, live, Feed([X]))
+        mesh.workers.started.wait(WAIT_S)
+        save, failures = runner.book.rows.save, []
+
+        def fails_once(record, **options):
+            if record.final and not failures:
+                failures.append(record.state)
+                raise errors.Unavailable("the database is not answering")
+            return save(record, **options)
+        monkeypatch.setattr(runner.book.rows, "save", fails_once)
+        mesh.workers.let_go.set()
+        assert live.done.wait(WAIT_S)
+        assert failures == [m.SUCCEEDED]
+        done = runner.book.get(job.job_id)
+        assert done.state == m.SUCCEEDED and runner.book.leases.runner_of(job.job_id)[1] is None
+        assert [e.type for e in runner.book.events(job.job_id)].count("succeeded") == 1
+    finally:
+        mesh.workers.let_go.set()
+        runner.book.close()

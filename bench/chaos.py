@@ -29,8 +29,10 @@ distinct messages), failed otherwise, lost (no end state after the run and a dra
 but later than `--stuck-after` after submission), leaked reservations (after the drain, any whose
 job ended more than one reservation lease earlier, or that the job book does not know), each
 process's resident memory at the end over its figure after warm-up (bar 1.2x; a restarted
-process's warm-up is its first RESTART_WARMUP_S), the kills done, and `pass` with the reasons for
-a fail. Evidence for each job that broke a rule (events, the kill before it, log lines naming it)
+process's warm-up figure is the larger of its own after RESTART_WARMUP_S and its first
+incarnation's after the warm-up: one restarted into a quiet spell, before it served every job
+kind, has not yet loaded what they need; both figures are reported), the kills done, and `pass`
+with the reasons for a fail. Evidence for each job that broke a rule (events, the kill before it, log lines naming it)
 is under `problems`; every process's output is kept in `--logs`. Exits 1 when `pass` is false.
 """
 
@@ -428,10 +430,12 @@ class Memory:
     def __init__(self, mesh: SoakMesh):
         self.mesh = mesh
         self.warm: dict[str, tuple[int, int]] = {}  # name -> (incarnation, bytes)
+        self.first: dict[str, int] = {}  # name -> bytes after the warm-up, of the incarnation that ran it
 
     def baseline_all(self) -> None:
         for name, process in self.mesh.processes().items():
             self.warm[name] = (self.mesh.incarnations[name], rss_bytes(process.process.pid))
+            self.first[name] = self.warm[name][1]
 
     def sample(self) -> None:
         """A restarted process's warm-up figure, once it has run RESTART_WARMUP_S."""
@@ -444,12 +448,14 @@ class Memory:
     def report(self) -> dict[str, dict]:
         out = {}
         for name, process in sorted(self.mesh.processes().items()):
-            incarnation, warm = self.warm.get(name, (-1, 0))
+            incarnation, own = self.warm.get(name, (-1, 0))
             now = rss_bytes(process.process.pid)
             current = incarnation == self.mesh.incarnations[name]
+            warm = max(own, self.first.get(name, 0)) if current else 0
             out[name] = {"restarts": self.mesh.incarnations[name],
-                         "warm_mib": round(warm / 2**20, 1) if current else None,
-                         "end_mib": round(now / 2**20, 1), "ratio": ratio(now, warm) if current and warm else None}
+                         "warm_mib": round(own / 2**20, 1) if current else None,
+                         "first_warm_mib": round(self.first.get(name, 0) / 2**20, 1),
+                         "end_mib": round(now / 2**20, 1), "ratio": ratio(now, warm) if warm else None}
         return out
 
 

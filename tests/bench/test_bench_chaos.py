@@ -125,3 +125,41 @@ def test_the_postgres_server_the_soak_crashes_comes_back_with_what_it_had():
             assert connection.execute("SELECT n FROM kept").fetchall() == [(7,)]
     finally:
         server.stop()
+
+
+class _Process:
+    def __init__(self, pid):
+        self.process = type("Popen", (), {"pid": pid})()
+
+
+class _SoakMesh:
+    """What Memory reads of the soak's mesh: its processes by name, their incarnations and starts."""
+
+    def __init__(self):
+        self.live = {"dispatch-0": _Process(10), "dispatch-1": _Process(11)}
+        self.incarnations = {"dispatch-0": 1, "dispatch-1": 1}
+        self.started_at = {"dispatch-0": 0.0, "dispatch-1": 0.0}
+
+    def processes(self):
+        return self.live
+
+
+def test_a_restarted_process_is_measured_against_the_larger_of_its_own_and_its_first_warm_up(monkeypatch):
+    """A dispatcher restarted into a quiet spell measured 121 MiB at 45 s and 163 at the end, where
+    the one never restarted stayed at 160: its own early figure alone read 1.35x, a growth it never had."""
+    rss = {10: 160 << 20, 11: 160 << 20}
+    monkeypatch.setattr(chaos, "rss_bytes", lambda pid: rss[pid])
+    monkeypatch.setattr(chaos.time, "monotonic", lambda: 1000.0)
+    mesh = _SoakMesh()
+    memory = chaos.Memory(mesh)
+    memory.baseline_all()
+    mesh.live["dispatch-0"], mesh.incarnations["dispatch-0"], mesh.started_at["dispatch-0"] = _Process(12), 2, 900.0
+    rss[12] = 121 << 20
+    memory.sample()  # 100 s after its restart: its own warm-up figure
+    rss[12], rss[11] = 163 << 20, 200 << 20
+    report = memory.report()
+    assert report["dispatch-0"]["warm_mib"] == 121.0 and report["dispatch-0"]["first_warm_mib"] == 160.0
+    assert report["dispatch-0"]["ratio"] == pytest.approx(163 / 160, abs=1e-3)
+    assert report["dispatch-1"]["ratio"] == pytest.approx(200 / 160, abs=1e-3)  # growth still shows
+    rss[12] = 260 << 20
+    assert memory.report()["dispatch-0"]["ratio"] == pytest.approx(260 / 160, abs=1e-3)

@@ -9,13 +9,14 @@ attempts, with every cause named.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +117,29 @@ class CancelScope:
     def check(self) -> None:
         if self.cancelled.is_set():
             raise Cancelled(self.reason)
+
+
+# The scope whose cancel stops the control-plane calls made in this context (clients/calls.py): a job's
+# planning runs under its own (`cancels_calls`), so a job stopped while the compile service builds for it
+# (CancelJob, its client gone, its input refused) ends then, not once the build is done.
+_CALL_SCOPE: contextvars.ContextVar[CancelScope | None] = contextvars.ContextVar("call_scope", default=None)
+
+
+def call_scope() -> CancelScope | None:
+    """The scope the control-plane calls made now are cancelled with, if any (`cancels_calls`)."""
+    return _CALL_SCOPE.get()
+
+
+@contextlib.contextmanager
+def cancels_calls(scope: CancelScope) -> Iterator[None]:
+    """Within the block, `scope`'s cancel cancels the control-plane call in flight and refuses the
+    next ones (clients/calls.py). Only around a job's planning: its end's own calls (the release of its
+    reservations, after its scope was cancelled) must still go out."""
+    token = _CALL_SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _CALL_SCOPE.reset(token)
 
 
 def _closed(attempt: Attempt) -> None:

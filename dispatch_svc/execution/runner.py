@@ -27,7 +27,7 @@ from accelmesh.runtime.errors import bounded
 from dispatch_svc.admission.admission import AdmissionGate, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
-from dispatch_svc.dataplane.device_queues import DevicePool
+from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.jobs import records as m
@@ -139,7 +139,13 @@ class JobRunner:
             ctx = JobContext(self.inventory, self.compiler, self.workers, self.book, self.throughput, self.limits,
                              job, live, feed, self._tracer, kept=kept, metrics=self.metrics)
             strategy = strategy_for(job.spec, self.job_limits.max_shards)
-            proposal = strategy.propose(ctx, narrowing)
+            # Planning waits on the compile service, seconds for a new program: the job's stop (CancelJob, its
+            # client gone, its input refused as it arrived) cancels the call in flight, and a stop the planning
+            # did not see (a fake port, a build that came back just then) is seen before anything is reserved.
+            live.check()
+            with cancels_calls(live.scope):
+                proposal = strategy.propose(ctx, narrowing)
+            live.check()
             decision = self.gate.admit(job, live, proposal.claims)
             if isinstance(decision, Wait):
                 self._queue(job, live, feed, decision.reason)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime.tensors import PlaceTensor
 from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput
@@ -135,13 +136,24 @@ class LiveJob:
     done: threading.Event = field(default_factory=threading.Event)
     # Set once the job holds its devices, went to the queue, or ended: what a queue pass waits for.
     settled: threading.Event = field(default_factory=threading.Event)
+    # The client's input refused as it arrived (a block header beyond the spec, while the job plans
+    # or runs): why the job stopped, in place of the cancel that stopped it (`refuse`).
+    refused: errors.AccelmeshError | None = None
+
+    def refuse(self, error: errors.AccelmeshError) -> None:
+        """Stop the job for `error`, the client's fault: its scope is cancelled, so whatever it waits
+        for (a compile, a shard) ends now, and the job ends FAILED with `error`, not CANCELLED."""
+        if self.refused is None:
+            self.refused = error
+        self.scope.cancel(str(error))
 
     def check(self) -> None:
-        """Raise why the job must stop now: its lapsed lease, or Cancelled when it was cancelled.
-        A lapse is raised as a copy: the one the keeper holds gathers no caller's frames."""
+        """Raise why the job must stop now: its lapsed lease, its refused input, or Cancelled when it
+        was cancelled. A lapse or a refusal is raised as a copy: the one held gathers no caller's frames."""
         lapse = self.lease.lapse if self.lease is not None else None
-        if lapse is not None:
-            raise type(lapse)(str(lapse), reason=lapse.reason, field=lapse.field)
+        for held in (lapse, self.refused):
+            if held is not None:
+                raise type(held)(str(held), reason=held.reason, field=held.field)
         self.scope.check()
 
 

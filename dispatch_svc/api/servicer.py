@@ -34,7 +34,7 @@ from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
 from dispatch_svc.api import translate as tr
-from dispatch_svc.api.stream_feed import StreamFeed
+from dispatch_svc.api.stream_feed import BlockHeaders, StreamFeed
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import job_not_found
@@ -89,11 +89,13 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             raise job_not_found(job_id)
         return job
 
-    def _start(self, first, requests, context):
+    def _start(self, first, requests, context, headers: BlockHeaders):
         """The job of a SubmitJob or RunJob stream, once its spec is within the limits and its
-        parameters and first block fit: all checked before the job is recorded or planned. A
-        request id this caller used before: that job, with no live state or feed (nothing to run).
-        `first` is the stream's first message (`_first`), `requests` the rest."""
+        parameters and first block fit, and no block read since is misplaced: all checked before
+        the job is recorded or planned. A request id this caller used before: that job, with no
+        live state or feed (nothing to run). `first` is the stream's first message (`_first`),
+        `requests` the rest; `headers` checks their blocks as they come, and stops the job for
+        one that cannot fit, whenever it comes."""
         spec = tr.spec_from_proto(first.spec)
         owner = self._auth.principal(context).key
         earlier = self.book.by_request(owner, spec.request_id)
@@ -107,14 +109,17 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             feed.read_ahead()
         except errors.Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
             raise errors.Unavailable(f"{exc}; no job was started") from None
+        headers.check()  # the block after the first came already, and cannot fit
         try:
             job, live = self.runner.start(spec, owner)
         except errors.AlreadyExists:  # a retry that raced its first attempt, on this replica or another
             return self.book.by_request(owner, spec.request_id), None, None
+        headers.stops(live)
         return job, live, feed
 
-    def _bounded(self, request_iterator, context, method: str) -> IdleBounded:
-        """The request stream, ended DEADLINE_EXCEEDED once it idles past `stream_idle_s`."""
+    def _bounded(self, request_iterator, context, method: str, headers: BlockHeaders) -> IdleBounded:
+        """The request stream, ended DEADLINE_EXCEEDED once it idles past `stream_idle_s`, each
+        block's header checked by `headers` as the stream's reader takes it."""
         idle_s = self._stream_idle_s
 
         def idle() -> errors.DeadlineExceeded:
@@ -123,13 +128,14 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
                 "and its job, if it had started, stopped: send each message sooner, and close the stream's sending "
                 "side after the last block", reason=errors.STREAM_IDLE)
 
-        requests = IdleBounded(request_iterator, idle_s, idle, name=f"{method}-requests")
+        requests = IdleBounded(headers.watch(request_iterator), idle_s, idle, name=f"{method}-requests")
         context.add_callback(requests.close)
         return requests
 
     def SubmitJob(self, request_iterator, context):
-        request_iterator = self._bounded(request_iterator, context, "SubmitJob")
-        job, live, feed = self._start(_first(request_iterator), request_iterator, context)
+        headers = BlockHeaders()
+        request_iterator = self._bounded(request_iterator, context, "SubmitJob", headers)
+        job, live, feed = self._start(_first(request_iterator), request_iterator, context, headers)
         if live is None:
             return pb.SubmitJobResponse(job_id=job.job_id)
         try:
@@ -139,9 +145,10 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
-        request_iterator = self._bounded(request_iterator, context, "RunJob")
+        headers = BlockHeaders()
+        request_iterator = self._bounded(request_iterator, context, "RunJob", headers)
         first = _first(request_iterator)
-        job, live, feed = self._start(first, request_iterator, context)
+        job, live, feed = self._start(first, request_iterator, context, headers)
         responses = self._run_job(job, live, feed, context)
         if first.accept_batches:  # what is ready at once goes as one message (accelmesh.runtime.batches)
             yield from batched(responses, pb.RunJobResponse, self._chunk_bytes)

@@ -1,5 +1,10 @@
 """The SubmitJob / RunJob request stream after its spec, read as the job's InputFeed: parameter
-tensors, then row blocks, each checked against the spec and the limits as it arrives."""
+tensors, then row blocks, each checked against the spec and the limits as it arrives.
+
+`BlockHeaders` checks each block's place (its first row, how many rows it carries) as soon as the
+stream's reader takes it from the transport, before the job reads it: a job plans and compiles
+between its first block and the next, and a block that can never fit the spec must stop it then,
+not cost it the build and a reservation first."""
 
 from __future__ import annotations
 
@@ -18,6 +23,80 @@ from dispatch_svc.jobs.validation import check_parameter_header, input_bytes
 # A stream that ends short of its declared input may be a client killed mid-upload: gRPC can end
 # the request iterator before it marks the call cancelled. This long is waited for the call's end.
 GONE_GRACE_S = 1.0
+
+
+def misplaced(first_row: int, rows: int, expected: int, declared: int, name: str) -> errors.InvalidArgument | None:
+    """Why a block of `rows` rows at `first_row` cannot be the next one (`expected`) of an input of
+    `declared` rows in all (`name`: the first input's), or None if it can; rows below 1 are the
+    feed's to refuse."""
+    if first_row != expected:
+        return errors.InvalidArgument(
+            f"block.first_row is {first_row}; the next row expected is {expected}: send the blocks in order, each "
+            "starting at the row after the last one sent", field="block.first_row")
+    if rows > 0 and expected + rows > declared:
+        return errors.InvalidArgument(
+            f"block at row {expected} carries {rows} rows; the spec declares {declared} in all "
+            f"(spec.inputs[0].shape[0] of input {errors.quoted(name)}): send at most {declared - expected} more "
+            "rows, or declare every row in the spec", field="block.tensors[0].shape")
+    return None
+
+
+class BlockHeaders:
+    """Checks each block's place in the input as the stream's reader takes it (`watch`), one
+    message ahead of the job: the block after the one the job read waits there while the job plans,
+    compiles or waits for room in its in-flight budget. A block that cannot fit the spec is refused
+    at once: the job is stopped (`stops`), FAILED with INVALID_ARGUMENT, and the stream ends with
+    that error where the job would read the block. Only the header is looked at (first_row, the
+    first tensor's rows): the rest of each block is checked by the feed as the job reads it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._refused: errors.InvalidArgument | None = None
+        self._live = None
+
+    def watch(self, requests: Iterator) -> Iterator:
+        """`requests` with each block's header checked as it is taken; the first message declares
+        the rows (a spec), else nothing is checked here (the handler refuses the stream)."""
+        declared, name, expected, first = None, "", 0, True
+        for message in requests:
+            part = message.WhichOneof("part")
+            if first and part == "spec":
+                inputs = message.spec.inputs
+                if inputs and inputs[0].shape:
+                    declared, name = inputs[0].shape[0], inputs[0].name
+            elif part == "block" and declared is not None:
+                block = message.block
+                rows = block.tensors[0].shape[0] if block.tensors and block.tensors[0].shape else 0
+                refused = misplaced(block.first_row, rows, expected, declared, name)
+                if refused is not None:
+                    self._refuse(refused)
+                    del message, block  # the raised error's frames do not hold the refused block
+                    raise errors.InvalidArgument(str(refused), field=refused.field)
+                if rows <= 0:
+                    declared = None  # the feed refuses it: nothing after it is read
+                expected += rows
+            first = False
+            yield message
+
+    def check(self) -> None:
+        """Raise the refusal of a block read so far, if any (before the job is recorded)."""
+        with self._lock:
+            refused = self._refused
+        if refused is not None:
+            raise errors.InvalidArgument(str(refused), field=refused.field)
+
+    def stops(self, live) -> None:
+        """A block refused from now on (or already) stops `live`, the stream's job (LiveJob.refuse)."""
+        with self._lock:
+            self._live, refused = live, self._refused
+        if refused is not None:
+            live.refuse(refused)
+
+    def _refuse(self, error: errors.InvalidArgument) -> None:
+        with self._lock:
+            self._refused, live = self._refused or error, self._live
+        if live is not None:
+            live.refuse(error)
 
 
 class StreamFeed:
@@ -46,6 +125,11 @@ class StreamFeed:
         self._first: tuple[int, list[np.ndarray]] | None = None  # the first block, read and checked ahead
         self._parameters: list[tuple[str, np.ndarray]] | None = None  # read ahead, until the job takes them
 
+    @property
+    def short(self) -> bool:
+        """Whether the job has read less than the client declared it would send."""
+        return self._received < self._declared + self._announced
+
     def gone(self) -> str:
         """Why the job stops when its client went away: how much of its input had arrived."""
         total = self._declared + self._announced
@@ -68,8 +152,7 @@ class StreamFeed:
                 yield message
         except grpc.RpcError:  # the transport's word for a client that is gone: no status to send it
             raise errors.Cancelled(self.gone()) from None
-        if (self._ended is not None and self._received < self._declared + self._announced
-                and self._ended.wait(GONE_GRACE_S)):
+        if self._ended is not None and self.short and self._ended.wait(GONE_GRACE_S):
             raise errors.Cancelled(self.gone())
 
     def read_ahead(self) -> None:
@@ -134,8 +217,9 @@ class StreamFeed:
         if not decls:
             raise errors.InvalidArgument(
                 "a block arrived but spec.inputs declares no inputs; declare them (rows first)")
-        if block.first_row != expected:
-            raise errors.InvalidArgument(f"block.first_row is {block.first_row}; the next row expected is {expected}")
+        refused = misplaced(block.first_row, 0, expected, decls[0].rows, decls[0].name)
+        if refused is not None:
+            raise refused
         if len(block.tensors) != len(decls):
             raise errors.InvalidArgument(
                 f"block at row {expected} has {len(block.tensors)} tensors, the spec declares {len(decls)}")
@@ -147,9 +231,12 @@ class StreamFeed:
                 raise errors.InvalidArgument(
                     f"block at row {expected}: input '{decl.name}' is {array.dtype}{list(array.shape)}, "
                     f"expected {decl.dtype}[{rows}, {', '.join(map(str, decl.shape[1:]))}]")
-        if rows <= 0 or expected + rows > decls[0].rows:
+        if rows <= 0:
             raise errors.InvalidArgument(
                 f"block at row {expected} carries {rows} rows; the spec declares {decls[0].rows} in all")
+        refused = misplaced(block.first_row, rows, expected, decls[0].rows, decls[0].name)
+        if refused is not None:  # what BlockHeaders refused as the reader took it, if the stream had one
+            raise refused
         return arrays
 
     def _all_blocks(self):

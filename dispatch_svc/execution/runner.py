@@ -155,6 +155,8 @@ class JobRunner:
             work = strategy.start(ctx, proposal, decision)
         except BaseException as exc:
             self._end(job, live, live.pool, exc, feed)
+            if live.refused is not None and isinstance(exc, errors.Cancelled):
+                raise detached(live.refused) from None  # the caller's status is the refusal, not the cancel
             raise
         finally:
             context = contextvars.copy_context()
@@ -276,6 +278,8 @@ class JobRunner:
 
     def _end(self, job: m.JobRecord, live: LiveJob, pool: DevicePool | None, exc: BaseException | None,
              feed: InputFeed | None = None) -> None:
+        if exc is not None and live.refused is not None:
+            exc = live.refused  # what stopped the job, whatever the stop made fail: FAILED with it, not CANCELLED
         lease, live.lease = live.lease, None  # the keeper references the live job: no cycle outlives it
         if lease is not None:
             lease.stop()  # no renewal from here on: the release below is the last word

@@ -9,6 +9,8 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from accelmesh.client import job_spec, request_parts
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -21,7 +23,7 @@ from dispatch_svc.jobs.limits import JobLimits
 
 from conftest import rpc_error
 from fakes.ports import AFFINE, CHAIN, WAIT_S, FakeMesh, Feed, X, fake_pipeline_mesh, runner_for, spec_for
-from fakes.small_dispatcher import LIMITS, run_job, serving, submit
+from fakes.small_dispatcher import LIMITS, RecordingInventory, RecordingMesh, run_job, serving, submit
 
 SHORT_MESSAGE = 400  # a refusal quoting client input stays this short, whatever the input's size
 
@@ -171,6 +173,56 @@ def test_a_block_for_a_spec_without_inputs_is_refused_before_planning(dispatcher
     error = rpc_error(submit, dispatcher.stub, parts)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "declares no inputs" in error.details()
     assert dispatcher.mesh.calls == []
+
+
+class SlowInventory(RecordingInventory):
+    """Planning slower than the client's next block: candidate_devices answers only once the job
+    being planned is stopped (else after a while), and then as a call cancelled with the job, the way
+    GrpcInventory's planning calls are (dispatch_svc/clients/calls.py)."""
+
+    runner = None  # the dispatcher's, set by the test
+
+    def candidate_devices(self, constraints):
+        (job,) = self.runner.book.list(1)
+        scope = self.runner.live(job.job_id).scope
+        if scope.cancelled.wait(WAIT_S / 3):  # within the call's deadline: a dispatcher that never stops plans on
+            scope.check()
+        return super().candidate_devices(constraints)
+
+
+def field_violations(error: grpc.RpcError) -> list[str]:
+    fields = []
+    for detail in rpc_status.from_call(error).details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            fields += [v.field for v in bad.field_violations]
+    return fields
+
+
+@pytest.mark.parametrize("method", ["SubmitJob", "RunJob"])
+def test_a_second_block_beyond_the_spec_is_refused_as_it_arrives_and_nothing_is_compiled(tmp_path, method):
+    """The spec declares 128 rows; the first block carries rows 0-63, the second says it carries
+    128 more. That block arrives while the job plans (the inventory answers slowly): the call ends
+    INVALID_ARGUMENT naming the field, the input and the fix, and nothing was compiled or reserved,
+    the job (if it was recorded before the block came) FAILED without a plan."""
+    mesh = RecordingMesh()
+    mesh.inventory.__class__ = SlowInventory
+    x = X[:128]
+    parts = [("spec", job_spec("affine", {"x": x})),
+             ("block", pb.InputBlock(first_row=0, tensors=[to_proto(x[:64])])),
+             ("block", pb.InputBlock(first_row=64, tensors=[to_proto(x)]))]
+    with serving(tmp_path, mesh=mesh) as dispatcher:
+        mesh.inventory.runner = dispatcher.runner
+        error = rpc_error(submit if method == "SubmitJob" else run_job, dispatcher.stub, parts)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "compile" not in mesh.calls and "reserve" not in mesh.calls, mesh.calls
+        assert error.details() == ("block at row 64 carries 128 rows; the spec declares 128 in all "
+                                   "(spec.inputs[0].shape[0] of input 'x'): send at most 64 more rows, or declare "
+                                   "every row in the spec")
+        assert field_violations(error) == ["block.tensors[0].shape"]
+        assert dispatcher.runner.wait_idle(WAIT_S)
+        for job in dispatcher.runner.book.list(10):
+            assert job.state == m.FAILED and job.plan is None and job.error == error.details()
 
 
 # -- ids and names quoted short ----------------------------------------------------------------

@@ -138,10 +138,21 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         job, live, feed = self._start(_first(request_iterator), request_iterator, context, headers)
         if live is None:
             return pb.SubmitJobResponse(job_id=job.job_id)
+        # Until the client has its job id, the call's end is its client gone (or its deadline past): the
+        # job stops, whether planning, compiling or taking its input, rather than build and reserve for
+        # nobody. Once answered, the job is the client's to watch, and outlives the call.
+        answered = threading.Event()
+
+        def ended():
+            if not answered.is_set():
+                self._client_gone(job, live, feed, "SubmitJob")
+        if not context.add_callback(ended):  # the call ended already
+            ended()
         try:
             self.runner.run(job, live, feed)
         except errors.Cancelled:  # CancelJob or a disconnect while the input arrived: GetJob says which
             pass
+        answered.set()
         return pb.SubmitJobResponse(job_id=job.job_id)
 
     def RunJob(self, request_iterator, context):
@@ -175,16 +186,19 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             else:
                 yield from self._chunks(piece, pb.RunJobResponse)
 
-    def _client_gone(self, job: m.JobRecord, live, feed) -> None:
-        """A RunJob call ended (its client went, or its deadline passed, or it was answered): its job
-        stops if it has not ended, running here or waiting in the queue (or started from it since)."""
+    def _client_gone(self, job: m.JobRecord, live, feed, method: str = "RunJob") -> None:
+        """A RunJob call ended (its client went, or its deadline passed, or it was answered), or a
+        SubmitJob call before it was answered: its job stops if it has not ended, planning or running
+        here or waiting in the queue (or started from it since), saying how much of its input had
+        arrived (a SubmitJob job with all of it: that it was never accepted)."""
         if job.final:
             return
         if self.runner.live(job.job_id) is live:
-            live.scope.cancel(feed.gone())
+            live.scope.cancel(feed.gone() if method == "RunJob" or feed.short else
+                              f"the client of its {method} call disconnected before the job was accepted")
             return
         try:
-            self.runner.cancel(job.job_id, "the client of its RunJob call disconnected")
+            self.runner.cancel(job.job_id, f"the client of its {method} call disconnected")
         except errors.AccelmeshError as exc:  # the book is away: a queued job then waits for its deadline
             log.warning("could not cancel job %s after its client went: %s", job.job_id, exc)
 

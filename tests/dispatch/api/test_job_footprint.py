@@ -28,7 +28,7 @@ from dispatch_svc.jobs.limits import JobLimits
 
 from conftest import rpc_error
 from fakes.ports import AFFINE, WAIT_S, FakeMesh, Feed, X, runner_for, spec_for
-from fakes.small_dispatcher import run_job, serving, submit
+from fakes.small_dispatcher import RecordingCompiler, RecordingMesh, requests, run_job, serving, submit
 
 
 @pytest.fixture
@@ -77,6 +77,68 @@ def test_a_client_gone_mid_stream_leaves_its_job_cancelled_saying_how_much_arriv
         time.sleep(0.01)
     assert dispatcher.server.streams.open == 0
     assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
+
+
+class HeldCompiler(RecordingCompiler):
+    """A compile that takes until the test lets it go (`release`), then builds: one that does not
+    hear of its job's cancel, as a build already done when it came."""
+
+    compiling: threading.Event
+    release: threading.Event
+
+    def compile(self, program, devices, batch_sizes, precision=""):
+        self.compiling.set()
+        assert self.release.wait(WAIT_S * 2)  # past the test's own wait: the test fails first, saying why
+        return super().compile(program, devices, batch_sizes, precision)
+
+
+def test_a_submit_job_cancelled_while_its_job_compiles_leaves_it_cancelled_with_nothing_reserved(tmp_path):
+    """The whole input sent, the call is cancelled while the job's compile blocks: the cancel
+    reaches the job at once (its scope), and once the build comes back the job ends CANCELLED,
+    saying it was never accepted, without reserving devices with the build, released all the same."""
+    mesh = RecordingMesh()
+    mesh.compiler.__class__ = HeldCompiler
+    mesh.compiler.compiling, mesh.compiler.release = threading.Event(), threading.Event()
+    x = X[:64]  # one block: all of it is read before planning
+    with serving(tmp_path, mesh=mesh) as dispatcher:
+        call = dispatcher.stub.SubmitJob.future(requests(request_parts(job_spec("affine", {"x": x}), {"x": x}, None,
+                                                                       1024)), timeout=WAIT_S)
+        try:
+            assert mesh.compiler.compiling.wait(WAIT_S)
+            (job,) = dispatcher.runner.book.list(1)
+            live = dispatcher.runner.live(job.job_id)
+            call.cancel()
+            assert live.scope.cancelled.wait(WAIT_S), "the cancelled SubmitJob call did not reach its job"
+        finally:
+            mesh.compiler.release.set()
+        assert live.done.wait(WAIT_S)
+        job = dispatcher.runner.book.get(job.job_id)
+        assert job.state == m.CANCELLED, job.error
+        assert job.error == "the client of its SubmitJob call disconnected before the job was accepted"
+        assert list(dispatcher.runner.book.events(job.job_id))[-1].type == "cancelled"
+        assert "reserve" not in mesh.calls and mesh.inventory.reserved == {}, mesh.calls
+        assert mesh.inventory.released == [job.job_id]
+        assert dispatcher.runner.running == 0 and dispatcher.runner.book.live_count == 0
+
+
+def test_a_submit_job_answered_leaves_its_job_running_after_the_call_ends(dispatcher):
+    """Once SubmitJob has answered with the job id, the call's end is no cancel: the job, its
+    shard held on its worker when the call ended, goes on and succeeds. (It passes without the
+    cancel above too: it guards that cancel against reaching jobs it must not.)"""
+    x = X[:64]
+    workers = dispatcher.mesh.workers
+    workers.hold = True
+    try:
+        job_id = submit(dispatcher.stub, request_parts(job_spec("affine", {"x": x}), {"x": x}, None, 1024)).job_id
+        assert workers.started.wait(WAIT_S)
+        dispatcher.channel.close()  # the client is gone as well as its call
+        live = dispatcher.runner.live(job_id)
+        assert live is not None  # its shard is held: it runs
+    finally:
+        workers.let_go.set()
+    assert live.done.wait(WAIT_S)
+    job = dispatcher.runner.book.get(job_id)
+    assert job.state == m.SUCCEEDED and not live.scope.cancelled.is_set(), job.error
 
 
 # -- nothing of an ended job stays -------------------------------------------------------------

@@ -125,16 +125,16 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
     pool = [devices[i] for i in useful]
     classes, note = _classes(model, pool, dict(zip((d.id for d in pool), values[useful].tolist())), count)
     k_count = len(classes)
-    cum, send = stage_tables(model, [cls.example for cls in classes])
+    cum, send, stalled = stage_tables(model, [cls.example for cls in classes])
     overhead = np.array([cls.example.stage_overhead_s for cls in classes], float)
     reach_mem = memory_reach(model, np.array([cls.capacity for cls in classes], np.int64))
     gradients = np.concatenate(([0.0], np.cumsum([layer.parameter_bytes for layer in model.layers], dtype=float)))
     # Model.gradient_seconds and load_seconds of one gradient byte (both linear in the bytes)
     per_call = np.array([model.gradient_seconds(1.0, cls.example) for cls in classes])
     per_step = np.array([model.load_seconds(1.0, cls.example) for cls in classes])
-    spans = Spans(cum, send, reach_mem, gradients, per_call, per_step, overhead)
+    spans = Spans(cum, send, reach_mem, gradients, per_call, per_step, overhead, stalled)
     if not spans.any():
-        raise _no_split(model, classes)
+        raise _no_split(model, classes, count, stalled)
     candidates = spans.candidates()
     avail = tuple(min(len(c.devices), count) for c in classes)
 
@@ -202,7 +202,7 @@ def _balanced(model: Model, devices: Sequence[Device], values: np.ndarray, count
 
     stages = search(count)
     if stages is None:
-        raise _no_split(model, classes, count)
+        raise _no_split(model, classes, count, stalled)
     if not exact:
         note += f"; over {MAX_SEARCH_STATES:,} search states, so devices were taken fastest first (not exact)"
     if not replicate:
@@ -364,7 +364,11 @@ def _busy(evaluation, device_id: str) -> float:
     return evaluation.compute_seconds[device_id] + evaluation.transfer_seconds[device_id]
 
 
-def _no_split(model: Model, classes: Sequence[_Class], count: int | None = None) -> NoRoom:
+def _no_split(model: Model, classes: Sequence[_Class], count: int | None = None,
+              stalled: np.ndarray | None = None) -> NoRoom:
+    """Why no cover exists: a layer larger than every device's memory, else the split. Devices
+    with no free compute for the layers (`stalled`, stage_tables) are named apart: memory is not
+    what they lack, and their compute comes back when the jobs holding it end."""
     biggest = max(range(len(model)), key=lambda i: model.need[i])
     most = max(c.capacity for c in classes)
     if model.need[biggest] > most:
@@ -372,6 +376,12 @@ def _no_split(model: Model, classes: Sequence[_Class], count: int | None = None)
                       f"usable free memory of any device is {most:,} bytes: "
                       f"short by {model.need[biggest] - most:,} bytes",
                       shortfall_bytes=model.need[biggest] - most)
+    idle = [] if stalled is None else [c for c, row in zip(classes, stalled) if row.any()]
+    if len(idle) == len(classes):
+        return NoRoom(f"no device offered has compute free now to run the {len(model)} layers on", shortfall_bytes=0)
+    if idle:
+        return NoRoom(f"no split of the {len(model)} layers into at most {count} contiguous stage(s) fits the memory "
+                      "of the devices with compute free now (some have none)", shortfall_bytes=0)
     return NoRoom(f"no split of the {len(model)} layers into at most {count} contiguous stage(s) fits the devices' "
                   "memory", shortfall_bytes=0)
 

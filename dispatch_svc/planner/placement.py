@@ -52,11 +52,25 @@ def place(model: Model, devices: list[Device], asked: str = AUTO
           ) -> tuple[list[tuple[str, Placement | None, NoRoom | None]], str, Placement]:
     """The placement a job gets: `asked`'s, or for auto the faster feasible of ranked and balanced
     (balanced on a tie). Returns every strategy tried with its placement or refusal, the strategy
-    taken and its placement; the smallest shortfall is raised when none fits."""
+    taken and its placement; the smallest shortfall is raised when none fits.
+
+    Devices with no free compute (every bit of it reserved or in use) are left out: a stage there
+    would never finish (ranked would still give them layers by their memory, at an infinite step).
+    Without enough of the others it is NoRoom, saying so, with no shortfall: what is missing is
+    compute now, not memory, which the caller tells apart (pipeline_plan.py: the job waits)."""
+    wanted = model.task.device_count
+    if wanted:
+        required_devices(model, devices, {})  # a count past the devices offered is the client's to change
+    ready = [d for d in devices if d.peak_tflops > 0]
+    if len(ready) < len(devices):
+        if len(ready) < max(1, wanted):
+            raise NoRoom(f"{len(devices) - len(ready)} of the {len(devices)} devices have no compute free now, "
+                         f"leaving {len(ready)}" + (f" for spec.placement.device_count {wanted}" if wanted else ""),
+                         shortfall_bytes=0)
     tried: list[tuple[str, Placement | None, NoRoom | None]] = []
     for strategy in ((RANKED, BALANCED) if asked == AUTO else (asked,)):
         try:
-            tried.append((strategy, (place_ranked if strategy == RANKED else place_balanced)(model, devices), None))
+            tried.append((strategy, (place_ranked if strategy == RANKED else place_balanced)(model, ready), None))
         except NoRoom as exc:
             tried.append((strategy, None, exc))
     feasible = [(s, p) for s, p, _ in tried if p is not None and p.evaluation.feasible]

@@ -22,11 +22,19 @@ class Spans:
     first layer i. Trained, a stage's device also returns its parameter bytes' gradients every
     micro-batch (`per_call[k]` a byte) and receives them as new parameters every step
     (`per_step[k]` a byte, per micro-batch): over r devices a stage takes (its time + the
-    gradients' return) / r + the parameters' load (Model.gradient_seconds, Model.load_seconds)."""
+    gradients' return) / r + the parameters' load (Model.gradient_seconds, Model.load_seconds).
+
+    A stage holding a layer its class cannot run (`stalled`: stage_tables) does not fit, however
+    much memory the class has: it would never finish, so it is no candidate step time either.
+    Its reach stops where the next such layer begins, and the prefix sums leave such layers out,
+    so every time computed is finite: no inf - inf (NaN) reaches a comparison."""
 
     def __init__(self, cum: np.ndarray, send: np.ndarray, reach_mem: np.ndarray, gradients: np.ndarray,
-                 per_call: np.ndarray, per_step: np.ndarray, overhead: np.ndarray):
+                 per_call: np.ndarray, per_step: np.ndarray, overhead: np.ndarray,
+                 stalled: np.ndarray | None = None):
         k_count, n = reach_mem.shape
+        if stalled is not None:  # stage i..j-1 fits only if none of its layers stalls the class
+            reach_mem = np.minimum(reach_mem, _runnable_reach(stalled))
         self._n, self._whole = n, k_count * n * n <= SPAN_CELLS
         self._per_call, self._per_step = per_call[:, None], per_step[:, None]
         self._trained = bool(per_call.any() or per_step.any())
@@ -71,23 +79,39 @@ class Spans:
         return reach
 
 
-def stage_tables(model: Model, examples: Sequence[Device]) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (rows): prefix sums of Model.compute_seconds over the layers, and send[k][j], what
-    a stage ending before layer j pays to send layer j-1's output (Model.send_seconds); the same
-    arithmetic as those methods, over arrays."""
+def stage_tables(model: Model, examples: Sequence[Device]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per class (rows): prefix sums of Model.compute_seconds over the layers, send[k][j], what a
+    stage ending before layer j pays to send layer j-1's output (Model.send_seconds), the same
+    arithmetic as those methods, over arrays; and stalled[k][i], whether class k cannot run layer
+    i at all (FLOPs on a device with no free compute, whose time compute_seconds makes infinite).
+
+    A stalled layer adds 0 to the prefix sums rather than inf: a device with no free compute (its
+    rate reserved by other jobs) would otherwise make every later prefix inf, and a stage after
+    it inf - inf = NaN, which no limit is ever above. Spans keeps stages off stalled layers."""
     n = len(model)
     rate = np.array([d.peak_tflops for d in examples], float)[:, None] * 1e12 * CATALOG_EFFICIENCY
     bandwidth = np.array([d.memory_bandwidth_gbps for d in examples], float)[:, None] * 1e9 * BANDWIDTH_EFFICIENCY
     flops, traffic = np.array(model.flops, float)[None, :], np.array(model.traffic, float)[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        flops_s = np.where(rate > 0, flops / rate, np.where(flops > 0, np.inf, 0.0))
+        flops_s = np.where(rate > 0, flops / rate, 0.0)
         bytes_s = np.where(bandwidth > 0, traffic / bandwidth, 0.0)
+    stalled = (rate <= 0) & (flops > 0)
     cum = np.zeros((len(examples), n + 1))
-    cum[:, 1:] = np.cumsum(np.maximum(flops_s, bytes_s), axis=1)
+    cum[:, 1:] = np.cumsum(np.where(stalled, 0.0, np.maximum(flops_s, bytes_s)), axis=1)
     send = np.zeros((len(examples), n + 1))
     link = np.array([link_gbps(d) for d in examples], float)[:, None]
     send[:, 1:n] = np.array(model.act[:-1], float)[None, :] / (link * 1e9 * BANDWIDTH_EFFICIENCY)
-    return cum, send
+    return cum, send, stalled
+
+
+def _runnable_reach(stalled: np.ndarray) -> np.ndarray:
+    """reach[k][i]: the largest j such that class k can run every layer of i..j-1 (i itself when
+    it cannot run layer i): the next stalled layer at or after i, per class."""
+    k_count, n = stalled.shape
+    reach = np.full((k_count, n + 1), n, np.int64)
+    for i in range(n - 1, -1, -1):
+        reach[:, i] = np.where(stalled[:, i], i, reach[:, i + 1])
+    return reach[:, :n]
 
 
 def memory_reach(model: Model, capacity_bytes: np.ndarray) -> np.ndarray:

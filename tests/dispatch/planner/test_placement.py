@@ -9,6 +9,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from accelmesh.errors import InvalidArgument, ResourceExhausted
@@ -25,6 +26,7 @@ from dispatch_svc.planner.placement import (
     evaluate,
     lower_bound_seconds,
     parameter_split,
+    place,
     place_balanced,
     place_ranked,
     sequential_fill,
@@ -62,6 +64,37 @@ def test_ranked_places_largest_layers_first_on_the_best_device_with_room():
     lines = placement.explain
     assert lines[1].startswith("big ") and lines[2].startswith("mid ") and lines[3].startswith("small ")
     assert all("->" in line for line in lines[1:4])
+
+
+def test_a_device_with_no_free_compute_takes_no_layer_and_spoils_no_plan_on_the_others():
+    """A device whose compute other jobs hold (free rate 0) would run a stage forever. Balanced
+    once summed its infinite layer times into prefixes, so every later stage was inf - inf = NaN
+    and nothing fitted anywhere; ranked gave it layers by its memory, at an infinite step."""
+    layers = [layer(f"l{i}", i, 10**8, flops=1e9) for i in range(4)]
+    held = device("held", 0.0, 16 * GB)  # the most memory: ranked on memory alone would pick it
+    free = device("free", 10.0, 8 * GB)
+    model = Model(layers, task(weights=Weights(0, 1, 0)))
+    alone = place_balanced(model, [free])
+    with np.errstate(invalid="raise"):  # no inf - inf anywhere
+        balanced = place_balanced(model, [held, free])
+        _, strategy, ranked = place(model, [held, free], "ranked")
+    assert balanced.assignment == ("free",) * 4
+    assert balanced.evaluation.step_seconds == alone.evaluation.step_seconds
+    assert strategy == "ranked" and ranked.assignment == ("free",) * 4
+    assert math.isfinite(ranked.evaluation.step_seconds)
+
+
+def test_without_free_compute_the_refusal_says_so_and_claims_no_shortfall_of_memory():
+    layers = [layer(f"l{i}", i, 10**8, flops=1e9) for i in range(4)]
+    held = [device("held0", 0.0, 8 * GB), device("held1", 0.0, 8 * GB)]
+    with pytest.raises(NoRoom) as err:
+        place_balanced(Model(layers, task()), held)
+    assert "compute free now" in str(err.value) and "memory" not in str(err.value)
+    assert err.value.shortfall_bytes == 0
+    # Two devices asked for, one of them with compute free: not enough now, and not the client's count at fault.
+    with pytest.raises(NoRoom) as err:
+        place(Model(layers, task(device_count=2)), [held[0], device("free", 10.0, 8 * GB)], "auto")
+    assert "1 of the 2 devices have no compute free now" in str(err.value) and err.value.shortfall_bytes == 0
 
 
 def test_a_layer_that_fits_nowhere_names_the_layer_and_the_largest_free_memory():

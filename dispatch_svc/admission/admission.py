@@ -54,6 +54,13 @@ class Wait:
     reason: str
 
 
+class NoCapacityNow(errors.ResourceExhausted):
+    """A job's plan found no room in what the devices have free now, though the job fits them once
+    other jobs let go (a placed model whose devices' compute is all reserved): the gate makes it
+    wait (`AdmissionGate.wait_for_capacity`), as it does a job whose reservation is refused, rather
+    than fail it as a job that can never fit."""
+
+
 class AdmissionGate:
     """`quotas` None: a dispatcher without quotas or a queue (a strategy's unit tests), where a
     reservation the inventory refuses fails the job."""
@@ -100,6 +107,14 @@ class AdmissionGate:
         live.lease = LeaseKeeper(self._inventory, job.job_id, [device for device, _ in claims], self._ttl_s, live,
                                  reserved_at=reserved_at)
         return Grant(tuple(claims), live.lease)
+
+    def wait_for_capacity(self, job: m.JobRecord, exc: NoCapacityNow) -> Wait:
+        """The job could not be planned on what is free now (`exc`): it waits in the queue, or,
+        like a refused reservation, fails where it may not wait (no queue here, a queue_timeout of
+        0 s, its owner's places in the queue all taken)."""
+        if self.quotas is None:
+            raise exc
+        return self._refused(job, f"devices: {exc}")
 
     def _refused(self, job: m.JobRecord, reason: str) -> Wait:
         """Wait, or RESOURCE_EXHAUSTED for a job that may not wait or whose owner's places in the

@@ -24,7 +24,7 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from accelmesh.runtime.errors import bounded
-from dispatch_svc.admission.admission import AdmissionGate, Wait
+from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
@@ -143,10 +143,15 @@ class JobRunner:
             # client gone, its input refused as it arrived) cancels the call in flight, and a stop the planning
             # did not see (a fake port, a build that came back just then) is seen before anything is reserved.
             live.check()
-            with cancels_calls(live.scope):
-                proposal = strategy.propose(ctx, narrowing)
-            live.check()
-            decision = self.gate.admit(job, live, proposal.claims)
+            try:
+                with cancels_calls(live.scope):
+                    proposal = strategy.propose(ctx, narrowing)
+            except NoCapacityNow as busy:  # a plan that needs what other jobs hold now: it waits as a refusal does
+                live.check()
+                decision = self.gate.wait_for_capacity(job, busy)
+            else:
+                live.check()
+                decision = self.gate.admit(job, live, proposal.claims)
             if isinstance(decision, Wait):
                 self._queue(job, live, feed, decision.reason)
                 return

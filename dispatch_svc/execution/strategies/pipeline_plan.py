@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from accelmesh import errors
 from accelmesh.programs import Program, layer_cost_fields
 from accelmesh.scoring import Weights, free_status
+from dispatch_svc.admission.admission import NoCapacityNow
 from dispatch_svc.jobs import records as m
 from dispatch_svc.planner import placement as pl
 from dispatch_svc.planner.calibration import StageCalibration
@@ -45,8 +46,9 @@ def plan_placement(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, pr
                    calibration: StageCalibration | None = None) -> PlacedJob:
     """Place the model of `spec` on the healthy devices matching its constraints; raises
     InvalidArgument for a bad table or options, ResourceExhausted (with the shortfall) when no
-    device set holds it. One function because it is a pipeline of plain steps (the layer table,
-    the devices, their scores, the placement, its summary), each a few lines reading the last."""
+    device set holds it, NoCapacityNow when one would once other jobs let go of it (_refusal).
+    One function because it is a pipeline of plain steps (the layer table, the devices, their
+    scores, the placement, its summary), each a few lines reading the last."""
     options = spec.placement
     if options.layers:
         layers = options.layers
@@ -85,7 +87,10 @@ def plan_placement(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, pr
     task = pl.Task(spec.kind, micro, headroom, options.device_count, Weights(*scoring.weights), steps)
     model = pl.Model(layers, task)
 
-    tried, strategy, chosen = pl.place(model, candidates, options.strategy)
+    try:
+        tried, strategy, chosen = pl.place(model, candidates, options.strategy)
+    except pl.NoRoom as now:
+        raise _refusal(model, devices, rules, scoring, options.strategy, now) from None
     by_id = {d.id: d for d in devices}
     summaries = tuple(
         m.PlacementSummary(s, True, p.evaluation.step_seconds, p.evaluation.cross_transfers, len(p.devices),
@@ -114,6 +119,29 @@ def plan_placement(inventory: Inventory, compiler: Compiler, spec: m.JobSpec, pr
                                   for i in range(st.first_layer, st.first_layer + st.layer_count))
                for st in chosen.evaluation.stages for d in st.device_ids}
     return PlacedJob(plan, used, rules, tuple(model.layers), seconds)
+
+
+def _refusal(model: pl.Model, devices: list[JobDevice], rules: dict[str, RuleChoice], scoring: Scoring,
+             strategy: str, now: pl.NoRoom) -> errors.ResourceExhausted:
+    """What a placement refused on the devices' status now (`now`) means for the job. A model that
+    fits the same devices with nothing else on them (each one's whole memory, its peak rate at its
+    rule's dtype) lacks only what other jobs hold now, its compute or its memory: NoCapacityNow,
+    which the admission gate turns into a place in the queue, as it does a refused reservation, so
+    the job runs once they let go. One that does not fit even so can never run there: refused for
+    good, with the reason on the free devices (a layer or a model too big for them)."""
+    free = []
+    for d in devices:
+        perf = d.spec.performance
+        free.append(pl.Device(id=d.id, target_type=d.target_type,
+                              peak_tflops=perf.rate_tflops(rules[d.id].compute_dtype),
+                              memory_free_bytes=max(perf.memory_bytes, scoring.devices[d.id].memory_free_bytes),
+                              memory_bandwidth_gbps=perf.memory_bandwidth_gbps,
+                              link_gbps=perf.interconnect_bandwidth_gbps))
+    try:
+        pl.place(model, free, strategy)
+    except pl.NoRoom as never:
+        return never
+    return NoCapacityNow(f"{now}; the model fits these devices once other jobs let go of what they hold")
 
 
 def _calibrated(catalog: list[pl.Device], calibration: StageCalibration | None) -> tuple[list[pl.Device], list[str]]:

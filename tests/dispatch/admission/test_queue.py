@@ -7,13 +7,14 @@ does not fit, as the inventory's do. Queue passes are run by the test, so nothin
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
 import pytest
 
 from accelmesh import errors
-from dispatch_svc.admission.admission import AdmissionGate
+from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow
 from dispatch_svc.admission.queue import JobQueue, QueueSignals
 from dispatch_svc.admission.quotas import Quota, Quotas
 from dispatch_svc.admission.scheduling.rounds import Round
@@ -23,7 +24,22 @@ from dispatch_svc.jobs.book import JobBook
 from dispatch_svc.jobs.limits import Limits
 from dispatch_svc.planner import ThroughputModel
 
-from fakes.ports import AFFINE, BIAS, WAIT_S, FakeInventory, FakeMesh, FakeWorkers, Feed, X, spec_for
+from fakes.ports import (
+    AFFINE,
+    BIAS,
+    CHAIN,
+    KS,
+    WAIT_S,
+    FakeInventory,
+    FakeMesh,
+    FakePipelineCompiler,
+    FakePipelineInventory,
+    FakePipelineWorkers,
+    FakeWorkers,
+    Feed,
+    X,
+    spec_for,
+)
 
 CLAIM = 16 + 1024  # what an AFFINE job reserves on each device it uses: its parameters and a shard
 ALICE, BOB = "user:alice", "user:bob"
@@ -209,6 +225,71 @@ def test_a_job_that_finds_the_pool_full_waits_and_starts_once_devices_free_up(no
     assert done.queue.reason == queued[1].queue.reason  # the record remembers why it waited last
     assert not any(runner.book.inputs.entries(job.job_id))  # stored inputs go with the job's end
     assert queue.run_pass() == []
+
+
+class HeldComputeInventory(FakePipelineInventory):
+    """Scores devices as the inventory does while other jobs hold them: every claim takes the
+    device's whole compute (GrpcInventory reserves compute_fraction 1), so a held device has none
+    free, though its memory has room. A release lets go of the job's claims."""
+
+    def score_devices(self, kind, precision, intensity, weights, constraints, device_ids=()):
+        scoring = super().score_devices(kind, precision, intensity, weights, constraints, device_ids)
+        held = self.reserved_device_ids()
+        return dataclasses.replace(scoring, devices={
+            d: dataclasses.replace(status, free_compute_tflops=0.0, reserved_compute_fraction=1.0) if d in held
+            else status for d, status in scoring.devices.items()})
+
+    def release(self, job_id):
+        self.reserved.pop(job_id, None)
+        super().release(job_id)
+
+
+def placed_job(runner: JobRunner, rows: np.ndarray) -> m.JobRecord:
+    """Start CHAIN placed as the soak (bench/chaos.py) places its pipeline: balanced over 2 devices."""
+    placement = m.PlacementSpec("balanced", device_count=2, micro_batch_rows=8)
+    job, live = runner.start(spec_for(CHAIN, [rows], placement=placement), ALICE)
+    runner.run(job, live, Feed([rows]))
+    return runner.book.get(job.job_id)
+
+
+@pytest.fixture
+def held_compute(tmp_path, book_db, clock):
+    mesh = FakeMesh(CHAIN, types=("v100-32gb", "a100-80gb"), inventory=HeldComputeInventory,
+                    compiler=FakePipelineCompiler, workers=FakePipelineWorkers)
+    runner, queue = replica(mesh, tmp_path, book_db, clock)
+    mesh.inventory.reserve("someone-else", [(d.id, 1) for d in mesh.devices], 60)
+    yield mesh, runner, queue
+    runner.wait_idle(WAIT_S)
+    runner.book.close()
+
+
+def test_a_placed_model_whose_devices_other_jobs_hold_waits_and_runs_once_they_let_go(held_compute):
+    """The soak's pipelines failed here ("no split ... fits the devices' memory"): with every
+    device's compute reserved the placement saw no free compute, which is no memory misfit."""
+    mesh, runner, queue = held_compute
+    rows = np.random.default_rng(5).normal(size=(24, 4)).astype(np.float32)
+    job = placed_job(runner, rows)
+    assert job.state == m.QUEUED, job.error
+    assert "devices:" in job.queue.reason and "compute free now" in job.queue.reason
+    assert job.job_id not in mesh.inventory.reserved  # nothing held while it waits
+
+    mesh.inventory.release("someone-else")
+    assert queue.run_pass() == [job.job_id]
+    done = finished(runner, job)
+    assert done.state == m.SUCCEEDED, done.error
+    np.testing.assert_allclose(y_of(runner, done), rows + sum(KS), rtol=1e-6)
+    assert done.plan.placement.device_count == 2
+
+
+def test_a_placed_model_too_big_for_the_devices_even_free_fails_at_once_while_they_are_held(held_compute):
+    """Only a model that the devices cannot hold even with nothing else on them stays a final failure."""
+    mesh, runner, queue = held_compute
+    placement = m.PlacementSpec("balanced", device_count=2, micro_batch_rows=10**10)  # 160 GB of activations a layer
+    job, live = runner.start(spec_for(CHAIN, [X], placement=placement), ALICE)
+    with pytest.raises(errors.ResourceExhausted, match="short by") as err:
+        runner.run(job, live, Feed([X]))
+    assert not isinstance(err.value, NoCapacityNow)
+    assert runner.book.get(job.job_id).state == m.FAILED
 
 
 def test_client_parameters_wait_with_the_job_and_are_the_ones_it_runs_with(node, mesh):

@@ -1,10 +1,12 @@
-"""One unary call to a control-plane service, its error as the domain's: what every client here
-shares. A call to a service that may run as replicas is retried on another one (`replicated`). A
+"""One call to a control-plane service, its error as the domain's: what every client here shares.
+A call to a service that may run as replicas is retried on another one (`replicated`, `asked`). A
 call made while a job plans is cancelled with the job (dispatch_svc.dataplane.device_queues.cancels_calls)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -17,24 +19,40 @@ CALL_TIMEOUT_S = 120.0
 # dialled again (runtime/channels.py caps that backoff at a second).
 REPLICA_ATTEMPTS, REPLICA_RETRY_S = 4, 0.5
 
+T = TypeVar("T")
+
 
 def call(what: str, method, request, *, replicated: bool = False, timeout_s: float = CALL_TIMEOUT_S):
-    """`method(request)`, a failure raised as the domain error of its status (`what` names the
-    service in the message). `replicated`: an idempotent call to a service that may run as
-    replicas. gRPC retries it on another replica at once (runtime/channels.py); while the channel
-    still counts every replica as failing (one was just killed while another is being dialled
-    again after a restart), it is asked again here, over a few seconds."""
+    """`method(request)`, a unary call, a failure raised as the domain error of its status (`what`
+    names the service in the message). `replicated`: an idempotent call to a service that may run
+    as replicas, asked again as `asked` does. Made while a job plans, the job's stop cancels it."""
     scope = call_scope()
-    for attempt in range(1, REPLICA_ATTEMPTS + 1):
+
+    def attempt():
+        if scope is None:
+            return method(request, timeout=timeout_s)
+        return _cancellable(method, request, timeout_s, scope)
+    return asked(what, attempt, attempts=REPLICA_ATTEMPTS if replicated else 1)
+
+
+def asked(what: str, attempt: Callable[[], T], *, attempts: int = REPLICA_ATTEMPTS) -> T:
+    """`attempt()`, an idempotent call to a service that may run as replicas, whole (a stream read
+    to its end inside it), asked again on UNAVAILABLE up to `attempts` times in all; a failure is
+    raised as the domain error of its status. gRPC retries a call on another replica at once
+    (runtime/channels.py), but only until its first response: a stream whose replica goes away
+    after that fails, as does any call while the channel still counts every replica as failing
+    (one was just killed while another is being dialled again after a restart). So it is asked
+    again here, over a few seconds; within a job's planning, its stop ends the wait."""
+    scope = call_scope()
+    for n in range(1, attempts + 1):
         try:
-            return method(request, timeout=timeout_s) if scope is None else _cancellable(method, request, timeout_s,
-                                                                                         scope)
+            return attempt()
         except grpc.RpcError as exc:
-            if not (replicated and exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < REPLICA_ATTEMPTS):
+            if not (exc.code() == grpc.StatusCode.UNAVAILABLE and n < attempts):
                 raise error_from_rpc(exc, what) from None
             if scope is None:
-                time.sleep(REPLICA_RETRY_S * attempt)
-            elif scope.cancelled.wait(REPLICA_RETRY_S * attempt):
+                time.sleep(REPLICA_RETRY_S * n)
+            elif scope.cancelled.wait(REPLICA_RETRY_S * n):
                 scope.check()
     raise AssertionError("unreachable")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
 import numpy as np
 
 from accelmesh import errors
@@ -16,12 +15,11 @@ from accelmesh.compile.v1 import compile_service_pb2_grpc
 from accelmesh.programs import BuildOptions, Program
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.devices import device_to_proto
-from accelmesh.runtime.errors import error_from_rpc
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, program_from_proto
 from accelmesh.runtime.tensors import TensorCollector
 from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
-from dispatch_svc.clients.calls import CALL_TIMEOUT_S, call
+from dispatch_svc.clients.calls import CALL_TIMEOUT_S, asked, call
 from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice
 from dispatch_svc.ports import RuleChoice
 
@@ -91,10 +89,11 @@ class GrpcCompiler:
             precision=PRECISION_TO_PROTO[precision]), replicated=True)
 
     def fetch_parameters(self, program: Program, seed: int) -> list[np.ndarray]:
-        try:
-            leaves = TensorCollector("parameter").collect(self.stub.FetchParameters(
-                compile_pb.FetchParametersRequest(program=program.name, version=program.version, seed=seed),
-                timeout=CALL_TIMEOUT_S))
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc, "compile service parameters") from None
-        return list(leaves.values())
+        """The program's initial parameter leaves. Fetched whole again when a replica goes away
+        mid-stream (`asked`), into a fresh collector, so nothing of the cut-off stream is kept:
+        they are a pure function of program, version and seed, whichever replica answers."""
+        request = compile_pb.FetchParametersRequest(program=program.name, version=program.version, seed=seed)
+
+        def fetch() -> dict[str, np.ndarray]:
+            return TensorCollector("parameter").collect(self.stub.FetchParameters(request, timeout=CALL_TIMEOUT_S))
+        return list(asked("compile service parameters", fetch).values())

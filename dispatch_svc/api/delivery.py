@@ -85,8 +85,21 @@ def _ending(book: JobBook, job_id: str, slab_bytes: int) -> Iterator[Piece]:
     elif final.state == m.CANCELLED:
         raise errors.Cancelled(final.error or "the job was cancelled")
     elif final.state == m.FAILED:
-        raise errors.FailedPrecondition(f"job {job_id} of this request_id failed: {final.error}")
+        raise errors.FailedPrecondition(_failed(final))
     yield JobOut(final)
+
+
+def _failed(job: m.JobRecord) -> str:
+    """What the client of a job that failed is told when the job's own error is not at hand (a
+    retried request, or a job that ran from the queue): its error, and what running it again takes.
+    A retry with the same request id only replays this end (AIP-155), so that needs a new one; a
+    job sent without one (the queued case) is named by its id alone, and runs again if sent again."""
+    request_id = job.spec.request_id
+    if request_id:
+        return (f"job {job.job_id} of request_id {errors.quoted(request_id)} failed: {job.error}; a retry with "
+                "this request_id is answered with this same end, so send the job with a new request_id to run it "
+                "again")
+    return f"job {job.job_id} failed: {job.error}; submit the job again to run it again"
 
 
 def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, slab_bytes: int) -> Iterator[Piece]:

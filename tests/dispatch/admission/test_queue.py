@@ -18,6 +18,7 @@ from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow
 from dispatch_svc.admission.queue import JobQueue, QueueSignals
 from dispatch_svc.admission.quotas import Quota, Quotas
 from dispatch_svc.admission.scheduling.rounds import Round
+from dispatch_svc.api import delivery
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
@@ -290,6 +291,27 @@ def test_a_placed_model_too_big_for_the_devices_even_free_fails_at_once_while_th
         runner.run(job, live, Feed([X]))
     assert not isinstance(err.value, NoCapacityNow)
     assert runner.book.get(job.job_id).state == m.FAILED
+
+
+@pytest.mark.parametrize("request_id", ["", "retry-7"])
+def test_the_run_job_client_of_a_queued_job_that_fails_is_told_what_to_do_with_or_without_a_request_id(
+        node, mesh, request_id):
+    """A job that went to the queue ends through delivery's _ending, which once said "of this
+    request_id" to a client that had sent none."""
+    runner, queue = node
+    mesh.inventory.occupy("someone-else")
+    job, live = runner.start(spec_for(AFFINE, [X], request_id=request_id), ALICE)
+    pieces = delivery.run(runner, job, live, Feed([X]), slab_bytes=64)
+    assert any(isinstance(p, delivery.EventOut) and p.event.type == m.QUEUED_EVENT for p in pieces)  # stops there
+    assert runner.expire_queued(job.job_id, "it waited in the queue past its deadline (spec.queue_timeout)")
+    with pytest.raises(errors.FailedPrecondition) as err:
+        list(pieces)
+    message = str(err.value)
+    assert f"job {job.job_id}" in message and "past its deadline" in message
+    if request_id:
+        assert "of request_id 'retry-7' failed" in message and "a new request_id" in message
+    else:
+        assert "request_id" not in message and "submit the job again" in message
 
 
 def test_client_parameters_wait_with_the_job_and_are_the_ones_it_runs_with(node, mesh):

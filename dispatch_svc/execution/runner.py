@@ -28,6 +28,7 @@ from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
+from dispatch_svc.execution.endings import detached, let_go
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.jobs import records as m
@@ -235,7 +236,7 @@ class JobRunner:
         if live.span is not None:
             live.span.add_event("queued", {"reason": bounded(reason, MAX_ERROR_BYTES)})
             live.span.end()
-        _let_go(live, feed, None)
+        let_go(live, feed, None)
         self._let_go_of(job, live)
 
     def start_queued(self, job_id: str, narrowing: Narrowing | None = None) -> bool:
@@ -326,7 +327,7 @@ class JobRunner:
             if exc is not None:
                 live.span.set_status(trace.Status(trace.StatusCode.ERROR, bounded(str(exc), MAX_ERROR_BYTES)))
             live.span.end()
-        _let_go(live, feed, exc)
+        let_go(live, feed, exc)
         if ours and recorded:
             self.book.drop_stored(job.job_id)  # no replica takes a final job over, nor the queue starts it
         # Its devices and its quota are free now: the queue's next pass tries every queued job. Said
@@ -381,34 +382,7 @@ class JobRunner:
                 (str(exc) if isinstance(exc, errors.Cancelled) else "") or live.scope.reason or "cancelled",
                 MAX_ERROR_BYTES))
         else:
-            if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see _let_go)
+            if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see endings.let_go)
                 log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())
             live.error = detached(exc)
             self.book.finish(job, m.FAILED, error=bounded(str(exc) or type(exc).__name__, MAX_ERROR_BYTES))
-
-
-def detached(exc: BaseException) -> BaseException:
-    """A job's error as RunJob re-raises it after the job ended: the same status and message, and
-    no traceback, so no frame (and none of the parameters or inputs its locals held) outlives
-    the job through it. A bug stays a bug (INTERNAL), its traceback logged when it happened."""
-    kind = next((k for k in type(exc).__mro__ if k.__module__ == errors.__name__), None)
-    if kind is None or not issubclass(kind, errors.AccelmeshError):
-        return RuntimeError(f"job failed: {type(exc).__name__}")
-    return kind(str(exc), reason=getattr(exc, "reason", ""), field=getattr(exc, "field", ""))
-
-
-def _let_go(live: LiveJob, feed: InputFeed | None, exc: BaseException | None) -> None:
-    """Drop what an ended job held. A live job may outlive its run (RunJob still streams its
-    results): its pool's closures hold the parameters. The exception's frames hold the strategy's
-    locals (parameters, input blocks) and refer back to the job, a cycle that only the garbage
-    collector would free, maybe much later: cleared here, so they go as soon as the call ends."""
-    live.pool = None
-    live.failure = None
-    close = getattr(feed, "close", None)  # the request stream (StreamFeed): its held block, its iterator
-    if close is not None:
-        close()
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)  # frames still running (the caller's) are skipped
-        exc = exc.__cause__ or exc.__context__

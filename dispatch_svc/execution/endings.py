@@ -1,0 +1,37 @@
+"""What an ended job leaves behind, and what it must not: its error detached from the frames that
+raised it, and the references it held (the pool's closures, the feed, the exception's frames)
+dropped, so that nothing of a job's parameters or inputs outlives it (execution/runner.py)."""
+
+from __future__ import annotations
+
+import traceback
+
+from accelmesh import errors
+from dispatch_svc.ports import InputFeed, LiveJob
+
+
+def detached(exc: BaseException) -> BaseException:
+    """A job's error as RunJob re-raises it after the job ended: the same status and message, and
+    no traceback, so no frame (and none of the parameters or inputs its locals held) outlives
+    the job through it. A bug stays a bug (INTERNAL), its traceback logged when it happened."""
+    kind = next((k for k in type(exc).__mro__ if k.__module__ == errors.__name__), None)
+    if kind is None or not issubclass(kind, errors.AccelmeshError):
+        return RuntimeError(f"job failed: {type(exc).__name__}")
+    return kind(str(exc), reason=getattr(exc, "reason", ""), field=getattr(exc, "field", ""))
+
+
+def let_go(live: LiveJob, feed: InputFeed | None, exc: BaseException | None) -> None:
+    """Drop what an ended job held. A live job may outlive its run (RunJob still streams its
+    results): its pool's closures hold the parameters. The exception's frames hold the strategy's
+    locals (parameters, input blocks) and refer back to the job, a cycle that only the garbage
+    collector would free, maybe much later: cleared here, so they go as soon as the call ends."""
+    live.pool = None
+    live.failure = None
+    close = getattr(feed, "close", None)  # the request stream (StreamFeed): its held block, its iterator
+    if close is not None:
+        close()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # frames still running (the caller's) are skipped
+        exc = exc.__cause__ or exc.__context__

@@ -13,7 +13,7 @@ project's tests), and a server must still stop.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -77,16 +77,24 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     Watch.experimental_non_blocking = True  # the server passes send_response_callback and frees the thread
 
     def set(self, service: str, status: int) -> None:
+        self.update({service: status})
+
+    def update(self, statuses: Mapping[str, int]) -> None:
+        """Several services' statuses at once, their watchers sent them on one thread that this
+        waits for DELIVERY_WAIT_S at most in all (not per service: a server that stops sets every
+        one of its services, and its stop() must stay within one wait)."""
         with self._sending:
+            sends = []
             with self._lock:
-                self._status[service] = status
-                watchers = list(self._watchers.get(service, ()))
-            if not watchers:
+                for service, status in statuses.items():
+                    self._status[service] = status
+                    response = health_pb2.HealthCheckResponse(status=status)
+                    sends += [(send, response) for send in self._watchers.get(service, ())]
+            if not sends:
                 return
-            response = health_pb2.HealthCheckResponse(status=status)
 
             def deliver():
-                for send in watchers:  # a watcher that went away meanwhile ignores it
+                for send, response in sends:  # a watcher that went away meanwhile ignores it
                     send(response)
 
             delivery = threading.Thread(target=deliver, name="health-watchers", daemon=True)

@@ -101,9 +101,7 @@ class MeshServer:
 
     def set_serving(self, serving: bool) -> None:
         status = SERVING if serving else NOT_SERVING
-        self.health.set("", status)
-        for service in self.services:
-            self.health.set(service.name, status)
+        self.health.update({"": status, **{service.name: status for service in self.services}})
 
     def watch_dependencies(self, checks: Mapping[str, Callable[[], None]],
                            interval_s: float = DEPENDENCY_CHECK_S) -> None:

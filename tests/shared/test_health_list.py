@@ -6,6 +6,8 @@ of such a name leaves behind."""
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 from _server_helpers import (  # noqa: F401  (fixtures)
@@ -86,3 +88,27 @@ def test_a_watch_of_a_made_up_name_leaves_no_entry_once_it_ends():
     for callback in context.on_end:
         callback()
     assert sent[-1] is None and health._watchers == {}
+
+
+def test_a_server_going_not_serving_waits_for_its_watchers_once_not_once_per_name(server, monkeypatch):
+    """A stop() under load once took over 5 s: each of a server's names ('' and every service) was
+    set apart, and each waited up to DELIVERY_WAIT_S for a send that grpcio can leave hanging. Every
+    name's watchers are now sent their status on one delivery, waited for once."""
+    import accelmesh.runtime.health as health
+
+    joins: list[float | None] = []
+
+    class Delivery(threading.Thread):
+        def join(self, timeout=None):
+            joins.append(timeout)
+            super().join(timeout)
+
+    monkeypatch.setattr(health.threading, "Thread", Delivery)
+    sent: list[tuple[str, int]] = []
+    for name in ("", WORKER_SERVICE):
+        server.health._watchers[name] = {lambda response, name=name: sent.append((name, response.status))}
+    server.set_serving(False)
+    assert joins == [health.DELIVERY_WAIT_S]
+    assert sent == [("", NOT_SERVING), (WORKER_SERVICE, NOT_SERVING)]
+    for name in ("", WORKER_SERVICE):
+        server.health._watchers.pop(name)

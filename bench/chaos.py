@@ -43,6 +43,8 @@ import json
 import platform
 import random
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -83,6 +85,7 @@ KINDS = ("worker", "inventory", "compile", "dispatch", "postgres")
 RSS_BAR = 1.2
 USER = "soak"  # every client thread is this one user, so they share its quota
 RESTART_WARMUP_S = 45.0
+STALL_AFTER_S = 30.0  # jobs in flight and none ended this long: evidence is written (StallWatch)
 RESUBMIT = re.compile(r"submit\b.*\bagain|resubmit", re.IGNORECASE)
 TRAINING_RTOL, TRAINING_ATOL = 1e-5, 1e-6
 FINAL = {job_pb.JOB_STATE_SUCCEEDED, job_pb.JOB_STATE_FAILED, job_pb.JOB_STATE_CANCELLED}
@@ -459,6 +462,68 @@ class Memory:
         return out
 
 
+class StallWatch:
+    """Evidence when the mesh goes quiet: jobs in flight but none ended for STALL_AFTER_S.
+
+    Each time (at most once a STALL_AFTER_S) it writes `stall-N.txt` to the log folder: the
+    dispatch database's sessions and the locks they wait on, and, where py-spy is on PATH, every
+    dispatcher's Python stacks. A stall's cause is then read from the files, not guessed."""
+
+    def __init__(self, mesh: SoakMesh, runs: list[JobRun], lock: threading.Lock):
+        self.mesh, self.runs, self.lock = mesh, runs, lock
+        self.files: list[str] = []
+        self.last_end = self.last_dump = time.time()
+        self.engine = None
+
+    def sample(self) -> None:
+        now = time.time()
+        with self.lock:
+            ends = [r.ended_at for r in self.runs if r.ended_at]
+            in_flight = sum(1 for r in self.runs if r.ended_at is None)
+        self.last_end = max([self.last_end, *ends])
+        if in_flight and now - self.last_end >= STALL_AFTER_S and now - self.last_dump >= STALL_AFTER_S:
+            self.last_dump = now
+            self.dump(now, in_flight)
+
+    def dump(self, now: float, in_flight: int) -> None:
+        path = self.mesh.log_dir / f"stall-{len(self.files)}.txt"
+        parts = [f"{time.strftime('%H:%M:%S', time.gmtime(now))} UTC: {in_flight} jobs in flight, none ended "
+                 f"for {now - self.last_end:.0f} s"]
+        parts.append(self.database())
+        spy = shutil.which("py-spy")
+        if spy is None:
+            parts.append("py-spy is not on PATH: no stacks")
+        for process in self.mesh.dispatchers if spy else []:
+            found = subprocess.run([spy, "dump", "--pid", str(process.process.pid)], capture_output=True,
+                                   text=True, timeout=30, check=False)
+            parts.append(f"== {process.name} (pid {process.process.pid})\n{found.stdout}{found.stderr}")
+        path.write_text("\n\n".join(parts) + "\n")
+        self.files.append(path.name)
+        progress(f"no job ended for {now - self.last_end:.0f} s with {in_flight} in flight: evidence in {path}")
+
+    def database(self) -> str:
+        import sqlalchemy as sa
+
+        try:
+            if self.engine is None:
+                self.engine = sa.create_engine(self.mesh.dispatch_db.replace("postgresql://",
+                                                                             "postgresql+psycopg://"))
+            with self.engine.connect() as connection:
+                sessions = connection.execute(sa.text(
+                    "SELECT pid, state, wait_event_type, wait_event, now() - xact_start AS in_xact, "
+                    "pg_blocking_pids(pid) AS blocked_by, left(query, 200) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")).fetchall()
+                locks = connection.execute(sa.text(
+                    "SELECT pid, locktype, relation::regclass, mode, granted FROM pg_locks "
+                    "WHERE NOT granted OR pid IN "
+                    "(SELECT unnest(pg_blocking_pids(a.pid)) FROM pg_stat_activity a)")).fetchall()
+        except Exception as exc:  # noqa: BLE001 - the database may be the one down: say so and go on
+            self.engine = None
+            return f"dispatch database not read: {exc}"
+        return "sessions:\n" + "\n".join(map(str, sessions)) + "\nlocks waited on or blocking:\n" + \
+            "\n".join(map(str, locks))
+
+
 def reference_outputs(mesh: SoakMesh) -> dict[str, dict[str, np.ndarray]]:
     references = {}
     with MeshClient(mesh.dispatchers[0].address, security=mesh.credentials.client()) as client:
@@ -602,6 +667,7 @@ def main() -> int:
         memory.baseline_all()
         schedule = kill_schedule(args.seed, minutes * 60, mesh.targets())
         stop, lock = threading.Event(), threading.Lock()
+        watch = StallWatch(mesh, runs, lock)
         workers = [threading.Thread(target=Client(i, mesh, user, references, args.seed, stop, args.stuck_after, runs,
                                                   lock).loop, name=f"client-{i}", daemon=True)
                    for i in range(clients)]
@@ -613,6 +679,7 @@ def main() -> int:
         def idle_until(moment: float) -> None:
             while time.monotonic() < moment:
                 memory.sample()
+                watch.sample()
                 time.sleep(min(1.0, max(0.0, moment - time.monotonic())))
 
         for planned in schedule:
@@ -690,7 +757,7 @@ def main() -> int:
         "memory": figures, "kills": kills, "warm_up_mismatches": warm_mismatch,
         "warm_up_errors": sorted(set(warm_errors)),
         "problems": [evidence(mesh, run, why, kills, began) for why, group in bad.items() for run in group],
-        "logs": str(log_dir), "pass": passed, "reasons": reasons,
+        "stalls": watch.files, "logs": str(log_dir), "pass": passed, "reasons": reasons,
     }, indent=2))
     return 0 if passed else 1
 

@@ -163,3 +163,28 @@ def test_a_restarted_process_is_measured_against_the_larger_of_its_own_and_its_f
     assert report["dispatch-1"]["ratio"] == pytest.approx(200 / 160, abs=1e-3)  # growth still shows
     rss[12] = 260 << 20
     assert memory.report()["dispatch-0"]["ratio"] == pytest.approx(260 / 160, abs=1e-3)
+
+
+def test_a_quiet_spell_with_jobs_in_flight_leaves_evidence_once_per_spell(monkeypatch, tmp_path):
+    """A restarted dispatcher once ran nothing for 104 s with a job's shards started: the soak
+    writes what the database and the dispatchers were doing, rather than leave it to a guess."""
+    clock = [1000.0]
+    monkeypatch.setattr(chaos.time, "time", lambda: clock[0])
+    monkeypatch.setattr(chaos.shutil, "which", lambda name: None)
+    mesh = _SoakMesh()
+    mesh.log_dir, mesh.dispatchers, mesh.dispatch_db = tmp_path, [], "postgresql://nobody@127.0.0.1:1/none"
+    runs = [chaos.JobRun("small", "run", 0, "r0", 990.0, ended_at=999.0), chaos.JobRun("small", "run", 0, "r1", 995.0)]
+    watch = chaos.StallWatch(mesh, runs, chaos.threading.Lock())
+    clock[0] = 1000.0 + chaos.STALL_AFTER_S - 1
+    watch.sample()
+    assert watch.files == []
+    clock[0] = 1000.0 + chaos.STALL_AFTER_S
+    watch.sample()
+    watch.sample()
+    assert watch.files == ["stall-0.txt"]
+    text = (tmp_path / "stall-0.txt").read_text()
+    assert "1 jobs in flight" in text and "dispatch database not read" in text and "py-spy is not on PATH" in text
+    runs[1].ended_at = clock[0]  # the job ended: a new spell starts from there
+    clock[0] += chaos.STALL_AFTER_S - 1
+    watch.sample()
+    assert watch.files == ["stall-0.txt"]

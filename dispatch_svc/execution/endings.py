@@ -7,7 +7,23 @@ from __future__ import annotations
 import traceback
 
 from accelmesh import errors
+from accelmesh.runtime.errors import bounded
 from dispatch_svc.ports import InputFeed, LiveJob
+
+# What a job that failed because a part of the mesh was away says: UNAVAILABLE is gRPC's status for
+# a fault that passes (a worker, a replica or the database restarting), so the same job may well
+# run if it is sent again, and its caller should know that from the message as from the status.
+TRANSIENT_ADVICE = "submit the job again: it failed because a part of the mesh was unavailable, not because of the job"
+
+
+def failure_message(exc: BaseException, limit: int) -> str:
+    """A FAILED job's recorded error, at most `limit` bytes: its exception's text, then
+    TRANSIENT_ADVICE (kept whole however long the text) when the cause was UNAVAILABLE and the text
+    does not say already to submit it again."""
+    message = str(exc) or type(exc).__name__
+    if not isinstance(exc, errors.Unavailable) or "submit it again" in message or "submit the job again" in message:
+        return bounded(message, limit)
+    return f"{bounded(message, limit - len(TRANSIENT_ADVICE) - 2)}; {TRANSIENT_ADVICE}"
 
 
 def detached(exc: BaseException) -> BaseException:

@@ -28,7 +28,7 @@ from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
-from dispatch_svc.execution.endings import detached, let_go
+from dispatch_svc.execution.endings import detached, failure_message, let_go
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.jobs import records as m
@@ -385,4 +385,4 @@ class JobRunner:
             if not isinstance(exc, errors.AccelmeshError):  # a bug: its traceback as text (see endings.let_go)
                 log.error("job %s failed\n%s", job.job_id, "".join(traceback.format_exception(exc)).rstrip())
             live.error = detached(exc)
-            self.book.finish(job, m.FAILED, error=bounded(str(exc) or type(exc).__name__, MAX_ERROR_BYTES))
+            self.book.finish(job, m.FAILED, error=failure_message(exc, MAX_ERROR_BYTES))

@@ -14,6 +14,7 @@ import pytest
 from accelmesh import errors
 from accelmesh.runtime.tensors import Placed
 from dispatch_svc.api import delivery
+from dispatch_svc.execution.endings import TRANSIENT_ADVICE
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
 
@@ -100,9 +101,50 @@ def test_a_shard_that_fails_on_every_device_fails_the_job_naming_every_cause(tmp
     # naming its own failures, or, when other shards took every device out before it was tried
     # anywhere, theirs.
     assert re.fullmatch(r"shard \d+ could not run: (10\.0\.0\.1/cuda:\d: UNAVAILABLE: the worker went away; )+"
-                        r"no other device can take it", job.error), job.error
+                        r"no other device can take it; " + re.escape(TRANSIENT_ADVICE), job.error), job.error
     assert {d for d, _, _ in mesh.workers.attempts} == {d.id for d in mesh.devices}
     assert mesh.inventory.released == [job.job_id]
+
+
+def test_a_job_failed_by_a_part_of_the_mesh_that_was_away_says_to_submit_it_again(tmp_path):
+    """The chaos soak's jobs that failed on an UNAVAILABLE (a worker, an inventory replica or the
+    database restarting) said what failed, and not that the same job may run if sent again."""
+    mesh = FakeMesh(AFFINE)
+
+    def refresh(devices):
+        raise errors.Unavailable("inventory refresh: UNAVAILABLE: node 10.0.0.1:7000 did not answer DescribeNode")
+    mesh.inventory.refresh = refresh
+    job = failed_in_planning(runner_for(mesh, tmp_path), errors.Unavailable)
+    assert job.state == m.FAILED
+    assert job.error == ("inventory refresh: UNAVAILABLE: node 10.0.0.1:7000 did not answer DescribeNode; "
+                         f"{TRANSIENT_ADVICE}")
+
+
+def test_a_job_failed_by_its_own_fault_is_not_told_to_submit_again(tmp_path):
+    mesh = FakeMesh(AFFINE)
+
+    def refresh(devices):
+        raise errors.FailedPrecondition("no device of type 'tpu-v5e' in the pool")
+    mesh.inventory.refresh = refresh
+    job = failed_in_planning(runner_for(mesh, tmp_path), errors.FailedPrecondition)
+    assert job.state == m.FAILED and job.error == "no device of type 'tpu-v5e' in the pool"
+
+
+def failed_in_planning(runner, kind: type[errors.AccelmeshError]) -> m.JobRecord:
+    """The job of AFFINE over X, whose planning raised `kind` to the caller, as its book holds it."""
+    job, live = runner.start(spec_for(AFFINE, [X]))
+    with pytest.raises(kind):
+        runner.run(job, live, Feed([X]), background=False)
+    return runner.book.get(job.job_id)
+
+
+def test_the_advice_to_submit_again_outlives_a_cause_cut_to_the_error_limit():
+    from dispatch_svc.execution.endings import failure_message
+
+    message = failure_message(errors.Unavailable("x" * 10_000), 4096)
+    assert len(message.encode()) <= 4096 and message.endswith(f"; {TRANSIENT_ADVICE}")
+    assert failure_message(errors.Unavailable("the replica stopped; submit it again"), 4096) == \
+        "the replica stopped; submit it again"
 
 
 def test_a_shard_refused_the_same_way_everywhere_fails_the_job_as_not_retryable(tmp_path):

@@ -40,7 +40,7 @@ class Grant:
     """The job holds these claims (device id, bytes), leased by `lease` until the job ends."""
 
     claims: tuple[tuple[str, int], ...]
-    lease: LeaseKeeper
+    lease: LeaseKeeper | None  # None: nothing claimed, nothing leased
 
     @property
     def device_ids(self) -> frozenset[str]:
@@ -89,7 +89,11 @@ class AdmissionGate:
 
     def admit(self, job: m.JobRecord, live: LiveJob, claims: Sequence[tuple[str, int]]) -> Grant | Wait:
         """The owner's quota takes the claims (recorded as the job's holding), then the inventory
-        reserves them, all or none; granted, the reservations are renewed until the job is done."""
+        reserves them, all or none; granted, the reservations are renewed until the job is done. No
+        claims (a job taken over with every shard finished: it only combines what they wrote): granted
+        with nothing reserved and no lease, as the inventory reserves no empty set."""
+        if not claims:
+            return Grant((), None)
         reserved_at = time.monotonic()
         if self.quotas is not None:
             try:

@@ -75,6 +75,8 @@ class FakeInventory:
         return list(devices)
 
     def reserve(self, job_id, claims, ttl_s):
+        if not claims:  # as the inventory's ReserveDevices refuses it
+            raise errors.InvalidArgument("claims is empty; list at least one device to reserve", field="claims")
         self.reserved[job_id] = list(claims)
 
     def renew(self, job_id, device_ids, ttl_s, timeout_s):

@@ -412,3 +412,40 @@ def test_a_job_end_is_recorded_once_the_book_answers_again(tmp_path, book_db, mo
     finally:
         mesh.workers.let_go.set()
         runner.book.close()
+
+
+def test_a_job_taken_over_with_every_shard_finished_ends_without_reserving_anything(tmp_path, book_db, monkeypatch):
+    """In the chaos soak a job whose every shard had finished, but whose end the database (down
+    for 4 s) did not take, was taken over and FAILED "claims is empty": the new runner asked the
+    inventory to reserve no device. It has nothing left to run: it combines what its shards wrote."""
+    monkeypatch.setattr(runner_module, "RECORD_WAIT_S", 0.0)
+    clock = Clock()
+    first_mesh, second_mesh = holding_mesh(hold_from=0), FakeMesh(AFFINE)
+    first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
+    try:
+        job, live = first.start(spec_for(AFFINE, [X]))
+        first.run(job, live, Feed([X]))
+        first_mesh.workers.started.wait(WAIT_S)
+
+        def away(*_, **__):
+            raise errors.Unavailable("the database is not answering")
+        monkeypatch.setattr(first.book, "finish", away)
+        first_mesh.workers.let_go.set()
+        assert live.done.wait(WAIT_S), "the job was never let go of"
+        first.book.log.flush()  # every SHARD_FINISHED written, as in the soak
+        assert len(first.book.finished_shards(job.job_id)) == len(job.plan.shards)
+
+        clock.now += LEASE_S + 1
+        assert Takeover(second).check() == [job.job_id]
+        done = second.book.wait_final(job.job_id, WAIT_S)
+        assert done.state == m.SUCCEEDED, done.error
+        np.testing.assert_array_equal(
+            next(e for e in second.book.results.entries(job.job_id) if e.name == "y").read(), 2 * X + BIAS)
+        np.testing.assert_allclose(
+            next(e for e in second.book.results.entries(job.job_id) if e.name == "s").read(), X.sum(axis=0),
+            rtol=1e-5)
+        assert second_mesh.workers.attempts == [] and job.job_id not in second_mesh.inventory.reserved
+    finally:
+        first_mesh.workers.let_go.set()
+        first.book.close()
+        second.book.close()

@@ -32,6 +32,8 @@ from dispatch_svc.jobs.schema.tables import jobs as jobs_table
 log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 0.5  # how often a watcher looks for events another process (a dispatch replica) wrote
+FOLLOW_OUTAGE_S = 30.0  # how long a watcher keeps looking while the database does not answer
+OUTAGE_RETRY_S = 0.5  # between those looks
 # A shard's events are written in batches (see above): this long at most after they happened, or
 # once this many wait, whichever comes first.
 BATCHED_EVENTS = frozenset({m.SHARD_STARTED, m.SHARD_FINISHED})
@@ -158,33 +160,28 @@ class EventLog:
     def read(self, job_id: str, from_index: int, final: Callable[[str], bool], idle: object = None
              ) -> Iterator[m.Event]:
         """Every event of the job from `from_index` on; blocks for new ones until `final(job_id)`
-        says it ended. `idle`, if given, is yielded before each wait for more (JobBook.events)."""
-        index = from_index
-        said_idle = False
+        says it ended. `idle`, if given, is yielded before each wait for more (JobBook.events).
+        A database that does not answer is looked at again for FOLLOW_OUTAGE_S before its
+        Unavailable is raised: a watcher (RunJob, WatchJob) rides out a restart of a few seconds
+        rather than end its call, which, for RunJob, would have stopped the job."""
+        index, said_idle, outage_since = from_index, False, None
         while True:
-            with self.changed:
-                # Batched events not written yet come from memory; the database has those before them.
-                # An event too long to send (an old plan event of a huge job) comes without its plan.
-                waiting = self._waiting(job_id, index)
-                if waiting and self._lease_s:
-                    # Shared with other replicas: what a client saw is written before it sees it,
-                    # so a replica taking the job over keeps every shard a client was told finished.
-                    self.flush()
-                rows = []
-                if not waiting and not self._caught_up(job_id, index):
-                    with database.connected(self._engine) as connection:
-                        rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
-                if not rows and not waiting:
-                    if final(job_id):
-                        return
-                    if said_idle or idle is None:
-                        # Woken at once by this process's writes; another replica's (a job it runs,
-                        # watched through this one) are read at the next look, WATCH_POLL_S on.
-                        self.changed.wait(WATCH_POLL_S)
-                        continue
-            if not rows and not waiting:  # about to wait: said outside the lock, then looked at again
-                said_idle = True
-                yield idle
+            try:
+                waiting, rows, ended = self._look(job_id, index, final, wait=said_idle or idle is None)
+            except errors.Unavailable:
+                outage_since = outage_since or time.monotonic()
+                if time.monotonic() - outage_since >= FOLLOW_OUTAGE_S:
+                    raise
+                with self.changed:
+                    self.changed.wait(OUTAGE_RETRY_S)  # a back-off while the database restarts
+                continue
+            outage_since = None
+            if ended:
+                return
+            if not rows and not waiting:
+                if not (said_idle or idle is None):  # about to wait: said outside the lock, then looked at again
+                    said_idle = True
+                    yield idle
                 continue
             said_idle = False
             for event in waiting:
@@ -198,6 +195,33 @@ class EventLog:
                     log.warning("job %s: event %d does not parse (%s); skipped", job_id, idx, exc)
                     continue
                 yield event
+
+    def _look(self, job_id: str, index: int, final: Callable[[str], bool], *, wait: bool
+              ) -> tuple[list[m.Event], list, bool]:
+        """The events from `index` on (batched ones from memory, the rest from the database), and
+        whether the job ended with none left; with none and `wait`, first waited for, under the
+        same lock as the look, so no write in between goes unnoticed."""
+        with self.changed:
+            # Batched events not written yet come from memory; the database has those before them.
+            # An event too long to send (an old plan event of a huge job) comes without its plan.
+            waiting = self._waiting(job_id, index)
+            if waiting and self._lease_s:
+                # Shared with other replicas: what a client saw is written before it sees it,
+                # so a replica taking the job over keeps every shard a client was told finished.
+                self.flush()
+            rows = []
+            if not waiting and not self._caught_up(job_id, index):
+                with database.connected(self._engine) as connection:
+                    rows = connection.execute(_EVENTS_FROM, {"job_id": job_id, "from_index": index}).all()
+            if rows or waiting:
+                return waiting, rows, False
+            if final(job_id):
+                return [], [], True
+            if wait:
+                # Woken at once by this process's writes; another replica's (a job it runs,
+                # watched through this one) are read at the next look, WATCH_POLL_S on.
+                self.changed.wait(WATCH_POLL_S)
+            return [], [], False
 
     def finished_shards(self, job_id: str) -> set[int]:
         """The shards a SHARD_FINISHED event says are done (their outputs were written before it)."""

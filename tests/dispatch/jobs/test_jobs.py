@@ -403,3 +403,29 @@ def test_an_event_with_every_field_set_reads_back_equal():
                     step=4, loss=0.125)
     assert {f.name for f in dataclasses.fields(event)} == set(json.loads(event_text(event)))
     assert event_from(json.loads(event_text(event))) == event
+
+
+def test_a_watcher_rides_out_a_database_that_does_not_answer_for_a_while(tmp_path, book_db, monkeypatch):
+    """In the chaos soak a RunJob following its job from the queue ended UNAVAILABLE when the
+    database restarted for 4 s, and the end of its call cancelled the job ("the client of its
+    RunJob call disconnected"). The watcher now looks again for FOLLOW_OUTAGE_S first."""
+    monkeypatch.setattr(jobs, "OUTAGE_RETRY_S", 0.0)
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    job = book.create(SPEC)
+    book.emit(job, m.PLANNED, message="2 shards")
+    book.finish(job, m.SUCCEEDED)
+    book.forget_live(job.job_id)  # read from the database, as a watcher on another replica reads it
+    away = [3]
+
+    def final(job_id):
+        if away[0]:
+            away[0] -= 1
+            raise errors.Unavailable("the database is not answering; try again when it is back")
+        return book._final(job_id)
+
+    assert [e.type for e in book.log.read(job.job_id, 0, final)] == [m.PLANNED, "succeeded"]
+    assert away == [0]
+    monkeypatch.setattr(jobs, "FOLLOW_OUTAGE_S", 0.0)  # an outage past the bound is raised
+    away[0] = 1
+    with pytest.raises(errors.Unavailable):
+        list(book.log.read(job.job_id, 0, final))

@@ -10,10 +10,12 @@ from accelmesh import errors
 from accelmesh.runtime.errors import bounded
 from dispatch_svc.ports import InputFeed, LiveJob
 
-# What a job that failed because a part of the mesh was away says: UNAVAILABLE is gRPC's status for
-# a fault that passes (a worker, a replica or the database restarting), so the same job may well
-# run if it is sent again, and its caller should know that from the message as from the status.
-TRANSIENT_ADVICE = "submit the job again: it failed because a part of the mesh was unavailable, not because of the job"
+# What a job that failed on the mesh says: UNAVAILABLE is gRPC's status for a fault that may pass (a
+# worker, a replica or the database restarting; a shard that every device it could go to failed), so
+# the same job may well run if it is sent again, and its caller should know that from the message as
+# from the status.
+TRANSIENT_ADVICE = ("submit the job again: what stopped it was the mesh (a process, link or device away or "
+                    "failing), not the job, and it may well run then")
 
 
 def failure_message(exc: BaseException, limit: int) -> str:

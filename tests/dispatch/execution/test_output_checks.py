@@ -15,6 +15,7 @@ import pytest
 from accelmesh import errors
 from accelmesh.programs import OutputSpec, Program, TensorSpec
 from dispatch_svc.dataplane.device_queues import ShardFailed
+from dispatch_svc.execution.endings import TRANSIENT_ADVICE
 from dispatch_svc.execution.output_checks import check_shard_outputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.training_options import TrainingOptions
@@ -82,8 +83,9 @@ def assert_failed_naming(job: m.JobRecord, error: BaseException | None, mismatch
     assert isinstance(error, errors.Unavailable), repr(error)
     head, _, reasons = job.error.partition(" could not run: ")
     assert re.fullmatch(r"shard \d+", head), job.error
-    assert reasons.endswith("; no other device can take it"), job.error
-    per_device = re.split(r"; (?=10\.0\.0\.1/cuda:\d: )", reasons.removesuffix("; no other device can take it"))
+    ending = f"; no other device can take it; {TRANSIENT_ADVICE}"
+    assert reasons.endswith(ending), job.error
+    per_device = re.split(r"; (?=10\.0\.0\.1/cuda:\d: )", reasons.removesuffix(ending))
     for reason in per_device:
         assert re.fullmatch(r"(?P<device>10\.0\.0\.1/cuda:\d): shard \d+ on (?P=device) returned " + mismatch,
                             reason), job.error

@@ -199,8 +199,8 @@ class EventLog:
     def _look(self, job_id: str, index: int, final: Callable[[str], bool], *, wait: bool
               ) -> tuple[list[m.Event], list, bool]:
         """The events from `index` on (batched ones from memory, the rest from the database), and
-        whether the job ended with none left; with none and `wait`, first waited for, under the
-        same lock as the look, so no write in between goes unnoticed."""
+        whether the job ended with none left; with none, not ended and `wait`, it then waits up to
+        WATCH_POLL_S under the same lock as the look, so no write in between goes unnoticed."""
         with self.changed:
             # Batched events not written yet come from memory; the database has those before them.
             # An event too long to send (an old plan event of a huge job) comes without its plan.

@@ -348,6 +348,21 @@ def test_a_leased_book_ends_the_unfinished_jobs_no_replica_leases(tmp_path, book
         other.close()
 
 
+def ended_while_the_book_was_away(first: JobRunner, first_mesh: FakeMesh, monkeypatch) -> m.JobRecord:
+    """A job of AFFINE over X run on `first` whose shards all finish while its book's `finish`
+    does not answer (RECORD_WAIT_S set to 0 by the caller): let go of unrecorded."""
+    job, live = first.start(spec_for(AFFINE, [X]))
+    first.run(job, live, Feed([X]))
+    first_mesh.workers.started.wait(WAIT_S)
+
+    def away(*_, **__):
+        raise errors.Unavailable("the database is not answering")
+    monkeypatch.setattr(first.book, "finish", away)
+    first_mesh.workers.let_go.set()
+    assert live.done.wait(WAIT_S), "the job was never let go of"
+    return job
+
+
 def test_a_job_whose_end_the_book_could_not_record_is_let_go_of_and_taken_over(tmp_path, book_db, monkeypatch):
     """The chaos soak's stall: the database went away as a job ended, its end could not be written,
     and the replica kept the job live and its lease renewed for good (RUNNING, never taken over),
@@ -357,15 +372,7 @@ def test_a_job_whose_end_the_book_could_not_record_is_let_go_of_and_taken_over(t
     first_mesh = holding_mesh(hold_from=0)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(FakeMesh(AFFINE), tmp_path, book_db, clock)
     try:
-        job, live = first.start(spec_for(AFFINE, [X]))
-        first.run(job, live, Feed([X]))
-        first_mesh.workers.started.wait(WAIT_S)
-
-        def away(*_, **__):
-            raise errors.Unavailable("the database is not answering")
-        monkeypatch.setattr(first.book, "finish", away)
-        first_mesh.workers.let_go.set()
-        assert live.done.wait(WAIT_S), "the job was never let go of"
+        job = ended_while_the_book_was_away(first, first_mesh, monkeypatch)
         assert first.live(job.job_id) is None
         assert first.book.get(job.job_id).state == m.RUNNING  # unrecorded, as the database was away
 
@@ -423,15 +430,7 @@ def test_a_job_taken_over_with_every_shard_finished_ends_without_reserving_anyth
     first_mesh, second_mesh = holding_mesh(hold_from=0), FakeMesh(AFFINE)
     first, second = replica(first_mesh, tmp_path, book_db, clock), replica(second_mesh, tmp_path, book_db, clock)
     try:
-        job, live = first.start(spec_for(AFFINE, [X]))
-        first.run(job, live, Feed([X]))
-        first_mesh.workers.started.wait(WAIT_S)
-
-        def away(*_, **__):
-            raise errors.Unavailable("the database is not answering")
-        monkeypatch.setattr(first.book, "finish", away)
-        first_mesh.workers.let_go.set()
-        assert live.done.wait(WAIT_S), "the job was never let go of"
+        job = ended_while_the_book_was_away(first, first_mesh, monkeypatch)
         first.book.log.flush()  # every SHARD_FINISHED written, as in the soak
         assert len(first.book.finished_shards(job.job_id)) == len(job.plan.shards)
 

@@ -1,0 +1,384 @@
+"""A worker's object store: a job's input tensors and its shards' outputs, kept as shared memory.
+
+Tensor bytes no longer pass through the dispatcher: a client puts a job's inputs on the worker
+that runs its shards, the shards run on views of them, and their outputs wait here until the
+client fetches them or the job ends. Each object is one segment file under `root` (/dev/shm),
+mapped once: a client on the same host (and uid) maps the file whose path it is handed and
+writes or reads the bytes in place, so handing it one path gives it that object and no other;
+clients on other hosts stream the bytes through the servicer, which writes them with `write`.
+A segment's name carries the creating pid and 128 random bits: it cannot be guessed, and
+`sweep_stale` can tell a killed worker's leftovers from a live worker's segments. Segments are
+allocated in full when created (posix_fallocate), because writing into a sparse tmpfs file that
+no longer has room kills the process with SIGBUS; a full /dev/shm is a refusal instead.
+
+An object is written, then sealed, then only read (`get` answers sealed objects only), so a shard
+never sees half an input. The store trusts what a same-host client does to its own mapping after
+the seal as it trusts the bytes it sends: they are that job's inputs and change that job only.
+
+Everything is bounded: the bytes of live objects by `limit_bytes` (a create that does not fit
+waits up to `wait_s` for releases, then is refused), their number by `max_objects` (each holds a
+mapping and, before Python 3.13, a file descriptor), ids by MAX_KEY_CHARS. Nothing tells a worker
+that a job ended if its client vanishes, so a scope none of whose objects was created, sealed or
+got for `ttl_s` goes whole, as held_tensors' idle jobs do. A freed object's file is unlinked at
+once and its bytes leave the bound; a view still in use keeps its pages until it is collected.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import mmap
+import operator
+import os
+import re
+import secrets
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from accelmesh import errors
+from worker_svc.held_tensors import MAX_KEY_CHARS
+
+BYTES_ENV = "ACCELMESH_WORKER_STORE_BYTES"  # limit_bytes
+TTL_ENV = "ACCELMESH_WORKER_STORE_TTL_S"  # ttl_s
+OBJECTS_ENV = "ACCELMESH_WORKER_STORE_OBJECTS"  # max_objects
+MAX_OBJECTS = 65536
+MAX_DIMS = 32  # numpy 1.x's limit; a view of more dimensions cannot be made everywhere
+SEGMENT_PREFIX = "accelmesh-obj-"
+_SEGMENT = re.compile(rf"^{SEGMENT_PREFIX}(\d+)-[0-9a-f]{{32}}$")
+_FLAGS = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+# From 3.13 a mapping need not keep a duplicate of its file descriptor.
+_MMAP_OPTIONS = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+_NO_ROOM = {errno.ENOSPC: "its filesystem is full (a container's /dev/shm is sized by e.g. --shm-size)",
+            errno.ENOMEM: "the host is out of memory",
+            errno.EMFILE: "the worker has as many files open as its limit allows (ulimit -n)",
+            errno.ENFILE: "the host has as many files open as it allows"}
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    objects: int  # live now, sealed or not
+    used_bytes: int  # their bytes
+    limit_bytes: int
+    waiting: int  # creates waiting for room now
+
+
+class StoredObject:
+    """One object: an id within a scope (a job), its dtype and shape, and its segment."""
+
+    def __init__(self, scope: str, object_id: str, dtype: np.dtype, shape: tuple[int, ...], nbytes: int):
+        self.scope, self.object_id, self.dtype, self.shape, self.nbytes = scope, object_id, dtype, shape, nbytes
+        self.path = ""  # the segment file's absolute path; "" for a 0-byte object
+        self._mmap: mmap.mmap | None = None
+        self._ready = self._sealed = self._freed = False
+        self._lock = threading.Lock()  # a seal waits for the writes in progress
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def write(self, offset: int, data) -> None:
+        """Copy the bytes-like `data` into the object at byte `offset` (the store's lock is not held)."""
+        try:
+            source = memoryview(data).cast("B")
+        except TypeError:
+            raise errors.InvalidArgument("data must be contiguous bytes (bytes, bytearray, a C-ordered array)",
+                                         field="data") from None
+        offset = operator.index(offset)
+        if offset < 0 or offset + len(source) > self.nbytes:
+            raise errors.InvalidArgument(
+                f"offset {offset} with {len(source)} bytes does not fall within object {self._name()}, which has "
+                f"{self.nbytes} bytes: write within [0, {self.nbytes})", field="offset")
+        with self._lock:
+            target = self._bytes() if self.nbytes else None  # NotFound once released, sealed or not
+            if self._sealed:
+                raise errors.FailedPrecondition(f"object {self._name()} is sealed: objects are written once")
+            if len(source):
+                target[offset:offset + len(source)] = np.frombuffer(source, np.uint8)
+
+    def array(self) -> np.ndarray:
+        """A read-only view of the object's bytes as its dtype and shape; no copy."""
+        if self.nbytes == 0:
+            view = np.empty(self.shape, self.dtype)
+        else:
+            view = self._bytes().view(self.dtype).reshape(self.shape)
+        view.flags.writeable = False
+        return view
+
+    def _bytes(self) -> np.ndarray:
+        mapping = self._mmap
+        try:
+            if mapping is not None and not self._freed:
+                return np.frombuffer(mapping, np.uint8, count=self.nbytes)
+        except ValueError:  # closed by a release in the meantime
+            pass
+        raise errors.NotFound(f"object {self._name()} was released: put it again", field="object_id")
+
+    def _copy_in(self, array: np.ndarray) -> None:
+        with self._lock:
+            if array.size:
+                np.copyto(self._bytes().view(self.dtype).reshape(self.shape), array, casting="no")
+
+    def _name(self) -> str:
+        return f"{errors.quoted(self.object_id)} of scope {errors.quoted(self.scope)}"
+
+    def _free(self) -> None:
+        self._freed = True
+        mapping, self._mmap = self._mmap, None
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:  # a view still exports it: collecting the last one unmaps it
+                pass
+
+
+class ObjectStore:
+    """Thread-safe: one lock (and its condition, for creates waiting for room) over every scope."""
+
+    def __init__(self, limit_bytes: int, *, root: str = "/dev/shm", ttl_s: float = 900.0, wait_s: float = 30.0,
+                 max_objects: int = MAX_OBJECTS, clock: Callable[[], float] = time.monotonic):
+        self.limit_bytes, self.max_objects = limit_bytes, max_objects
+        self.root, self.ttl_s, self.wait_s = os.path.abspath(root), ttl_s, wait_s
+        self._clock = clock  # for expiry; waits for room run on real time, whatever the clock
+        self._changed = threading.Condition(threading.Lock())
+        self._scopes: dict[str, dict[str, StoredObject]] = {}  # scope -> object id -> object
+        self._last_used: dict[str, float] = {}  # scope -> when one of its objects was last created or got
+        self._count = self._used = self._waiting = 0
+        self._closed = False
+
+    def create(self, scope: str, object_id: str, dtype, shape, *, wait_s: float | None = None) -> StoredObject:
+        """A new, empty, unsealed object; waits up to `wait_s` (default the store's) for room."""
+        obj = StoredObject(_checked_id("scope", scope), _checked_id("object_id", object_id), *_layout(dtype, shape))
+        wait_s = self.wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait_s
+        with self._changed:
+            self._expire(self._clock())
+            self._check_new(obj)
+            if obj.nbytes > self.limit_bytes:
+                raise self._full(obj, "more than the whole store holds")
+            while self._used + obj.nbytes > self.limit_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._full(obj, f"and no room came free within {wait_s:g} s")
+                self._waiting += 1
+                try:
+                    self._changed.wait(left)
+                finally:
+                    self._waiting -= 1
+                self._expire(self._clock())
+                self._check_new(obj)
+            self._scopes.setdefault(scope, {})[object_id] = obj  # held while its segment is made: ids stay unique
+            self._count += 1
+            self._used += obj.nbytes
+            self._last_used[scope] = self._clock()
+        try:
+            path, mapping = _make_segment(self.root, obj.nbytes) if obj.nbytes else ("", None)
+        except BaseException as exc:
+            with self._changed:
+                self._drop(obj)
+            if not isinstance(exc, OSError) or exc.errno not in _NO_ROOM:
+                raise
+            raise errors.ResourceExhausted(
+                f"no segment of {obj.nbytes} bytes for object {obj._name()} could be made under {self.root}: "
+                f"{_NO_ROOM[exc.errno]}; release or fetch earlier objects, or ask an operator to make room") from exc
+        with self._changed:
+            obj.path, obj._mmap, obj._ready = path, mapping, True
+            if self._scopes.get(scope, {}).get(object_id) is not obj:  # released or expired meanwhile
+                obj._free()
+                raise errors.NotFound(f"object {obj._name()} was released while it was created", field="object_id")
+        return obj
+
+    def seal(self, scope: str, object_id: str) -> StoredObject:
+        """Mark the object written in full: from now on it is only read (`get`)."""
+        with self._changed:
+            obj = self._find(scope, object_id)
+            if obj is None:
+                raise errors.NotFound(f"no object {errors.quoted(object_id)} in scope {errors.quoted(scope)} to seal: "
+                                      "create it first", field="object_id")
+        with obj._lock:  # the writes in progress end first
+            if obj._sealed:
+                raise errors.FailedPrecondition(f"object {obj._name()} is sealed already")
+            if obj._freed:
+                raise errors.NotFound(f"object {obj._name()} was released before it was sealed", field="object_id")
+            obj._sealed = True
+        with self._changed:
+            if scope in self._last_used:
+                self._last_used[scope] = self._clock()
+        return obj
+
+    def get(self, scope: str, object_id: str) -> StoredObject:
+        """A sealed object."""
+        with self._changed:
+            now = self._clock()
+            self._expire(now)
+            obj = self._find(scope, object_id)
+            if obj is None or not obj._sealed:
+                raise errors.NotFound(
+                    f"object {errors.quoted(object_id)} of scope {errors.quoted(scope)} is not on this worker: it was "
+                    f"never put (or not sealed yet), was released, expired after {TTL_ENV}={self.ttl_s:g} s idle, or "
+                    "the worker restarted: put it again", field="object_id")
+            self._last_used[scope] = now
+            return obj
+
+    def put_array(self, scope: str, object_id: str, array: np.ndarray, *,
+                  wait_s: float | None = None) -> StoredObject:
+        """Create, write and seal an object holding a copy of `array` (a shard's output)."""
+        array = np.asarray(array)
+        obj = self.create(scope, object_id, array.dtype, array.shape, wait_s=wait_s)
+        try:
+            obj._copy_in(array)
+            return self.seal(scope, object_id)
+        except BaseException:
+            with self._changed:
+                self._drop(obj)
+            raise
+
+    def release(self, scope: str, prefix: str = "") -> tuple[int, int]:
+        """Free the scope's objects whose id starts with `prefix`: (objects, bytes) freed."""
+        with self._changed:
+            chosen = [obj for key, obj in self._scopes.get(scope, {}).items() if key.startswith(prefix)]
+            for obj in chosen:
+                self._drop(obj)
+            return len(chosen), sum(obj.nbytes for obj in chosen)
+
+    def expire(self) -> int:
+        """Free the objects of scopes idle for `ttl_s`; create and get do it too. Objects freed."""
+        with self._changed:
+            return self._expire(self._clock())
+
+    def stats(self) -> StoreStats:
+        with self._changed:
+            return StoreStats(self._count, self._used, self.limit_bytes, self._waiting)
+
+    def close(self) -> None:
+        """Free every object (the worker stops); creates after this are refused."""
+        with self._changed:
+            self._closed = True
+            for objects in list(self._scopes.values()):
+                for obj in list(objects.values()):
+                    self._drop(obj)
+
+    def _find(self, scope: str, object_id: str) -> StoredObject | None:
+        obj = self._scopes.get(scope, {}).get(object_id)
+        return obj if obj is not None and obj._ready else None
+
+    def _check_new(self, obj: StoredObject) -> None:
+        if self._closed:
+            raise errors.Unavailable("this worker is stopping: put the object on the worker that runs its job next")
+        if obj.object_id in self._scopes.get(obj.scope, {}):
+            raise errors.AlreadyExists(f"object {obj._name()} of this job exists already; objects are written once",
+                                       field="object_id")
+        if self._count >= self.max_objects:
+            raise errors.ResourceExhausted(
+                f"this worker holds {self._count} objects, its limit ({OBJECTS_ENV}); release or fetch earlier "
+                f"objects, put fewer, larger ones, or raise {OBJECTS_ENV}",
+                metadata={"limit_objects": str(self.max_objects), "variable": OBJECTS_ENV},
+                quota=errors.QuotaViolation("worker", f"{self.max_objects} objects at once ({OBJECTS_ENV})"))
+
+    def _full(self, obj: StoredObject, why: str) -> errors.ResourceExhausted:
+        return errors.ResourceExhausted(
+            f"object {obj._name()} needs {obj.nbytes} bytes, {why}: the worker's store holds {self._used} of its "
+            f"{self.limit_bytes} bytes ({BYTES_ENV}); release or fetch earlier objects, use smaller shards, or raise "
+            f"{BYTES_ENV}", metadata={"limit_bytes": str(self.limit_bytes), "variable": BYTES_ENV},
+            quota=errors.QuotaViolation("worker", f"{self.limit_bytes} bytes of objects at once ({BYTES_ENV})"))
+
+    def _expire(self, now: float) -> int:
+        idle = [scope for scope, last in self._last_used.items() if now - last >= self.ttl_s]
+        freed = 0
+        for scope in idle:
+            for obj in list(self._scopes.get(scope, {}).values()):
+                self._drop(obj)
+                freed += 1
+        return freed
+
+    def _drop(self, obj: StoredObject) -> None:
+        """Free `obj` if it is still the store's (the lock is held)."""
+        objects = self._scopes.get(obj.scope, {})
+        if objects.get(obj.object_id) is not obj:
+            return
+        del objects[obj.object_id]
+        if not objects:
+            del self._scopes[obj.scope]
+            self._last_used.pop(obj.scope, None)
+        self._count -= 1
+        self._used -= obj.nbytes
+        obj._free()
+        self._changed.notify_all()
+
+
+def sweep_stale(root: str = "/dev/shm") -> int:
+    """Remove the segments of workers that are gone (killed before `close`): files of this uid
+    named for a pid that no process has. A reused pid keeps its files until the next sweep after
+    that process ends. The count removed."""
+    removed = 0
+    with os.scandir(root) as entries:
+        for entry in entries:
+            match = _SEGMENT.match(entry.name)
+            if match is None or int(match.group(1)) <= 0:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                    continue
+                os.kill(int(match.group(1)), 0)
+            except ProcessLookupError:
+                try:
+                    os.unlink(entry.path)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+            except (OSError, OverflowError):  # alive under another uid, or gone meanwhile
+                continue
+    return removed
+
+
+def _make_segment(root: str, nbytes: int) -> tuple[str, mmap.mmap]:
+    path = os.path.join(root, f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(16)}")
+    fd = os.open(path, _FLAGS, 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:  # a umask may have narrowed it
+            os.fchmod(fd, 0o600)
+        os.ftruncate(fd, nbytes)
+        os.posix_fallocate(fd, 0, nbytes)
+        return path, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, **_MMAP_OPTIONS)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _checked_id(field: str, value: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
+        raise errors.InvalidArgument(f"{field} must be 1 to {MAX_KEY_CHARS} characters, got {errors.quoted(value)}",
+                                     field=field)
+    return value
+
+
+def _layout(dtype, shape) -> tuple[np.dtype, tuple[int, ...], int]:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise errors.InvalidArgument(f"dtype {errors.quoted(str(dtype))} is not a numpy dtype", field="dtype") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise errors.InvalidArgument(f"dtype {dtype} holds no fixed-size values: use a numeric or fixed-size dtype",
+                                     field="dtype")
+    try:
+        shape = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise errors.InvalidArgument(f"shape must be a sequence of integers, got {errors.quoted(shape)}",
+                                     field="shape") from None
+    if len(shape) > MAX_DIMS or any(n < 0 or n >= 2**63 for n in shape):
+        raise errors.InvalidArgument(f"shape must be at most {MAX_DIMS} non-negative integers, got "
+                                     f"{errors.quoted(shape)}", field="shape")
+    return dtype, shape, dtype.itemsize * math.prod(shape)

@@ -1,30 +1,27 @@
-"""A worker's object store: a job's input tensors and its shards' outputs, kept as shared memory.
+"""A worker's object store: a job's input tensors and its shards' outputs, in shared memory.
 
 Tensor bytes no longer pass through the dispatcher: a client puts a job's inputs on the worker
 that runs its shards, the shards run on views of them, and their outputs wait here until the
 client fetches them or the job ends. Each object is one segment file under `root` (/dev/shm),
-mapped once: a client on the same host (and uid) maps the file whose path it is handed and
-writes or reads the bytes in place, so handing it one path gives it that object and no other;
-clients on other hosts stream the bytes through the servicer, which writes them with `write`.
-A segment's name carries the creating pid and 128 random bits: it cannot be guessed, and
-`sweep_stale` can tell a killed worker's leftovers from a live worker's segments. Segments are
-allocated in full when created (posix_fallocate), because writing into a sparse tmpfs file that
-no longer has room kills the process with SIGBUS; a full /dev/shm is a refusal instead.
+mapped once: a client on the same host (and uid) maps the one file it is handed, which gives it
+that object and no other; the servicer `write`s what clients on other hosts stream. A name holds
+the creating pid and 128 random bits: unguessable, and `sweep_stale` tells a killed worker's
+leftovers from a live worker's. A segment is allocated in full when made (posix_fallocate):
+writing into a sparse tmpfs file that has no room left kills the process with SIGBUS.
 
-An object is written, then sealed, then only read (`get` answers sealed objects only), so a shard
-never sees half an input. The store trusts what a same-host client does to its own mapping after
-the seal as it trusts the bytes it sends: they are that job's inputs and change that job only.
-
-Everything is bounded: the bytes of live objects by `limit_bytes` (a create that does not fit
-waits up to `wait_s` for releases, then is refused), their number by `max_objects` (each holds a
-mapping and, before Python 3.13, a file descriptor), ids by MAX_KEY_CHARS. Nothing tells a worker
-that a job ended if its client vanishes, so a scope none of whose objects was created, sealed or
-got for `ttl_s` goes whole, as held_tensors' idle jobs do. A freed object's file is unlinked at
-once and its bytes leave the bound; a view still in use keeps its pages until it is collected.
+An object is written, sealed, then only read (`get` answers sealed ones), so no shard sees half an
+input; what a same-host client does to its own mapping after the seal changes its own job only.
+Everything is bounded: live objects' bytes by `limit_bytes` (a create that does not fit waits up
+to `wait_s` for releases, then is refused), their number by `max_objects` (each holds a mapping
+and, before Python 3.13, a file descriptor), ids by MAX_KEY_CHARS. A client may vanish without
+ending its job, so a scope none of whose objects was created, sealed or got for `ttl_s` goes
+whole, as held_tensors' idle jobs do. A freed object's file is unlinked at once and its bytes
+leave the bound; a view still in use keeps its pages until it is collected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import mmap
@@ -103,25 +100,20 @@ class StoredObject:
 
     def array(self) -> np.ndarray:
         """A read-only view of the object's bytes as its dtype and shape; no copy."""
-        if self.nbytes == 0:
-            view = np.empty(self.shape, self.dtype)
-        else:
-            view = self._bytes().view(self.dtype).reshape(self.shape)
+        view = self._bytes().view(self.dtype).reshape(self.shape) if self.nbytes else np.empty(self.shape, self.dtype)
         view.flags.writeable = False
         return view
 
     def _bytes(self) -> np.ndarray:
         mapping = self._mmap
-        try:
+        with contextlib.suppress(ValueError):  # closed by a release in the meantime
             if mapping is not None and not self._freed:
                 return np.frombuffer(mapping, np.uint8, count=self.nbytes)
-        except ValueError:  # closed by a release in the meantime
-            pass
         raise errors.NotFound(f"object {self._name()} was released: put it again", field="object_id")
 
     def _copy_in(self, array: np.ndarray) -> None:
         with self._lock:
-            if array.size:
+            if self.nbytes:
                 np.copyto(self._bytes().view(self.dtype).reshape(self.shape), array, casting="no")
 
     def _name(self) -> str:
@@ -131,15 +123,11 @@ class StoredObject:
         self._freed = True
         mapping, self._mmap = self._mmap, None
         if self.path:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
         if mapping is not None:
-            try:
+            with contextlib.suppress(BufferError):  # a view still exports it: collecting the last one unmaps it
                 mapping.close()
-            except BufferError:  # a view still exports it: collecting the last one unmaps it
-                pass
 
 
 class ObjectStore:
@@ -212,15 +200,14 @@ class ObjectStore:
                 raise errors.NotFound(f"object {obj._name()} was released before it was sealed", field="object_id")
             obj._sealed = True
         with self._changed:
-            if scope in self._last_used:
+            if scope in self._last_used:  # an upload that takes long keeps its scope alive
                 self._last_used[scope] = self._clock()
         return obj
 
     def get(self, scope: str, object_id: str) -> StoredObject:
         """A sealed object."""
         with self._changed:
-            now = self._clock()
-            self._expire(now)
+            self._expire(now := self._clock())
             obj = self._find(scope, object_id)
             if obj is None or not obj._sealed:
                 raise errors.NotFound(
@@ -230,8 +217,7 @@ class ObjectStore:
             self._last_used[scope] = now
             return obj
 
-    def put_array(self, scope: str, object_id: str, array: np.ndarray, *,
-                  wait_s: float | None = None) -> StoredObject:
+    def put_array(self, scope: str, object_id: str, array: np.ndarray, *, wait_s: float | None = None) -> StoredObject:
         """Create, write and seal an object holding a copy of `array` (a shard's output)."""
         array = np.asarray(array)
         obj = self.create(scope, object_id, array.dtype, array.shape, wait_s=wait_s)
@@ -264,9 +250,9 @@ class ObjectStore:
         """Free every object (the worker stops); creates after this are refused."""
         with self._changed:
             self._closed = True
-            for objects in list(self._scopes.values()):
-                for obj in list(objects.values()):
-                    self._drop(obj)
+            for obj in [obj for objects in self._scopes.values() for obj in objects.values()]:
+                self._drop(obj)
+            self._changed.notify_all()  # waiting creates are refused
 
     def _find(self, scope: str, object_id: str) -> StoredObject | None:
         obj = self._scopes.get(scope, {}).get(object_id)
@@ -294,12 +280,10 @@ class ObjectStore:
 
     def _expire(self, now: float) -> int:
         idle = [scope for scope, last in self._last_used.items() if now - last >= self.ttl_s]
-        freed = 0
-        for scope in idle:
-            for obj in list(self._scopes.get(scope, {}).values()):
-                self._drop(obj)
-                freed += 1
-        return freed
+        freed = [obj for scope in idle for obj in self._scopes.get(scope, {}).values()]
+        for obj in freed:
+            self._drop(obj)
+        return len(freed)
 
     def _drop(self, obj: StoredObject) -> None:
         """Free `obj` if it is still the store's (the lock is held)."""
@@ -332,11 +316,9 @@ def sweep_stale(root: str = "/dev/shm") -> int:
                     continue
                 os.kill(int(match.group(1)), 0)
             except ProcessLookupError:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed += 1
-                except FileNotFoundError:
-                    pass
             except (OSError, OverflowError):  # alive under another uid, or gone meanwhile
                 continue
     return removed

@@ -135,7 +135,8 @@ def test_an_object_larger_than_the_whole_store_is_refused_at_once(tmp_path):
     assert store.stats() == StoreStats(objects=0, used_bytes=0, limit_bytes=100, waiting=0)
 
 
-def test_a_create_that_does_not_fit_waits_until_another_object_is_released(tmp_path):
+def waiting_create(tmp_path) -> tuple[ObjectStore, threading.Thread, dict]:
+    """A store of 100 bytes holding 80 (job-1's "first") and a thread whose create of 50 waits for room."""
     entered = threading.Event()
 
     def clock() -> float:  # the waiting create reads it under the store's lock, just before it waits
@@ -148,11 +149,25 @@ def test_a_create_that_does_not_fit_waits_until_another_object_is_released(tmp_p
     thread, outcome = run_in_thread(lambda: store.create("job-2", "next", np.uint8, (50,), wait_s=600.0), "waiter")
     assert entered.wait(JOIN_S)
     assert store.stats().waiting == 1  # the lock is free only once the create waits
+    return store, thread, outcome
+
+
+def test_a_create_that_does_not_fit_waits_until_another_object_is_released(tmp_path):
+    store, thread, outcome = waiting_create(tmp_path)
     assert store.release("job-1") == (1, 80)
     thread.join(JOIN_S)
     assert not thread.is_alive() and "error" not in outcome
     assert outcome["result"].nbytes == 50
     assert store.stats() == StoreStats(objects=1, used_bytes=50, limit_bytes=100, waiting=0)
+    store.close()
+
+
+def test_a_create_waiting_for_room_is_refused_when_the_store_closes(tmp_path):
+    store, thread, outcome = waiting_create(tmp_path)
+    store.close()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and isinstance(outcome.get("error"), errors.Unavailable)
+    assert segments(tmp_path) == []
 
 
 @pytest.mark.parametrize("wait_s", [0.0, 0.05])
@@ -287,6 +302,20 @@ def test_a_segment_that_cannot_be_allocated_is_refused_and_leaves_nothing(store,
     assert segments(tmp_path) == [] and store.stats().objects == 0
     monkeypatch.undo()
     assert store.create("job-1", "x", np.uint8, (10,)).nbytes == 10
+
+
+def test_an_object_released_while_its_segment_is_made_leaves_no_file(store, tmp_path, monkeypatch):
+    make = objects._make_segment
+
+    def released_meanwhile(root, nbytes):  # the store's lock is free here, or this release would hang
+        made = make(root, nbytes)
+        assert store.release("job-1") == (1, nbytes)
+        return made
+
+    monkeypatch.setattr(objects, "_make_segment", released_meanwhile)
+    with pytest.raises(errors.NotFound, match="released while it was created"):
+        store.create("job-1", "x", np.uint8, (10,))
+    assert segments(tmp_path) == [] and store.stats().used_bytes == 0
 
 
 @pytest.mark.parametrize("field, scope, object_id, dtype, shape", [

@@ -24,6 +24,9 @@ STREAM_LIMIT = "STREAM_LIMIT"
 STREAM_SHARE = "STREAM_SHARE"
 # A request stream sent no message for the service's idle limit and was ended.
 STREAM_IDLE = "STREAM_IDLE"
+# A direct put or fetch at a worker refused: the dispatcher's ticket for it has expired; ask the
+# dispatcher for a new one (security/tickets.py).
+TICKET_EXPIRED = "TICKET_EXPIRED"
 
 
 # How much of a client's value a message quotes: enough to recognise it, never so much that the

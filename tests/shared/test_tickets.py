@@ -182,7 +182,7 @@ def test_an_expired_ticket_is_refused_with_its_reason_even_once_verified_before(
     assert refused.value.reason == errors.TICKET_EXPIRED == "TICKET_EXPIRED"
 
 
-def test_a_ticket_is_refused_once_its_signers_certificate_is_no_longer_valid(mesh):
+def test_a_ticket_is_refused_once_its_signers_certificate_is_no_longer_valid_even_once_verified_before(mesh):
     _ca, dispatch, worker, clock = mesh
     later = Clock(clock.now + 100 * 86400)  # past the leaf's 90 days
     token = TicketSigner(dispatch, clock=clock).sign(_ticket(later))
@@ -190,6 +190,13 @@ def test_a_ticket_is_refused_once_its_signers_certificate_is_no_longer_valid(mes
         TicketVerifier(worker, clock=later).verify(token, direction=PUT, node=NODE)
     with pytest.raises(errors.FailedPrecondition, match="has expired.*renew it"):
         TicketSigner(dispatch, clock=later).sign(_ticket(later))
+    # A ticket outliving its signer's certificate, verified while both were valid, is refused after.
+    verifier, long_lived = TicketVerifier(worker, clock=clock), _ticket(clock, lifetime_s=200 * 86400)
+    token = TicketSigner(dispatch, clock=clock).sign(long_lived)
+    verifier.verify(token, direction=PUT, node=NODE)
+    clock.now = later.now
+    with pytest.raises(errors.Unauthenticated, match="not signed by a dispatcher.*certificate has expired"):
+        verifier.verify(token, direction=PUT, node=NODE)
 
 
 @pytest.mark.parametrize(("direction", "node", "object_ids", "says"), [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import math
 import re
@@ -107,7 +108,7 @@ class TicketSigner:
         if self._files is None:
             return signed + b".."
         key, der = self._credentials()
-        return signed + b"." + _b64(_sign(key, signed)) + b"." + _b64(der)
+        return signed + b"." + _b64(key.sign(signed, *_scheme(key))) + b"." + _b64(der)
 
     def _credentials(self):
         with self._lock:
@@ -126,7 +127,12 @@ class TicketSigner:
                             f"{self._files.cert_file} is not a dispatcher's certificate, and workers take tickets "
                             f"only from a dispatcher: give the dispatcher its own (ACCELMESH_CERT_FILE)")
                     cert = x509.load_pem_x509_certificate(chain)
-                    self._key = serialization.load_pem_private_key(pem_key, password=None)
+                    key = serialization.load_pem_private_key(pem_key, password=None)
+                    if _scheme(key) is None:
+                        raise errors.FailedPrecondition(
+                            f"the dispatcher's key {self._files.key_file} is {type(key).__name__}, which tickets "
+                            f"cannot be signed with: issue it an EC P-256, Ed25519 or RSA key")
+                    self._key = key
                     self._der = cert.public_bytes(serialization.Encoding.DER)
                     self._not_after = cert.not_valid_after_utc.timestamp()
                     self._stamp = stamp
@@ -136,27 +142,21 @@ class TicketSigner:
             return self._key, self._der
 
 
-def _sign(key, data: bytes) -> bytes:
-    if isinstance(key, ec.EllipticCurvePrivateKey):
-        return key.sign(data, ec.ECDSA(hashes.SHA256()))
-    if isinstance(key, ed25519.Ed25519PrivateKey):
-        return key.sign(data)
-    if isinstance(key, rsa.RSAPrivateKey):
-        return key.sign(data, padding.PKCS1v15(), hashes.SHA256())
-    raise errors.FailedPrecondition(f"the dispatcher's key is {type(key).__name__}, which tickets cannot be signed "
-                                    f"with: issue it an EC P-256, Ed25519 or RSA key")
+def _scheme(key) -> tuple | None:
+    """What follows the data in ``sign``/``verify`` for a key (private or public) of this kind, or
+    None for a kind tickets are not signed with."""
+    if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
+        return (ec.ECDSA(hashes.SHA256()),)
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
+        return ()
+    if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
+        return (padding.PKCS1v15(), hashes.SHA256())
+    return None
 
 
-def _check_signature(public_key, signature: bytes, data: bytes) -> None:
-    """Raises InvalidSignature, or TypeError for a key of a kind no signer uses."""
-    if isinstance(public_key, ec.EllipticCurvePublicKey):
-        public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
-    elif isinstance(public_key, ed25519.Ed25519PublicKey):
-        public_key.verify(signature, data)
-    elif isinstance(public_key, rsa.RSAPublicKey):
-        public_key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())
-    else:
-        raise TypeError(type(public_key).__name__)
+@functools.lru_cache(maxsize=1024)
+def _host(host: str) -> str:
+    return node_host(Role.WORKER, host)  # normalised: case, brackets, an IPv6 address's spelling
 
 
 def directly_issued(cert: x509.Certificate, ca: x509.Certificate) -> None:
@@ -173,25 +173,18 @@ class TicketVerifier:
         self._ca_file: Path | None = None if security.tls is None else Path(security.tls.ca_file)
         self._clock, self._issued_by = clock, issued_by
         self._lock = threading.Lock()
-        self._stamp: tuple | None = None
-        self._cas: list[x509.Certificate] = []
-        self._signers: dict[bytes, tuple] = {}  # DER -> (public key, not before, not after)
-        self._tokens: dict[bytes, tuple[Ticket, float]] = {}  # token -> (ticket, its signer's not after)
+        self._stamp: tuple | None = ()  # () is no file's stamp: the first call reads the CA (None: missing)
+        self._trust = _Trust([], {}, {})
 
     def verify(self, token: bytes | str, *, direction: str, node: str, object_ids: Sequence[str] = ()) -> Ticket:
         if isinstance(token, str):
             token = token.encode("ascii", "replace")
         if len(token) > MAX_TICKET_BYTES:
             raise _malformed(f"{len(token)} bytes, over {MAX_TICKET_BYTES}")
-        self._reload()
-        now = self._clock()
-        cached = self._tokens.get(token)
+        trust, now = self._reload(), self._clock()
+        cached = trust.tokens.get(token)
         if cached is None:
-            ticket, not_after = self._decode(token, now)
-            with self._lock:
-                if len(self._tokens) >= TOKEN_CACHE_SIZE:
-                    self._tokens.pop(next(iter(self._tokens)), None)
-                self._tokens[token] = (ticket, not_after)
+            ticket, not_after = self._remember(trust.tokens, TOKEN_CACHE_SIZE, token, self._decode(trust, token, now))
         else:
             ticket, not_after = cached
             if now > not_after:
@@ -204,7 +197,7 @@ class TicketVerifier:
         if ticket.direction != direction:
             raise errors.PermissionDenied(f"a {ticket.direction} ticket cannot {direction}: ask the dispatcher for a "
                                           f"{direction} ticket", field="ticket")
-        if node_host(Role.WORKER, ticket.node) != node_host(Role.WORKER, node):
+        if ticket.node != node and _host(ticket.node) != _host(node):
             raise errors.PermissionDenied(f"the ticket is good at {errors.quoted(ticket.node)}, not at this worker "
                                           f"({errors.quoted(node)}): send it to the worker the dispatcher named",
                                           field="ticket")
@@ -215,7 +208,7 @@ class TicketVerifier:
                     f"{errors.quoted(ticket.prefix)}: ask the dispatcher for a ticket that covers it", field="ticket")
         return ticket
 
-    def _decode(self, token: bytes, now: float) -> tuple[Ticket, float]:
+    def _decode(self, trust: _Trust, token: bytes, now: float) -> tuple[Ticket, float]:
         match = _FORMAT.fullmatch(token)
         if match is None:
             raise _malformed("not amt1.<claims>.<signature>.<certificate> in base64url")
@@ -243,26 +236,26 @@ class TicketVerifier:
             return ticket, math.inf
         if not signature:
             raise _not_dispatcher("it is unsigned, as only an insecure dispatcher writes them")
-        public_key, not_before, not_after = self._signer(der)
+        public_key, not_before, not_after = self._signer(trust, der)
         if not not_before <= now <= not_after:
             raise _not_dispatcher("its certificate is not valid now")
         try:
-            _check_signature(public_key, signature, token[:match.end(1)])
-        except (InvalidSignature, TypeError):
+            public_key.verify(signature, token[:match.end(1)], *_scheme(public_key))
+        except (InvalidSignature, TypeError):  # TypeError: a key of a kind no dispatcher signs with
             raise errors.Unauthenticated("ticket: its signature does not match its claims (it was altered after "
                                          f"signing); send the ticket as the dispatcher returned it, or {_ASK}",
                                          field="ticket") from None
         return ticket, not_after
 
-    def _signer(self, der: bytes) -> tuple:
-        known = self._signers.get(der)
+    def _signer(self, trust: _Trust, der: bytes) -> tuple:
+        known = trust.signers.get(der)
         if known is not None:
             return known
         try:
             cert = x509.load_der_x509_certificate(der)
         except ValueError:
             raise _not_dispatcher("its certificate is not DER") from None
-        for ca in self._cas:
+        for ca in trust.cas:
             try:
                 self._issued_by(cert, ca)
                 break
@@ -273,30 +266,38 @@ class TicketVerifier:
         identity = certificate_identity(cert.public_bytes(serialization.Encoding.PEM))
         if identity is None or identity.role is not Role.DISPATCH:
             raise _not_dispatcher(f"its certificate is a {identity.role.value if identity else 'non-mesh'}'s")
-        known = (cert.public_key(), cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp())
-        with self._lock:
-            if len(self._signers) >= SIGNER_CACHE_SIZE:
-                self._signers.pop(next(iter(self._signers)), None)
-            self._signers[der] = known
-        return known
+        return self._remember(trust.signers, SIGNER_CACHE_SIZE, der, (
+            cert.public_key(), cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()))
 
-    def _reload(self) -> None:
-        """A new CA file replaces the trust anchors and forgets every signer and ticket checked under the old."""
+    def _remember(self, cache: dict, size: int, key: bytes, value):
+        with self._lock:  # the oldest goes first: a flood of new tickets cannot grow the cache
+            if len(cache) >= size:
+                cache.pop(next(iter(cache)), None)
+            cache[key] = value
+        return value
+
+    def _reload(self) -> _Trust:
+        """The trust anchors, read again when the CA file changes: a new file starts empty caches, so
+        no signer or ticket checked under the old anchors (even by a call still running) counts."""
         if self._ca_file is None:
-            return
+            return self._trust
         stamp = file_stamp(self._ca_file)
         if stamp == self._stamp:
-            return
+            return self._trust
         with self._lock:
-            if stamp == self._stamp:
-                return
-            try:
-                cas = x509.load_pem_x509_certificates(self._ca_file.read_bytes())
-            except (OSError, ValueError) as exc:
-                if self._cas:  # mid-rotation: keep the anchors that were read whole
-                    return
-                raise errors.FailedPrecondition(f"the CA file {self._ca_file} cannot be read ({exc}); check "
-                                                f"ACCELMESH_CA_FILE") from None
-            self._cas, self._stamp = cas, stamp
-            self._signers.clear()
-            self._tokens.clear()
+            if stamp != self._stamp:
+                try:
+                    self._trust = _Trust(x509.load_pem_x509_certificates(self._ca_file.read_bytes()), {}, {})
+                    self._stamp = stamp
+                except (OSError, ValueError) as exc:
+                    if not self._trust.cas:  # else mid-rotation: keep the anchors that were read whole
+                        raise errors.FailedPrecondition(f"the CA file {self._ca_file} cannot be read ({exc}); "
+                                                        f"check ACCELMESH_CA_FILE") from None
+            return self._trust
+
+
+@dataclass(frozen=True)
+class _Trust:
+    cas: list[x509.Certificate]
+    signers: dict[bytes, tuple]  # DER -> (public key, not before, not after), checked against cas
+    tokens: dict[bytes, tuple[Ticket, float]]  # ticket bytes -> (its claims, its signer's not after)

@@ -298,3 +298,11 @@ def test_a_dispatcher_with_an_ed25519_or_rsa_key_signs_tickets_a_worker_takes(me
     assert TicketVerifier(worker, clock=clock).verify(token, direction=PUT, node=NODE) == _ticket(clock)
     with pytest.raises(errors.Unauthenticated, match="signature does not match"):
         TicketVerifier(worker, clock=clock).verify(_with_claims(token, prefix=""), direction=PUT, node=NODE)
+
+
+def test_a_worker_whose_ca_file_is_missing_fails_naming_the_file(mesh, tmp_path):
+    _ca, dispatch, worker, clock = mesh
+    token = TicketSigner(dispatch, clock=clock).sign(_ticket(clock))
+    lost = Security(TlsFiles(tmp_path / "no-ca.crt", worker.tls.cert_file, worker.tls.key_file))
+    with pytest.raises(errors.FailedPrecondition, match="no-ca.crt cannot be read.*ACCELMESH_CA_FILE"):
+        TicketVerifier(lost, clock=clock).verify(token, direction=PUT, node=NODE)

@@ -27,6 +27,9 @@ STREAM_IDLE = "STREAM_IDLE"
 # A direct put or fetch at a worker refused: the dispatcher's ticket for it has expired; ask the
 # dispatcher for a new one (security/tickets.py).
 TICKET_EXPIRED = "TICKET_EXPIRED"
+# A worker's object store is full past its wait (ACCELMESH_WORKER_STORE_BYTES): fetch or release
+# earlier objects, or put them again later.
+STORE_FULL = "STORE_FULL"
 
 
 # How much of a client's value a message quotes: enough to recognise it, never so much that the

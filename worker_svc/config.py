@@ -54,6 +54,12 @@ class WorkerConfig:
     # dropped first; a call asking to keep more than this is refused (RESOURCE_EXHAUSTED)
     held_tensors: int = MAX_HELD_TENSORS
     held_idle_s: float = 600.0  # ACCELMESH_WORKER_HELD_IDLE_S: a job's held tensors dropped after this unused
+    # ACCELMESH_WORKER_STORE_BYTES: the object store's bound (jobs' inputs put by clients, shards'
+    # outputs waiting to be fetched), in shared memory; a put past it waits, then is refused
+    store_bytes: int = 4 * 1024**3
+    store_root: str = "/dev/shm"  # ACCELMESH_WORKER_STORE_ROOT: where the store's segment files are made
+    store_ttl_s: float = 900.0  # ACCELMESH_WORKER_STORE_TTL_S: a job's objects freed after this untouched
+    store_wait_s: float = 30.0  # ACCELMESH_WORKER_STORE_WAIT_S: how long a put waits for room before it is refused
     # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.WORKER))
@@ -132,6 +138,10 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         held_bytes=env_int("ACCELMESH_WORKER_HELD_BYTES", WorkerConfig.held_bytes, env, minimum=0),
         held_tensors=env_int("ACCELMESH_WORKER_HELD_TENSORS", WorkerConfig.held_tensors, env, minimum=1),
         held_idle_s=env_float("ACCELMESH_WORKER_HELD_IDLE_S", WorkerConfig.held_idle_s, env, minimum=1.0),
+        store_bytes=env_int("ACCELMESH_WORKER_STORE_BYTES", WorkerConfig.store_bytes, env, minimum=0),
+        store_root=env_str("ACCELMESH_WORKER_STORE_ROOT", WorkerConfig.store_root, env),
+        store_ttl_s=env_float("ACCELMESH_WORKER_STORE_TTL_S", WorkerConfig.store_ttl_s, env, minimum=1.0),
+        store_wait_s=env_float("ACCELMESH_WORKER_STORE_WAIT_S", WorkerConfig.store_wait_s, env, minimum=0.0),
     )
 
 

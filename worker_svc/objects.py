@@ -237,6 +237,13 @@ class ObjectStore:
                 self._drop(obj)
             return len(chosen), sum(obj.nbytes for obj in chosen)
 
+    def discard(self, scope: str, object_id: str) -> None:
+        """Free one object, sealed or not (a put that failed half way); nothing there is not an error."""
+        with self._changed:
+            obj = self._scopes.get(scope, {}).get(object_id)
+            if obj is not None:
+                self._drop(obj)
+
     def expire(self) -> int:
         """Free the objects of scopes idle for `ttl_s`; create and get do it too. Objects freed."""
         with self._changed:
@@ -275,7 +282,8 @@ class ObjectStore:
         return errors.ResourceExhausted(
             f"object {obj._name()} needs {obj.nbytes} bytes, {why}: the worker's store holds {self._used} of its "
             f"{self.limit_bytes} bytes ({BYTES_ENV}); release or fetch earlier objects, use smaller shards, or raise "
-            f"{BYTES_ENV}", metadata={"limit_bytes": str(self.limit_bytes), "variable": BYTES_ENV},
+            f"{BYTES_ENV}", reason=errors.STORE_FULL,
+            metadata={"limit_bytes": str(self.limit_bytes), "variable": BYTES_ENV},
             quota=errors.QuotaViolation("worker", f"{self.limit_bytes} bytes of objects at once ({BYTES_ENV})"))
 
     def _expire(self, now: float) -> int:

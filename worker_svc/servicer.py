@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import threading
 import time
@@ -31,6 +32,7 @@ from worker_svc.agent import NodeAgent
 from worker_svc.held_tensors import MAX_KEY_CHARS, HeldTensors
 from worker_svc.inputs import Kept, read_header, read_inputs
 from worker_svc.ledger import CallInputs, InputLedger
+from worker_svc.object_methods import ObjectMethods
 
 try:
     VERSION = metadata.version("accelmesh")
@@ -60,7 +62,7 @@ def _run_apart(run: Callable[[], ex.ShardResult], outcome: Future, stages: Simpl
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def __init__(self, agent: NodeAgent, executor: ex.ShardExecutor, held: HeldTensors, auth: Authenticator, *,
-                 max_input_bytes: int, max_inputs: int, max_message_bytes: int,
+                 max_input_bytes: int, max_inputs: int, max_message_bytes: int, objects: ObjectMethods,
                  tracer: trace.Tracer | None = None):
         self.agent = agent
         self._tracer = tracer or trace.NoOpTracer()
@@ -71,10 +73,12 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self._max_input_bytes = max_input_bytes
         self._max_inputs = max_inputs
         self._chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes // 2)  # room for the message framing
+        self.objects = objects  # the object store's methods (object_methods.py)
 
     def DescribeNode(self, request, context):
         # The inventory polls every few seconds: an idle worker lets go of ended jobs' tensors here.
         self.held.expire()
+        self.objects.store.expire()
         return tr.node_to_proto(self.agent.describe(list(request.device_ids)), VERSION)
 
     def ReleaseJob(self, request, context):
@@ -85,6 +89,21 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                                          "characters: the job whose tensors to release", field="job_id")
         count, nbytes = self.held.release(f"{self._auth.principal(context).key}|{request.job_id}")
         return pb.ReleaseJobResponse(released_tensors=count, released_bytes=nbytes)
+
+    def PutObjects(self, request_iterator, context):
+        return self.objects.put(request_iterator)
+
+    def FetchObjects(self, request, context):
+        yield from self.objects.fetch(request)
+
+    def MapObjects(self, request, context):
+        return self.objects.map(request, context.peer())
+
+    def SealObjects(self, request, context):
+        return self.objects.seal(request)
+
+    def ReleaseObjects(self, request, context):
+        return self.objects.release(request)
 
     def Execute(self, request_iterator, context):
         call = self.inputs.open()
@@ -197,7 +216,11 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 if isinstance(result, pb.ShardFailure):
                     yield pb.ExecuteManyResponse(failure=result)
                     continue
-                answer = self._results(result, pb.ExecuteManyResponse)
+                try:
+                    answer = self._results(result, pb.ExecuteManyResponse, first.header)
+                except errors.AccelmeshError as exc:  # no room in the store, say: this shard's answer
+                    yield pb.ExecuteManyResponse(failure=tr.failure_to_proto(exc))
+                    continue
                 yield from (batched(answer, pb.ExecuteManyResponse, self._chunk_bytes)
                             if first.header.accept_batches else answer)
             except BaseException as exc:
@@ -217,7 +240,20 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         inputs, kept = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
                                    self._auth.principal(context).key, max_inputs=self._max_inputs,
                                    received=call.received, more=more)
+        if head.stored_inputs:
+            inputs.extend(self._stored(head))
+            shard = dataclasses.replace(shard, input_count=len(inputs))
         return shard, inputs, kept
+
+    def _stored(self, head: pb.ShardHeader) -> list:
+        """The shard's inputs that lie in the object store, as views of it (no copy)."""
+        if not head.object_scope:
+            raise errors.InvalidArgument("header.object_scope is required with stored_inputs", field="object_scope")
+        if len(head.stored_inputs) > self._max_inputs:
+            raise errors.ResourceExhausted(
+                f"header.stored_inputs lists {len(head.stored_inputs)} objects, more than the {self._max_inputs} "
+                "inputs a shard may have (ACCELMESH_WORKER_MAX_INPUTS)")
+        return [self.objects.store.get(head.object_scope, ref.object_id).array() for ref in head.stored_inputs]
 
     @contextlib.contextmanager
     def _undone_on_failure(self, kept: Kept):
@@ -229,5 +265,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             kept.undo(self.held)
             raise
 
-    def _results(self, result: ex.ShardResult, into: type = pb.ExecuteResponse):
-        return tr.results_to_proto(result, into, self._chunk_bytes)
+    def _results(self, result: ex.ShardResult, into: type = pb.ExecuteResponse, head: pb.ShardHeader | None = None):
+        """The shard's answer: its outputs' chunks, or with header.output_prefix their headers alone,
+        the outputs kept in the object store."""
+        if head is None or not head.output_prefix:
+            return tr.results_to_proto(result, into, self._chunk_bytes)
+        if not head.object_scope:
+            raise errors.InvalidArgument("header.object_scope is required with output_prefix", field="object_scope")
+        stored = [self.objects.store.put_array(head.object_scope, f"{head.output_prefix}{index}", array)
+                  for index, array in enumerate(result.outputs)]
+        return tr.stored_results_to_proto(stored, result.timings, into)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from accelmesh.common.v1 import common_pb2
 from accelmesh.hardware.model import NodeDescription
 from accelmesh.runtime.devices import device_to_proto
 from accelmesh.runtime.errors import bounded, status_for
 from accelmesh.runtime.programs import FORMAT_FROM_PROTO, build_options_from_proto
-from accelmesh.runtime.tensors import split_frames
+from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from worker_svc import executor as ex
 
@@ -48,6 +49,15 @@ def results_to_proto(result: ex.ShardResult, into: type, chunk_bytes: int) -> It
         yield into(tensor=header)
         yield from chunks
     yield into(timings=timings_to_proto(result.timings))
+
+
+def stored_results_to_proto(stored, timings: ex.ShardTimings, into: type) -> Iterator:
+    """A shard's outputs kept in the object store: each one's header (name = its object id, no
+    chunks follow), then its timings."""
+    for obj in stored:
+        yield into(tensor=common_pb2.TensorHeader(name=obj.object_id, dtype=dtype_code(obj.dtype), shape=obj.shape,
+                                                  total_bytes=obj.nbytes))
+    yield into(timings=timings_to_proto(timings))
 
 
 def failure_to_proto(exc: Exception) -> pb.ShardFailure:

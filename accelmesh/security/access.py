@@ -26,6 +26,11 @@ LOCAL_DEVELOPER = Principal("insecure-developer", Role.OPERATOR, "insecure")
 
 # A method's callers, by role.
 Access = Mapping[str, frozenset[Role]]
+# An Access entry for a method that authorises each call by the ticket it carries (a worker's
+# object-store methods, accelmesh/security/tickets.py): any peer whose certificate the mesh CA
+# issued may call it (the TLS handshake checked that), whatever its role, and without a
+# principal: a client's bearer token means nothing to a worker, which keeps no tokens.
+BY_TICKET: frozenset[Role] = frozenset(Role)
 
 
 def roles(*names: Role) -> frozenset[Role]:
@@ -104,6 +109,8 @@ class AccessInterceptor(grpc.ServerInterceptor):
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
         allowed = self._access.get(method.rsplit("/", 1)[-1]) if method.startswith(self._prefixes) else None
+        if allowed is BY_TICKET:
+            return handler
 
         def check(context: grpc.ServicerContext) -> None:
             principal = self._auth.principal(context)

@@ -198,7 +198,8 @@ def test_reflection_describes_the_worker_service(channel):
     worker_file = next(f for f in files if f.name == "accelmesh/worker/v1/worker_service.proto")
     assert worker_file.package == "accelmesh.worker.v1"
     assert [m.name for s in worker_file.service for m in s.method] == [
-        "DescribeNode", "Execute", "ExecuteMany", "ReleaseJob"]
+        "DescribeNode", "Execute", "ExecuteMany", "ReleaseJob", "PutObjects", "FetchObjects", "MapObjects",
+        "SealObjects", "ReleaseObjects"]
 
 
 def test_oversized_request_is_resource_exhausted_and_server_keeps_serving(servicer):

@@ -36,32 +36,74 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class RunJobRequest(_message.Message):
-    __slots__ = ("spec", "parameter", "parameter_chunk", "block", "accept_batches")
+    __slots__ = ("spec", "parameter", "parameter_chunk", "block", "stored", "accept_batches")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     spec: _job_pb2.JobSpec
     parameter: _common_pb2.TensorHeader
     parameter_chunk: _common_pb2.TensorChunk
     block: InputBlock
+    stored: InputsStored
     accept_batches: bool
-    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., parameter: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., parameter_chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., block: _Optional[_Union[InputBlock, _Mapping]] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
+    def __init__(self, spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., parameter: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., parameter_chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., block: _Optional[_Union[InputBlock, _Mapping]] = ..., stored: _Optional[_Union[InputsStored, _Mapping]] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
 
 class RunJobResponse(_message.Message):
-    __slots__ = ("event", "tensor", "chunk", "job", "batch")
+    __slots__ = ("event", "tensor", "chunk", "job", "batch", "put_inputs", "outputs")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    PUT_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     event: _job_pb2.JobEvent
     tensor: _common_pb2.TensorHeader
     chunk: _common_pb2.TensorChunk
     job: _job_pb2.Job
     batch: RunJobResponseBatch
-    def __init__(self, event: _Optional[_Union[_job_pb2.JobEvent, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., batch: _Optional[_Union[RunJobResponseBatch, _Mapping]] = ...) -> None: ...
+    put_inputs: InputsWanted
+    outputs: OutputsReady
+    def __init__(self, event: _Optional[_Union[_job_pb2.JobEvent, _Mapping]] = ..., tensor: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., batch: _Optional[_Union[RunJobResponseBatch, _Mapping]] = ..., put_inputs: _Optional[_Union[InputsWanted, _Mapping]] = ..., outputs: _Optional[_Union[OutputsReady, _Mapping]] = ...) -> None: ...
+
+class ShardObjects(_message.Message):
+    __slots__ = ("shard_index", "first_row", "rows", "worker_address", "object_ids", "names", "ticket")
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ROW_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    shard_index: int
+    first_row: int
+    rows: int
+    worker_address: str
+    object_ids: _containers.RepeatedScalarFieldContainer[str]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    ticket: bytes
+    def __init__(self, shard_index: _Optional[int] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., worker_address: _Optional[str] = ..., object_ids: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class InputsWanted(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardObjects]
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ...) -> None: ...
+
+class OutputsReady(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardObjects]
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ...) -> None: ...
+
+class InputsStored(_message.Message):
+    __slots__ = ("shard_indexes",)
+    SHARD_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    shard_indexes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shard_indexes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RunJobResponseBatch(_message.Message):
     __slots__ = ("parts",)

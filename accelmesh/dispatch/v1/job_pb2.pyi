@@ -19,6 +19,12 @@ class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_KIND_INFERENCE: _ClassVar[JobKind]
     JOB_KIND_TRAINING: _ClassVar[JobKind]
 
+class DataPath(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATA_PATH_UNSPECIFIED: _ClassVar[DataPath]
+    DATA_PATH_RELAY: _ClassVar[DataPath]
+    DATA_PATH_DIRECT: _ClassVar[DataPath]
+
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -45,6 +51,7 @@ class JobEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_EVENT_TYPE_TAKEN_OVER: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_QUEUED: _ClassVar[JobEventType]
     JOB_EVENT_TYPE_SHARD_VERIFIED: _ClassVar[JobEventType]
+    JOB_EVENT_TYPE_INPUTS_WANTED: _ClassVar[JobEventType]
 
 class VerificationOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +61,9 @@ class VerificationOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_INFERENCE: JobKind
 JOB_KIND_TRAINING: JobKind
+DATA_PATH_UNSPECIFIED: DataPath
+DATA_PATH_RELAY: DataPath
+DATA_PATH_DIRECT: DataPath
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PLANNING: JobState
 JOB_STATE_COMPILING: JobState
@@ -75,6 +85,7 @@ JOB_EVENT_TYPE_CANCELLED: JobEventType
 JOB_EVENT_TYPE_TAKEN_OVER: JobEventType
 JOB_EVENT_TYPE_QUEUED: JobEventType
 JOB_EVENT_TYPE_SHARD_VERIFIED: JobEventType
+JOB_EVENT_TYPE_INPUTS_WANTED: JobEventType
 VERIFICATION_OUTCOME_UNSPECIFIED: VerificationOutcome
 VERIFICATION_OUTCOME_MATCHED: VerificationOutcome
 VERIFICATION_OUTCOME_NOT_VERIFIABLE: VerificationOutcome
@@ -108,7 +119,7 @@ class TrainingOptions(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id", "priority", "queue_timeout", "verify_fraction")
+    __slots__ = ("program", "version", "kind", "constraints", "inputs", "client_parameters", "parameter_seed", "training", "name", "placement", "request_id", "priority", "queue_timeout", "verify_fraction", "data_path")
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +134,7 @@ class JobSpec(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DATA_PATH_FIELD_NUMBER: _ClassVar[int]
     program: str
     version: str
     kind: JobKind
@@ -137,7 +149,8 @@ class JobSpec(_message.Message):
     priority: int
     queue_timeout: _duration_pb2.Duration
     verify_fraction: float
-    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., verify_fraction: _Optional[float] = ...) -> None: ...
+    data_path: DataPath
+    def __init__(self, program: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., constraints: _Optional[_Union[JobConstraints, _Mapping]] = ..., inputs: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., client_parameters: _Optional[bool] = ..., parameter_seed: _Optional[int] = ..., training: _Optional[_Union[TrainingOptions, _Mapping]] = ..., name: _Optional[str] = ..., placement: _Optional[_Union[_plan_pb2.PlacementOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[int] = ..., queue_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., verify_fraction: _Optional[float] = ..., data_path: _Optional[_Union[DataPath, str]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("index", "type", "time", "progress", "message", "plan", "shard", "step", "loss", "queue", "job_id")

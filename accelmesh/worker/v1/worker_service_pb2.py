@@ -26,43 +26,67 @@ from accelmesh.common.v1 import common_pb2 as accelmesh_dot_common_dot_v1_dot_co
 from accelmesh.compile.v1 import build_pb2 as accelmesh_dot_compile_dot_v1_dot_build__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(accelmesh/worker/v1/worker_service.proto\x12\x13\x61\x63\x63\x65lmesh.worker.v1\x1a accelmesh/common/v1/common.proto\x1a accelmesh/compile/v1/build.proto\"\xbd\x03\n\x0bShardHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bshard_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x11\n\tdevice_id\x18\x04 \x01(\t\x12\x13\n\x0btarget_type\x18\x05 \x01(\t\x12\x14\n\x0c\x61rtifact_key\x18\x06 \x01(\t\x12\x17\n\x0f\x61rtifact_digest\x18\x07 \x01(\t\x12=\n\x0f\x61rtifact_format\x18\x08 \x01(\x0e\x32$.accelmesh.compile.v1.ArtifactFormat\x12(\n\x04rule\x18\t \x01(\x0b\x32\x1a.accelmesh.compile.v1.Rule\x12\x13\n\x0binput_count\x18\x0b \x01(\x05\x12\x12\n\nbatch_size\x18\x0c \x01(\x03\x12\x15\n\rreport_stages\x18\r \x01(\x08\x12\x34\n\x0ckeep_tensors\x18\x0e \x03(\x0b\x32\x1e.accelmesh.worker.v1.TensorRef\x12\x13\n\x0btraceparent\x18\x0f \x01(\t\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\x10 \x01(\x08J\x04\x08\n\x10\x0bR\x0f\x63ompile_address\"&\n\tTensorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xe4\x01\n\x0e\x45xecuteRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .accelmesh.worker.v1.ShardHeaderH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12.\n\x04held\x18\x04 \x01(\x0b\x32\x1e.accelmesh.worker.v1.TensorRefH\x00\x42\x06\n\x04part\"\x99\x01\n\x0cShardTimings\x12\x17\n\x0freceive_seconds\x18\x01 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x03 \x01(\x01\x12\x17\n\x0f\x65xecute_seconds\x18\x04 \x01(\x01\x12\x17\n\x0f\x61rtifact_cached\x18\x05 \x01(\x08\x12\x11\n\tload_kind\x18\x06 \x01(\t\"\xe9\x01\n\x0f\x45xecuteResponse\x12\x30\n\x05stage\x18\x01 \x01(\x0e\x32\x1f.accelmesh.worker.v1.ShardStageH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x34\n\x07timings\x18\x04 \x01(\x0b\x32!.accelmesh.worker.v1.ShardTimingsH\x00\x42\x06\n\x04part\"\xa7\x02\n\x12\x45xecuteManyRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .accelmesh.worker.v1.ShardHeaderH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12.\n\x04held\x18\x04 \x01(\x0b\x32\x1e.accelmesh.worker.v1.TensorRefH\x00\x12=\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32,.accelmesh.worker.v1.ExecuteManyRequestBatchH\x00\x42\x06\n\x04part\"Q\n\x17\x45xecuteManyRequestBatch\x12\x36\n\x05parts\x18\x01 \x03(\x0b\x32\'.accelmesh.worker.v1.ExecuteManyRequest\"\xb1\x02\n\x13\x45xecuteManyResponse\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x34\n\x07timings\x18\x04 \x01(\x0b\x32!.accelmesh.worker.v1.ShardTimingsH\x00\x12\x34\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32!.accelmesh.worker.v1.ShardFailureH\x00\x12>\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32-.accelmesh.worker.v1.ExecuteManyResponseBatchH\x00\x42\x06\n\x04part\"S\n\x18\x45xecuteManyResponseBatch\x12\x37\n\x05parts\x18\x01 \x03(\x0b\x32(.accelmesh.worker.v1.ExecuteManyResponse\"=\n\x0cShardFailure\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x11ReleaseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"F\n\x12ReleaseJobResponse\x12\x18\n\x10released_tensors\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\")\n\x13\x44\x65scribeNodeRequest\x12\x12\n\ndevice_ids\x18\x01 \x03(\t\"\x81\x01\n\x14\x44\x65scribeNodeResponse\x12\x0f\n\x07node_ip\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12,\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x1b.accelmesh.common.v1.Device\x12\x18\n\x10software_version\x18\x04 \x01(\t*\x89\x01\n\nShardStage\x12\x1b\n\x17SHARD_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STAGE_QUEUED\x10\x01\x12\x17\n\x13SHARD_STAGE_LOADING\x10\x02\x12\x17\n\x13SHARD_STAGE_RUNNING\x10\x03\x12\x14\n\x10SHARD_STAGE_DONE\x10\x04\x32\x93\x03\n\rWorkerService\x12\x63\n\x0c\x44\x65scribeNode\x12(.accelmesh.worker.v1.DescribeNodeRequest\x1a).accelmesh.worker.v1.DescribeNodeResponse\x12X\n\x07\x45xecute\x12#.accelmesh.worker.v1.ExecuteRequest\x1a$.accelmesh.worker.v1.ExecuteResponse(\x01\x30\x01\x12\x64\n\x0b\x45xecuteMany\x12\'.accelmesh.worker.v1.ExecuteManyRequest\x1a(.accelmesh.worker.v1.ExecuteManyResponse(\x01\x30\x01\x12]\n\nReleaseJob\x12&.accelmesh.worker.v1.ReleaseJobRequest\x1a\'.accelmesh.worker.v1.ReleaseJobResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(accelmesh/worker/v1/worker_service.proto\x12\x13\x61\x63\x63\x65lmesh.worker.v1\x1a accelmesh/common/v1/common.proto\x1a accelmesh/compile/v1/build.proto\"\xa3\x04\n\x0bShardHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bshard_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x11\n\tdevice_id\x18\x04 \x01(\t\x12\x13\n\x0btarget_type\x18\x05 \x01(\t\x12\x14\n\x0c\x61rtifact_key\x18\x06 \x01(\t\x12\x17\n\x0f\x61rtifact_digest\x18\x07 \x01(\t\x12=\n\x0f\x61rtifact_format\x18\x08 \x01(\x0e\x32$.accelmesh.compile.v1.ArtifactFormat\x12(\n\x04rule\x18\t \x01(\x0b\x32\x1a.accelmesh.compile.v1.Rule\x12\x13\n\x0binput_count\x18\x0b \x01(\x05\x12\x12\n\nbatch_size\x18\x0c \x01(\x03\x12\x15\n\rreport_stages\x18\r \x01(\x08\x12\x34\n\x0ckeep_tensors\x18\x0e \x03(\x0b\x32\x1e.accelmesh.worker.v1.TensorRef\x12\x13\n\x0btraceparent\x18\x0f \x01(\t\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\x10 \x01(\x08\x12\x14\n\x0cobject_scope\x18\x11 \x01(\t\x12\x37\n\rstored_inputs\x18\x12 \x03(\x0b\x32 .accelmesh.worker.v1.StoredInput\x12\x15\n\routput_prefix\x18\x13 \x01(\tJ\x04\x08\n\x10\x0bR\x0f\x63ompile_address\".\n\x0bStoredInput\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tobject_id\x18\x02 \x01(\t\"&\n\tTensorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xe4\x01\n\x0e\x45xecuteRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .accelmesh.worker.v1.ShardHeaderH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12.\n\x04held\x18\x04 \x01(\x0b\x32\x1e.accelmesh.worker.v1.TensorRefH\x00\x42\x06\n\x04part\"\x99\x01\n\x0cShardTimings\x12\x17\n\x0freceive_seconds\x18\x01 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cload_seconds\x18\x03 \x01(\x01\x12\x17\n\x0f\x65xecute_seconds\x18\x04 \x01(\x01\x12\x17\n\x0f\x61rtifact_cached\x18\x05 \x01(\x08\x12\x11\n\tload_kind\x18\x06 \x01(\t\"\xe9\x01\n\x0f\x45xecuteResponse\x12\x30\n\x05stage\x18\x01 \x01(\x0e\x32\x1f.accelmesh.worker.v1.ShardStageH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x34\n\x07timings\x18\x04 \x01(\x0b\x32!.accelmesh.worker.v1.ShardTimingsH\x00\x42\x06\n\x04part\"\xa7\x02\n\x12\x45xecuteManyRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .accelmesh.worker.v1.ShardHeaderH\x00\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12.\n\x04held\x18\x04 \x01(\x0b\x32\x1e.accelmesh.worker.v1.TensorRefH\x00\x12=\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32,.accelmesh.worker.v1.ExecuteManyRequestBatchH\x00\x42\x06\n\x04part\"Q\n\x17\x45xecuteManyRequestBatch\x12\x36\n\x05parts\x18\x01 \x03(\x0b\x32\'.accelmesh.worker.v1.ExecuteManyRequest\"\xb1\x02\n\x13\x45xecuteManyResponse\x12\x33\n\x06tensor\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x12\x34\n\x07timings\x18\x04 \x01(\x0b\x32!.accelmesh.worker.v1.ShardTimingsH\x00\x12\x34\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32!.accelmesh.worker.v1.ShardFailureH\x00\x12>\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32-.accelmesh.worker.v1.ExecuteManyResponseBatchH\x00\x42\x06\n\x04part\"S\n\x18\x45xecuteManyResponseBatch\x12\x37\n\x05parts\x18\x01 \x03(\x0b\x32(.accelmesh.worker.v1.ExecuteManyResponse\"=\n\x0cShardFailure\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x11ReleaseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"F\n\x12ReleaseJobResponse\x12\x18\n\x10released_tensors\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\"\x95\x01\n\x11PutObjectsRequest\x12\x10\n\x06ticket\x18\x01 \x01(\x0cH\x00\x12\x33\n\x06object\x18\x02 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x03 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part\"4\n\x12PutObjectsResponse\x12\x0f\n\x07objects\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"9\n\x13\x46\x65tchObjectsRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x12\n\nobject_ids\x18\x02 \x03(\t\"\x86\x01\n\x14\x46\x65tchObjectsResponse\x12\x33\n\x06object\x18\x01 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeaderH\x00\x12\x31\n\x05\x63hunk\x18\x02 \x01(\x0b\x32 .accelmesh.common.v1.TensorChunkH\x00\x42\x06\n\x04part\"d\n\x11MapObjectsRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x31\n\x06\x63reate\x18\x02 \x03(\x0b\x32!.accelmesh.common.v1.TensorHeader\x12\x0c\n\x04open\x18\x03 \x03(\t\"r\n\rObjectSegment\x12\x11\n\tobject_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x31\n\x06header\x18\x04 \x01(\x0b\x32!.accelmesh.common.v1.TensorHeader\"J\n\x12MapObjectsResponse\x12\x34\n\x08segments\x18\x01 \x03(\x0b\x32\".accelmesh.worker.v1.ObjectSegment\"8\n\x12SealObjectsRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\x12\x12\n\nobject_ids\x18\x02 \x03(\t\"%\n\x13SealObjectsResponse\x12\x0e\n\x06sealed\x18\x01 \x01(\x03\"\'\n\x15ReleaseObjectsRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\"J\n\x16ReleaseObjectsResponse\x12\x18\n\x10released_objects\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\")\n\x13\x44\x65scribeNodeRequest\x12\x12\n\ndevice_ids\x18\x01 \x03(\t\"\x81\x01\n\x14\x44\x65scribeNodeResponse\x12\x0f\n\x07node_ip\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12,\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x1b.accelmesh.common.v1.Device\x12\x18\n\x10software_version\x18\x04 \x01(\t*\x89\x01\n\nShardStage\x12\x1b\n\x17SHARD_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SHARD_STAGE_QUEUED\x10\x01\x12\x17\n\x13SHARD_STAGE_LOADING\x10\x02\x12\x17\n\x13SHARD_STAGE_RUNNING\x10\x03\x12\x14\n\x10SHARD_STAGE_DONE\x10\x04\x32\x87\x07\n\rWorkerService\x12\x63\n\x0c\x44\x65scribeNode\x12(.accelmesh.worker.v1.DescribeNodeRequest\x1a).accelmesh.worker.v1.DescribeNodeResponse\x12X\n\x07\x45xecute\x12#.accelmesh.worker.v1.ExecuteRequest\x1a$.accelmesh.worker.v1.ExecuteResponse(\x01\x30\x01\x12\x64\n\x0b\x45xecuteMany\x12\'.accelmesh.worker.v1.ExecuteManyRequest\x1a(.accelmesh.worker.v1.ExecuteManyResponse(\x01\x30\x01\x12]\n\nReleaseJob\x12&.accelmesh.worker.v1.ReleaseJobRequest\x1a\'.accelmesh.worker.v1.ReleaseJobResponse\x12_\n\nPutObjects\x12&.accelmesh.worker.v1.PutObjectsRequest\x1a\'.accelmesh.worker.v1.PutObjectsResponse(\x01\x12\x65\n\x0c\x46\x65tchObjects\x12(.accelmesh.worker.v1.FetchObjectsRequest\x1a).accelmesh.worker.v1.FetchObjectsResponse0\x01\x12]\n\nMapObjects\x12&.accelmesh.worker.v1.MapObjectsRequest\x1a\'.accelmesh.worker.v1.MapObjectsResponse\x12`\n\x0bSealObjects\x12\'.accelmesh.worker.v1.SealObjectsRequest\x1a(.accelmesh.worker.v1.SealObjectsResponse\x12i\n\x0eReleaseObjects\x12*.accelmesh.worker.v1.ReleaseObjectsRequest\x1a+.accelmesh.worker.v1.ReleaseObjectsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'accelmesh.worker.v1.worker_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARDSTAGE']._serialized_start=2366
-  _globals['_SHARDSTAGE']._serialized_end=2503
+  _globals['_SHARDSTAGE']._serialized_start=3426
+  _globals['_SHARDSTAGE']._serialized_end=3563
   _globals['_SHARDHEADER']._serialized_start=134
-  _globals['_SHARDHEADER']._serialized_end=579
-  _globals['_TENSORREF']._serialized_start=581
-  _globals['_TENSORREF']._serialized_end=619
-  _globals['_EXECUTEREQUEST']._serialized_start=622
-  _globals['_EXECUTEREQUEST']._serialized_end=850
-  _globals['_SHARDTIMINGS']._serialized_start=853
-  _globals['_SHARDTIMINGS']._serialized_end=1006
-  _globals['_EXECUTERESPONSE']._serialized_start=1009
-  _globals['_EXECUTERESPONSE']._serialized_end=1242
-  _globals['_EXECUTEMANYREQUEST']._serialized_start=1245
-  _globals['_EXECUTEMANYREQUEST']._serialized_end=1540
-  _globals['_EXECUTEMANYREQUESTBATCH']._serialized_start=1542
-  _globals['_EXECUTEMANYREQUESTBATCH']._serialized_end=1623
-  _globals['_EXECUTEMANYRESPONSE']._serialized_start=1626
-  _globals['_EXECUTEMANYRESPONSE']._serialized_end=1931
-  _globals['_EXECUTEMANYRESPONSEBATCH']._serialized_start=1933
-  _globals['_EXECUTEMANYRESPONSEBATCH']._serialized_end=2016
-  _globals['_SHARDFAILURE']._serialized_start=2018
-  _globals['_SHARDFAILURE']._serialized_end=2079
-  _globals['_RELEASEJOBREQUEST']._serialized_start=2081
-  _globals['_RELEASEJOBREQUEST']._serialized_end=2116
-  _globals['_RELEASEJOBRESPONSE']._serialized_start=2118
-  _globals['_RELEASEJOBRESPONSE']._serialized_end=2188
-  _globals['_DESCRIBENODEREQUEST']._serialized_start=2190
-  _globals['_DESCRIBENODEREQUEST']._serialized_end=2231
-  _globals['_DESCRIBENODERESPONSE']._serialized_start=2234
-  _globals['_DESCRIBENODERESPONSE']._serialized_end=2363
-  _globals['_WORKERSERVICE']._serialized_start=2506
-  _globals['_WORKERSERVICE']._serialized_end=2909
+  _globals['_SHARDHEADER']._serialized_end=681
+  _globals['_STOREDINPUT']._serialized_start=683
+  _globals['_STOREDINPUT']._serialized_end=729
+  _globals['_TENSORREF']._serialized_start=731
+  _globals['_TENSORREF']._serialized_end=769
+  _globals['_EXECUTEREQUEST']._serialized_start=772
+  _globals['_EXECUTEREQUEST']._serialized_end=1000
+  _globals['_SHARDTIMINGS']._serialized_start=1003
+  _globals['_SHARDTIMINGS']._serialized_end=1156
+  _globals['_EXECUTERESPONSE']._serialized_start=1159
+  _globals['_EXECUTERESPONSE']._serialized_end=1392
+  _globals['_EXECUTEMANYREQUEST']._serialized_start=1395
+  _globals['_EXECUTEMANYREQUEST']._serialized_end=1690
+  _globals['_EXECUTEMANYREQUESTBATCH']._serialized_start=1692
+  _globals['_EXECUTEMANYREQUESTBATCH']._serialized_end=1773
+  _globals['_EXECUTEMANYRESPONSE']._serialized_start=1776
+  _globals['_EXECUTEMANYRESPONSE']._serialized_end=2081
+  _globals['_EXECUTEMANYRESPONSEBATCH']._serialized_start=2083
+  _globals['_EXECUTEMANYRESPONSEBATCH']._serialized_end=2166
+  _globals['_SHARDFAILURE']._serialized_start=2168
+  _globals['_SHARDFAILURE']._serialized_end=2229
+  _globals['_RELEASEJOBREQUEST']._serialized_start=2231
+  _globals['_RELEASEJOBREQUEST']._serialized_end=2266
+  _globals['_RELEASEJOBRESPONSE']._serialized_start=2268
+  _globals['_RELEASEJOBRESPONSE']._serialized_end=2338
+  _globals['_PUTOBJECTSREQUEST']._serialized_start=2341
+  _globals['_PUTOBJECTSREQUEST']._serialized_end=2490
+  _globals['_PUTOBJECTSRESPONSE']._serialized_start=2492
+  _globals['_PUTOBJECTSRESPONSE']._serialized_end=2544
+  _globals['_FETCHOBJECTSREQUEST']._serialized_start=2546
+  _globals['_FETCHOBJECTSREQUEST']._serialized_end=2603
+  _globals['_FETCHOBJECTSRESPONSE']._serialized_start=2606
+  _globals['_FETCHOBJECTSRESPONSE']._serialized_end=2740
+  _globals['_MAPOBJECTSREQUEST']._serialized_start=2742
+  _globals['_MAPOBJECTSREQUEST']._serialized_end=2842
+  _globals['_OBJECTSEGMENT']._serialized_start=2844
+  _globals['_OBJECTSEGMENT']._serialized_end=2958
+  _globals['_MAPOBJECTSRESPONSE']._serialized_start=2960
+  _globals['_MAPOBJECTSRESPONSE']._serialized_end=3034
+  _globals['_SEALOBJECTSREQUEST']._serialized_start=3036
+  _globals['_SEALOBJECTSREQUEST']._serialized_end=3092
+  _globals['_SEALOBJECTSRESPONSE']._serialized_start=3094
+  _globals['_SEALOBJECTSRESPONSE']._serialized_end=3131
+  _globals['_RELEASEOBJECTSREQUEST']._serialized_start=3133
+  _globals['_RELEASEOBJECTSREQUEST']._serialized_end=3172
+  _globals['_RELEASEOBJECTSRESPONSE']._serialized_start=3174
+  _globals['_RELEASEOBJECTSRESPONSE']._serialized_end=3248
+  _globals['_DESCRIBENODEREQUEST']._serialized_start=3250
+  _globals['_DESCRIBENODEREQUEST']._serialized_end=3291
+  _globals['_DESCRIBENODERESPONSE']._serialized_start=3294
+  _globals['_DESCRIBENODERESPONSE']._serialized_end=3423
+  _globals['_WORKERSERVICE']._serialized_start=3566
+  _globals['_WORKERSERVICE']._serialized_end=4469
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ SHARD_STAGE_RUNNING: ShardStage
 SHARD_STAGE_DONE: ShardStage
 
 class ShardHeader(_message.Message):
-    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors", "traceparent", "accept_batches")
+    __slots__ = ("job_id", "shard_index", "attempt", "device_id", "target_type", "artifact_key", "artifact_digest", "artifact_format", "rule", "input_count", "batch_size", "report_stages", "keep_tensors", "traceparent", "accept_batches", "object_scope", "stored_inputs", "output_prefix")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,9 @@ class ShardHeader(_message.Message):
     KEEP_TENSORS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    STORED_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_PREFIX_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     shard_index: int
     attempt: int
@@ -54,7 +57,18 @@ class ShardHeader(_message.Message):
     keep_tensors: _containers.RepeatedCompositeFieldContainer[TensorRef]
     traceparent: str
     accept_batches: bool
-    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., traceparent: _Optional[str] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
+    object_scope: str
+    stored_inputs: _containers.RepeatedCompositeFieldContainer[StoredInput]
+    output_prefix: str
+    def __init__(self, job_id: _Optional[str] = ..., shard_index: _Optional[int] = ..., attempt: _Optional[int] = ..., device_id: _Optional[str] = ..., target_type: _Optional[str] = ..., artifact_key: _Optional[str] = ..., artifact_digest: _Optional[str] = ..., artifact_format: _Optional[_Union[_build_pb2.ArtifactFormat, str]] = ..., rule: _Optional[_Union[_build_pb2.Rule, _Mapping]] = ..., input_count: _Optional[int] = ..., batch_size: _Optional[int] = ..., report_stages: _Optional[bool] = ..., keep_tensors: _Optional[_Iterable[_Union[TensorRef, _Mapping]]] = ..., traceparent: _Optional[str] = ..., accept_batches: _Optional[bool] = ..., object_scope: _Optional[str] = ..., stored_inputs: _Optional[_Iterable[_Union[StoredInput, _Mapping]]] = ..., output_prefix: _Optional[str] = ...) -> None: ...
+
+class StoredInput(_message.Message):
+    __slots__ = ("name", "object_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    object_id: str
+    def __init__(self, name: _Optional[str] = ..., object_id: _Optional[str] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("name", "key")
@@ -167,6 +181,96 @@ class ReleaseJobResponse(_message.Message):
     released_tensors: int
     released_bytes: int
     def __init__(self, released_tensors: _Optional[int] = ..., released_bytes: _Optional[int] = ...) -> None: ...
+
+class PutObjectsRequest(_message.Message):
+    __slots__ = ("ticket", "object", "chunk")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    object: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, ticket: _Optional[bytes] = ..., object: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class PutObjectsResponse(_message.Message):
+    __slots__ = ("objects", "bytes")
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    objects: int
+    bytes: int
+    def __init__(self, objects: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class FetchObjectsRequest(_message.Message):
+    __slots__ = ("ticket", "object_ids")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    object_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ticket: _Optional[bytes] = ..., object_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchObjectsResponse(_message.Message):
+    __slots__ = ("object", "chunk")
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    object: _common_pb2.TensorHeader
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, object: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class MapObjectsRequest(_message.Message):
+    __slots__ = ("ticket", "create", "open")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    create: _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorHeader]
+    open: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ticket: _Optional[bytes] = ..., create: _Optional[_Iterable[_Union[_common_pb2.TensorHeader, _Mapping]]] = ..., open: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ObjectSegment(_message.Message):
+    __slots__ = ("object_id", "path", "bytes", "header")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    object_id: str
+    path: str
+    bytes: int
+    header: _common_pb2.TensorHeader
+    def __init__(self, object_id: _Optional[str] = ..., path: _Optional[str] = ..., bytes: _Optional[int] = ..., header: _Optional[_Union[_common_pb2.TensorHeader, _Mapping]] = ...) -> None: ...
+
+class MapObjectsResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[ObjectSegment]
+    def __init__(self, segments: _Optional[_Iterable[_Union[ObjectSegment, _Mapping]]] = ...) -> None: ...
+
+class SealObjectsRequest(_message.Message):
+    __slots__ = ("ticket", "object_ids")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    object_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ticket: _Optional[bytes] = ..., object_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SealObjectsResponse(_message.Message):
+    __slots__ = ("sealed",)
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    sealed: int
+    def __init__(self, sealed: _Optional[int] = ...) -> None: ...
+
+class ReleaseObjectsRequest(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    def __init__(self, ticket: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseObjectsResponse(_message.Message):
+    __slots__ = ("released_objects", "released_bytes")
+    RELEASED_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    released_objects: int
+    released_bytes: int
+    def __init__(self, released_objects: _Optional[int] = ..., released_bytes: _Optional[int] = ...) -> None: ...
 
 class DescribeNodeRequest(_message.Message):
     __slots__ = ("device_ids",)

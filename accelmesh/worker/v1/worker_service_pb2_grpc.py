@@ -56,6 +56,31 @@ class WorkerServiceStub:
                 request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.SerializeToString,
                 response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.FromString,
                 _registered_method=True)
+        self.PutObjects = channel.stream_unary(
+                '/accelmesh.worker.v1.WorkerService/PutObjects',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsResponse.FromString,
+                _registered_method=True)
+        self.FetchObjects = channel.unary_stream(
+                '/accelmesh.worker.v1.WorkerService/FetchObjects',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsResponse.FromString,
+                _registered_method=True)
+        self.MapObjects = channel.unary_unary(
+                '/accelmesh.worker.v1.WorkerService/MapObjects',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsResponse.FromString,
+                _registered_method=True)
+        self.SealObjects = channel.unary_unary(
+                '/accelmesh.worker.v1.WorkerService/SealObjects',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseObjects = channel.unary_unary(
+                '/accelmesh.worker.v1.WorkerService/ReleaseObjects',
+                request_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsRequest.SerializeToString,
+                response_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -113,6 +138,59 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutObjects(self, request_iterator, context):
+        """The object store (the data plane, docs/data-plane.md): a job's inputs put here by its client,
+        its shards' outputs kept here until the client fetches them, each object named by an id
+        within the job. Every call of these five carries a ticket the job's dispatcher signed (for the
+        job's owner, the job, this node, a direction and the object ids it covers); a call without
+        one, or with another's, is refused. They take any caller whose certificate the mesh CA
+        issued: the ticket, not the caller's role, says what it may do.
+
+        Puts objects over the stream: the ticket first (a put ticket), then for each object a
+        TensorHeader (name = the object id) and its chunks in order. Each object is sealed (readable,
+        never written again) once its bytes are all there. RESOURCE_EXHAUSTED when the store's bound
+        (ACCELMESH_WORKER_STORE_BYTES) stays full past the worker's wait; ALREADY_EXISTS for an id put
+        before.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchObjects(self, request, context):
+        """Streams sealed objects back (a get ticket): for each id asked, its TensorHeader (name = the
+        object id), then its chunks. NOT_FOUND names an object never put, released or expired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MapObjects(self, request, context):
+        """For a caller on this node only: creates objects to be written through shared memory (a put
+        ticket), or opens sealed ones to be read so (a get ticket), answering each object's segment
+        (a file readable and writable by this worker's user alone, of an unguessable name). A created
+        object is written by the caller, then sealed with SealObjects. FAILED_PRECONDITION for a
+        caller on another host: use PutObjects and FetchObjects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealObjects(self, request, context):
+        """Seals objects a MapObjects call created, once the caller has written them (a put ticket).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseObjects(self, request, context):
+        """Frees objects of the ticket's job now (those under its prefix), rather than at the store's
+        idle expiry (ACCELMESH_WORKER_STORE_TTL_S): a client calls it once it has fetched a job's
+        outputs. Freeing nothing is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +213,31 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.ReleaseJob,
                     request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.FromString,
                     response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.SerializeToString,
+            ),
+            'PutObjects': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutObjects,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsResponse.SerializeToString,
+            ),
+            'FetchObjects': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchObjects,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsResponse.SerializeToString,
+            ),
+            'MapObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.MapObjects,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsResponse.SerializeToString,
+            ),
+            'SealObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealObjects,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsResponse.SerializeToString,
+            ),
+            'ReleaseObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseObjects,
+                    request_deserializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsRequest.FromString,
+                    response_serializer=accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -247,6 +350,141 @@ class WorkerService:
             '/accelmesh.worker.v1.WorkerService/ReleaseJob',
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobRequest.SerializeToString,
             accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutObjects(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/accelmesh.worker.v1.WorkerService/PutObjects',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.PutObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/accelmesh.worker.v1.WorkerService/FetchObjects',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.FetchObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MapObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.worker.v1.WorkerService/MapObjects',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.MapObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.worker.v1.WorkerService/SealObjects',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.SealObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accelmesh.worker.v1.WorkerService/ReleaseObjects',
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsRequest.SerializeToString,
+            accelmesh_dot_worker_dot_v1_dot_worker__service__pb2.ReleaseObjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ import numpy as np
 from google.protobuf import duration_pb2
 
 from accelmesh.common.v1 import common_pb2
+from accelmesh.direct_runs import DirectRuns
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
@@ -28,6 +29,8 @@ from accelmesh.runtime.devices import PLATFORM_TO_PROTO
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
 from accelmesh.security.config import Security
 
+# job_spec's `data_path` -> JobSpec.data_path.
+DATA_PATHS = {"": job_pb.DATA_PATH_UNSPECIFIED, "relay": job_pb.DATA_PATH_RELAY, "direct": job_pb.DATA_PATH_DIRECT}
 # job_spec's `precision` -> JobConstraints.precision.
 PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32,
               "bf16": common_pb2.PRECISION_BF16_ALLOWED, "fp16": common_pb2.PRECISION_FP16_ALLOWED}
@@ -59,13 +62,16 @@ def job_spec(
     priority: int = 0,
     queue_timeout_s: float | None = None,
     verify_fraction: float = 0.0,
+    data_path: str = "",
 ) -> job_pb.JobSpec:
     """A job's spec. `request_id` (a UUID, say) makes a retried submit return the job the first created.
     `precision`: "fp32" (bit-identical results whatever the plan), "bf16" or "fp16" (inference only)
     allowed; "" lets each device's compile rules decide. `priority` (0-1000) orders the job in the
     queue when the pool is full; `queue_timeout_s` bounds its wait there (None: the dispatcher's
     limit; 0: never queue, RESOURCE_EXHAUSTED at once). `verify_fraction` (0-1) of a data-parallel
-    job's shards run again on another node and compared (never below the dispatcher's own)."""
+    job's shards run again on another node and compared (never below the dispatcher's own).
+    `data_path`: "direct" puts the rows into the workers' stores and fetches the outputs from them
+    (MeshClient.run only; data-parallel inference); "relay" or "" streams them through the dispatcher."""
     timeout = None
     if queue_timeout_s is not None:
         timeout = duration_pb2.Duration()
@@ -88,6 +94,7 @@ def job_spec(
         priority=priority,
         queue_timeout=timeout,
         verify_fraction=verify_fraction,
+        data_path=DATA_PATHS[data_path],
     )
 
 
@@ -118,6 +125,8 @@ class MeshClient:
                                      max_message_bytes=max_message_bytes)
         self.stub = dispatch_service_pb2_grpc.DispatchServiceStub(self._channel)
         self.chunk_bytes = chunk_bytes
+        self._direct = DirectRuns(security, chunk_bytes=chunk_bytes, max_message_bytes=max_message_bytes,
+                                  tracer_provider=tracer_provider)
 
     def __enter__(self) -> MeshClient:
         return self
@@ -127,6 +136,7 @@ class MeshClient:
 
     def close(self) -> None:
         self._channel.close()
+        self._direct.close()
 
     def run(self, program: str, inputs: Mapping[str, np.ndarray], *,
             parameters: Sequence[tuple[str, np.ndarray]] | None = None,
@@ -137,6 +147,9 @@ class MeshClient:
         goes on: a CancelJob it sends then reaches the job before the call's end does (which the
         dispatcher would otherwise record as the job's cause: its client went)."""
         spec = job_spec(program, inputs, client_parameters=parameters is not None, **spec_options)
+        if spec.data_path == job_pb.DATA_PATH_DIRECT:
+            return self._direct.run(self.stub, spec, inputs, parameters, on_event=on_event, timeout=timeout,
+                                    on_interrupt=on_interrupt)
         # accept_batches: what the dispatcher has ready at once comes as one message (its first says so).
         requests = (pb.RunJobRequest(**{field: message}, accept_batches=field == "spec")
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))

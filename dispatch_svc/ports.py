@@ -15,13 +15,13 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime.tensors import PlaceTensor
-from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput
+from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput, StoredRefs
 from dispatch_svc.dataplane.device_queues import CancelScope, DevicePool
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.stored_inputs import InputFeed
 
 __all__ = ["ArtifactRef", "Build", "Compiler", "InputFeed", "Inventory", "JobDevice", "LiveJob", "LiveJobs",
-           "RuleChoice", "ScoredStatus", "Scoring", "ShardOutput", "ShardWork", "Workers"]
+           "RuleChoice", "ScoredStatus", "Scoring", "ShardOutput", "ShardWork", "StoredRefs", "Workers"]
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,15 @@ class Workers(Protocol):
     # `held_keys`: names in `arrays` -> keys unique per content within the job (the content under
     # a key never changes during the job); a worker gets such an input in full once, then by key.
     # `place_outputs`: where outputs go as they arrive (None, or None from it: returned in memory).
+    # `stored`: inputs that lie in the worker's store, and outputs kept there (ShardOutput.outputs
+    # are then `Placed` records named by their object ids).
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
                 scope: CancelScope, held_keys: Mapping[str, str] | None = None,
-                place_outputs: PlaceTensor | None = None) -> ShardOutput: ...
+                place_outputs: PlaceTensor | None = None, stored: StoredRefs | None = None) -> ShardOutput: ...
+    # DATA_PATH_DIRECT: frees the objects `ticket` covers in the store of the worker at `address`
+    # (best effort: the store's idle expiry frees what this does not).
+    def release_objects(self, address: str, ticket: bytes) -> None: ...
     # The job's shards are over: its streams closed, the tensors workers hold for it dropped.
     def release(self, job_id: str) -> None: ...
     # The device is lost to the job: the shards in flight on it fail now with `cause` (their
@@ -139,6 +144,7 @@ class LiveJob:
     # The client's input refused as it arrived (a block header beyond the spec, while the job plans
     # or runs): why the job stopped, in place of the cancel that stopped it (`refuse`).
     refused: errors.AccelmeshError | None = None
+    direct: Any = None  # DATA_PATH_DIRECT: its execution.direct.DirectJob (None: its bytes go through here)
 
     def refuse(self, error: errors.AccelmeshError) -> None:
         """Stop the job for `error`, the client's fault: its scope is cancelled, so whatever it waits

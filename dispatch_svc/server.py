@@ -13,6 +13,7 @@ from accelmesh.runtime.server import MeshServer, Service, create_server
 from accelmesh.runtime.telemetry import configure_telemetry, tracer
 from accelmesh.security.access import PEOPLE, Access, Authenticator, roles
 from accelmesh.security.identity import Role
+from accelmesh.security.tickets import TicketSigner, expiring_ticket
 from dispatch_svc.admission.admission import AdmissionGate
 from dispatch_svc.admission.queue import JobQueue, QueueSignals
 from dispatch_svc.admission.quotas import Quotas
@@ -44,6 +45,15 @@ log = logging.getLogger(__name__)
 def dependencies(book: JobBook) -> dict:
     """What dispatch cannot work without: readiness is NOT_SERVING while one of these fails."""
     return {"job book": lambda: database.ping(book.engine)}
+
+
+def ticket_signer(security):
+    """DATA_PATH_DIRECT jobs' tickets, signed with this dispatcher's own certificate (tickets.py)."""
+    signer = TicketSigner(security)
+
+    def sign(owner: str, job_id: str, direction: str, host: str, prefix: str, ttl_s: float) -> bytes:
+        return signer.sign(expiring_ticket(owner, job_id, host, direction, prefix=prefix, lifetime_s=ttl_s))
+    return sign
 
 
 def inventory_port(config: DispatchConfig, security, channels: dict) -> RetriedReleases:
@@ -80,7 +90,8 @@ def build_dispatch(config: DispatchConfig, *, tracer_provider=None) -> tuple[Mes
                        limits=Limits(config.max_shard_bytes, config.inflight_bytes, config.reservation_ttl_s,
                                      verify_fraction=config.verify_fraction, device_watch_s=config.device_watch_s),
                        gate=gate, job_limits=config.limits, live=live, signals=signals,
-                       tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics)
+                       tracer=tracer(tracer_provider, "accelmesh.dispatch"), metrics=dispatch_metrics,
+                       sign_ticket=ticket_signer(config.security))
     servicer = DispatchServicer(runner, Authenticator(config.security), chunk_bytes=config.chunk_bytes,
                                 max_parameter_bytes=config.max_client_parameter_bytes,
                                 max_message_bytes=config.max_message_bytes, stream_idle_s=config.stream_idle_s)

@@ -48,7 +48,21 @@ class JobOut:
     job: m.JobRecord
 
 
-Piece = EventOut | TensorOut | RowsOut | JobOut
+@dataclass(frozen=True)
+class WantedOut:
+    """DATA_PATH_DIRECT: shards whose inputs the client is to put where each says."""
+
+    shards: list
+
+
+@dataclass(frozen=True)
+class OutputsOut:
+    """DATA_PATH_DIRECT: where every shard's outputs lie, in row order (the job succeeded)."""
+
+    shards: list
+
+
+Piece = EventOut | TensorOut | RowsOut | JobOut | WantedOut | OutputsOut
 IDLE = object()  # a piece: nothing more is ready until the job's next event
 
 
@@ -129,6 +143,12 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         queued = queued or event.type == m.QUEUED_EVENT
         if queued:
             continue
+        if live.direct is not None:  # no row comes this way: only where the client is to put its inputs
+            if event.type == m.INPUTS_WANTED:
+                wanted = live.direct.take_wanted()
+                if wanted:
+                    yield WantedOut(wanted)
+            continue
         if event.type in (m.SHARD_FINISHED, "succeeded"):
             released = live.released_rows
             if released > sent_rows:
@@ -141,7 +161,9 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         yield from _ending(book, job.job_id, slab_bytes)
         return
     final = book.get(job.job_id)
-    if final.state == m.SUCCEEDED:
+    if final.state == m.SUCCEEDED and live.direct is not None:
+        yield OutputsOut(live.direct.outputs())
+    elif final.state == m.SUCCEEDED:
         for entry in book.results.entries(job.job_id):
             if entry.name not in live.concat_names:
                 yield from whole(entry, slab_bytes)

@@ -34,6 +34,7 @@ from accelmesh.runtime.tensors import dtype_code, split_frames
 from accelmesh.security.access import Authenticator, sees_everything
 from dispatch_svc.api import delivery
 from dispatch_svc.api import translate as tr
+from dispatch_svc.api.direct_feed import DirectFeed
 from dispatch_svc.api.stream_feed import BlockHeaders, StreamFeed
 from dispatch_svc.execution.runner import JobRunner
 from dispatch_svc.jobs import records as m
@@ -104,7 +105,8 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         self.runner.check(spec)
         ended = threading.Event()  # a stream cut short by a client killed mid-upload reads as its going
         context.add_callback(ended.set)
-        feed = StreamFeed(requests, spec, self._max_parameter_bytes, self._limits, ended)
+        direct = spec.data_path == m.DIRECT
+        feed = (DirectFeed if direct else StreamFeed)(requests, spec, self._max_parameter_bytes, self._limits, ended)
         try:
             feed.read_ahead()
         except errors.Cancelled as exc:  # gone before its job began: nothing to record, nobody to answer
@@ -115,6 +117,8 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
         except errors.AlreadyExists:  # a retry that raced its first attempt, on this replica or another
             return self.book.by_request(owner, spec.request_id), None, None
         headers.stops(live)
+        if direct:
+            feed.follow(live.direct.stored, live.refuse)
         return job, live, feed
 
     def _bounded(self, request_iterator, context, method: str, headers: BlockHeaders) -> IdleBounded:
@@ -135,7 +139,12 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
     def SubmitJob(self, request_iterator, context):
         headers = BlockHeaders()
         request_iterator = self._bounded(request_iterator, context, "SubmitJob", headers)
-        job, live, feed = self._start(_first(request_iterator), request_iterator, context, headers)
+        first = _first(request_iterator)
+        if first.spec.data_path == job_pb.DATA_PATH_DIRECT:
+            raise errors.InvalidArgument("spec.data_path DATA_PATH_DIRECT needs RunJob, whose stream says where to put "
+                                         "the inputs and where the outputs lie; SubmitJob takes DATA_PATH_RELAY",
+                                         field="spec.data_path")
+        job, live, feed = self._start(first, request_iterator, context, headers)
         if live is None:
             return pb.SubmitJobResponse(job_id=job.job_id)
         # Until the client has its job id, the call's end is its client gone (or its deadline past): the
@@ -183,6 +192,10 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
                 yield pb.RunJobResponse(job=tr.job_to_proto(piece.job))
             elif isinstance(piece, delivery.TensorOut):
                 yield pb.RunJobResponse(tensor=_header(piece.entry))
+            elif isinstance(piece, delivery.WantedOut):
+                yield pb.RunJobResponse(put_inputs=pb.InputsWanted(shards=[_objects(s) for s in piece.shards]))
+            elif isinstance(piece, delivery.OutputsOut):
+                yield pb.RunJobResponse(outputs=pb.OutputsReady(shards=[_objects(s) for s in piece.shards]))
             else:
                 yield from self._chunks(piece, pb.RunJobResponse)
 
@@ -297,6 +310,12 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
 def _header(entry) -> common_pb2.TensorHeader:
     size = int(np.prod(entry.shape, dtype=np.int64)) * entry.dtype.itemsize
     return common_pb2.TensorHeader(name=entry.name, dtype=dtype_code(entry.dtype), shape=entry.shape, total_bytes=size)
+
+
+def _objects(shard) -> pb.ShardObjects:
+    return pb.ShardObjects(shard_index=shard.shard_index, first_row=shard.first_row, rows=shard.rows,
+                           worker_address=shard.worker_address, object_ids=shard.object_ids, names=shard.names,
+                           ticket=shard.ticket)
 
 
 def _page_token(job: m.JobRecord) -> str:

@@ -110,6 +110,8 @@ class StreamFeed:
     no rows needs no block. A stream that breaks (the client disconnected, or its deadline
     passed) raises Cancelled, saying how much of the input had arrived."""
 
+    after_parameters = "block"  # the part that ends the parameters (held for what reads on)
+
     def __init__(self, requests: Iterator, spec: m.JobSpec, max_parameter_bytes: int,
                  limits: JobLimits | None = None, ended: threading.Event | None = None):
         """`ended`: set once the call ended (its client went, or it was answered)."""
@@ -193,11 +195,12 @@ class StreamFeed:
                 self._announced += header.total_bytes
             elif part == "parameter_chunk":
                 leaves.chunk(message.parameter_chunk)
-            elif part == "block":
-                self._held = message.block
+            elif part == self.after_parameters:
+                self._held = message.block if part == "block" else message
                 break
             else:
-                raise errors.InvalidArgument(f"unexpected {part} after the spec; send parameters, then blocks")
+                raise errors.InvalidArgument(f"unexpected {part} after the spec; send parameters, then "
+                                             f"{self.after_parameters} messages")
         return list(leaves.results().items())
 
     def blocks(self) -> Iterator[tuple[int, list[np.ndarray]]]:

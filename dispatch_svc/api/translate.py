@@ -37,6 +37,7 @@ EVENT_TO_PROTO = {
     "succeeded": job_pb.JOB_EVENT_TYPE_SUCCEEDED, "failed": job_pb.JOB_EVENT_TYPE_FAILED,
     "cancelled": job_pb.JOB_EVENT_TYPE_CANCELLED, m.TAKEN_OVER: job_pb.JOB_EVENT_TYPE_TAKEN_OVER,
     m.QUEUED_EVENT: job_pb.JOB_EVENT_TYPE_QUEUED, m.SHARD_VERIFIED: job_pb.JOB_EVENT_TYPE_SHARD_VERIFIED,
+    m.INPUTS_WANTED: job_pb.JOB_EVENT_TYPE_INPUTS_WANTED,
 }
 KIND_TO_PROTO = {m.INFERENCE: job_pb.JOB_KIND_INFERENCE, m.TRAINING: job_pb.JOB_KIND_TRAINING}
 STRATEGY_FROM_PROTO = {plan_pb.PLACEMENT_STRATEGY_RANKED: pl.RANKED, plan_pb.PLACEMENT_STRATEGY_BALANCED: pl.BALANCED,
@@ -97,7 +98,25 @@ def spec_from_proto(msg: job_pb.JobSpec) -> m.JobSpec:
         priority=_priority(msg.priority),
         queue_timeout_s=_queue_timeout(msg),
         verify_fraction=_verify_fraction(msg.verify_fraction),
+        data_path=_data_path(msg),
     )
+
+
+DATA_PATH_FROM_PROTO = {job_pb.DATA_PATH_UNSPECIFIED: m.RELAY, job_pb.DATA_PATH_RELAY: m.RELAY,
+                        job_pb.DATA_PATH_DIRECT: m.DIRECT}
+DATA_PATH_TO_PROTO = {m.RELAY: job_pb.DATA_PATH_RELAY, m.DIRECT: job_pb.DATA_PATH_DIRECT}
+
+
+def _data_path(msg: job_pb.JobSpec) -> str:
+    path = DATA_PATH_FROM_PROTO.get(msg.data_path)
+    if path is None:
+        raise errors.InvalidArgument(f"spec.data_path {msg.data_path} is not a DataPath; use DATA_PATH_RELAY, "
+                                     "DATA_PATH_DIRECT or leave it unset", field="spec.data_path")
+    if path == m.DIRECT and (msg.kind == job_pb.JOB_KIND_TRAINING or msg.HasField("placement")):
+        raise errors.InvalidArgument("spec.data_path DATA_PATH_DIRECT is for data-parallel inference jobs for now; "
+                                     "run training and pipeline jobs with DATA_PATH_RELAY (or leave it unset)",
+                                     field="spec.data_path")
+    return path
 
 
 def _verify_fraction(value: float) -> float:
@@ -279,6 +298,7 @@ def spec_to_proto(spec: m.JobSpec) -> job_pb.JobSpec:
                 for i in spec.inputs],
         client_parameters=spec.client_parameters, parameter_seed=spec.parameter_seed, name=spec.name,
         request_id=spec.request_id, priority=spec.priority, verify_fraction=spec.verify_fraction,
+        data_path=DATA_PATH_TO_PROTO.get(spec.data_path, job_pb.DATA_PATH_RELAY),
         queue_timeout=None if spec.queue_timeout_s is None else _duration(spec.queue_timeout_s),
         training=job_pb.TrainingOptions(epochs=t.epochs, batch_size=t.batch_size, learning_rate=t.learning_rate,
                                         momentum=t.momentum, shuffle_seed=t.shuffle_seed) if t else None,

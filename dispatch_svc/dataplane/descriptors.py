@@ -50,3 +50,12 @@ class ShardOutput:
     load_seconds: float
     execute_seconds: float
     load_kind: str
+
+
+@dataclass(frozen=True)
+class StoredRefs:
+    """A DATA_PATH_DIRECT shard's inputs and outputs in its worker's object store (execution/direct.py)."""
+
+    scope: str  # "<owner>|<job id>": whose objects
+    inputs: tuple[tuple[str, str], ...]  # (input name, object id), after the tensors sent with the shard
+    output_prefix: str  # the outputs are kept as "<prefix><output index>"

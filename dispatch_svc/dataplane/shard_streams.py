@@ -30,7 +30,7 @@ import grpc
 from accelmesh import errors
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.errors import error_reason
-from accelmesh.runtime.tensors import PlaceTensor, TensorCollector
+from accelmesh.runtime.tensors import Placed, PlaceTensor, TensorCollector, numpy_dtype
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
 from dispatch_svc.dataplane.held_keys import HeldKeys, Transfer
@@ -61,6 +61,25 @@ SHARD_STATUSES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FA
                             grpc.StatusCode.OUT_OF_RANGE})
 
 
+class StoredOutputs:
+    """A shard's outputs that its worker kept in its object store (ShardHeader.output_prefix): a
+    header each, named by its object id, and no chunks; the results are their `Placed` records."""
+
+    def __init__(self):
+        self._placed: dict[str, Placed] = {}
+
+    def header(self, header) -> None:
+        if header.name in self._placed:
+            raise errors.InvalidArgument(f"stored output {errors.quoted(header.name)} was announced twice")
+        self._placed[header.name] = Placed(header.name, numpy_dtype(header.dtype, "output dtype"), tuple(header.shape))
+
+    def chunk(self, chunk) -> None:
+        raise errors.InvalidArgument("the worker sent chunks of an output it was to keep in its store")
+
+    def results(self) -> dict[str, Placed]:
+        return dict(self._placed)
+
+
 class StreamClosed(Exception):
     """The stream closed before the shard could be written to it: open another."""
 
@@ -72,7 +91,7 @@ class _Waiting:
     messages: Iterator | None  # what is left to send of it; None once the stream failed (its inputs go)
     transfer: Transfer | None  # its keyed inputs' plan (None: none)
     referred: bool  # it sent references to held tensors
-    outputs: TensorCollector
+    outputs: TensorCollector | StoredOutputs
     done: threading.Event = field(default_factory=threading.Event)
     timings: worker_pb.ShardTimings | None = None
     error: Exception | None = None  # ShardFailed or NotHeld
@@ -81,7 +100,7 @@ class _Waiting:
 class ShardStream:
     def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
                  on_unavailable: Callable[[str], str],
-                 first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None],
+                 first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None, bool],
                  on_batches: Callable[[], None] = lambda: None):
         """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`.
         `on_batches` is called once the worker's first batched answer arrives (it reads batches too).
@@ -97,10 +116,12 @@ class ShardStream:
         threading.Thread(target=self._read, name="shard-stream", daemon=True).start()
 
     def send(self, messages: Iterable, transfer: Transfer | None, referred: bool,
-             place: PlaceTensor | None = None) -> _Waiting:
+             place: PlaceTensor | None = None, stored: bool = False) -> _Waiting:
         """Write one shard (its header, then its inputs); raises StreamClosed if the stream ended.
-        Its outputs go where `place` says as they arrive (TensorCollector), the others to memory."""
-        waiting = _Waiting(iter(messages), transfer, referred, TensorCollector("output", place))
+        Its outputs go where `place` says as they arrive (TensorCollector), the others to memory;
+        `stored`: the worker keeps them in its object store and answers their headers alone."""
+        outputs = StoredOutputs() if stored else TensorCollector("output", place)
+        waiting = _Waiting(iter(messages), transfer, referred, outputs)
         with self._lock:
             if self.closed:
                 raise StreamClosed()

@@ -21,7 +21,7 @@ from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput
+from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput, StoredRefs
 from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
 from dispatch_svc.dataplane.held_keys import HeldKeys, Transfer
 from dispatch_svc.dataplane.shard_streams import NotHeld, ShardStream, StreamClosed, Unanswered
@@ -92,6 +92,14 @@ class GrpcWorkers:
             log.warning("worker %s did not release the tensors of job %s (%s: %s); its idle expiry will",
                         address, job_id, exc.code().name, self._refusal(address, exc.details()))
 
+    def release_objects(self, address: str, ticket: bytes) -> None:
+        try:
+            self._worker(address).ReleaseObjects(worker_pb.ReleaseObjectsRequest(ticket=ticket),
+                                                 timeout=RELEASE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            log.warning("worker %s did not release a job's objects (%s: %s); its store's idle expiry will",
+                        address, exc.code().name, self._refusal(address, exc.details()))
+
     def _worker(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
         return worker_service_pb2_grpc.WorkerServiceStub(self._channels.get(address))
 
@@ -119,16 +127,20 @@ class GrpcWorkers:
     def execute(self, job_id: str, shard_index: int, attempt: int, device: JobDevice, build: Build,
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
                 scope: CancelScope, held_keys: Mapping[str, str] | None = None,
-                place_outputs: PlaceTensor | None = None) -> ShardOutput:
+                place_outputs: PlaceTensor | None = None, stored: StoredRefs | None = None) -> ShardOutput:
         """Run one shard on its device's worker. `held_keys` maps names in `arrays` to keys unique per
         content within the job: such an input goes to each worker in full once, then as a reference
         to the copy the worker keeps (dispatch_svc.dataplane.held_keys); a worker that lost one gets all in full.
-        `place_outputs` says where outputs go as their chunks arrive (the others are returned)."""
+        `place_outputs` says where outputs go as their chunks arrive (the others are returned).
+        `stored`: inputs in the worker's object store, and outputs kept there (returned as `Placed`)."""
         header = worker_pb.ShardHeader(
             job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
             target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
             artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
             input_count=len(arrays), batch_size=rows, traceparent=_traceparent(), accept_batches=True)
+        if stored is not None:
+            header.object_scope, header.output_prefix = stored.scope, stored.output_prefix
+            header.stored_inputs.extend(worker_pb.StoredInput(name=n, object_id=i) for n, i in stored.inputs)
         address = device.node_address
         keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
         for left in range(UNANSWERED_RESENDS, -1, -1):
@@ -190,7 +202,8 @@ class GrpcWorkers:
                     else parts())
         try:
             stream, waiting = self._send(address, header.job_id, header.device_id,
-                                         (requests, transfer, bool(refs), place), scope)
+                                         (requests, transfer, bool(refs), place, bool(header.output_prefix)),
+                                         scope)
             if not waiting.done.wait(SHARD_TIMEOUT_S):
                 stream.cancel()  # fails every shard on it, this one too
                 waiting.done.wait()

@@ -28,6 +28,7 @@ from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
+from dispatch_svc.execution.direct import NotQueued, check_signer, direct_job, end_direct
 from dispatch_svc.execution.endings import detached, failure_message, let_go
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
@@ -60,7 +61,8 @@ class JobRunner:
                  throughput: ThroughputModel, *, limits: Limits, gate: AdmissionGate | None = None,
                  job_limits: JobLimits | None = None, live: LiveJobs | None = None,
                  signals: QueueSignals | None = None, tracer: trace.Tracer | None = None,
-                 clock: Callable[[], float] = time.time, metrics: DispatchMetrics = NO_METRICS):
+                 clock: Callable[[], float] = time.time, metrics: DispatchMetrics = NO_METRICS,
+                 sign_ticket: Callable[..., bytes] | None = None):
         """`gate`: the owner's quota and the queue (admission/admission.py); None, a gate without
         either, where a job that cannot get its devices fails at once. `signals`: what the queue is
         told of jobs ending and going to it (None: no queue runs beside this runner)."""
@@ -75,10 +77,12 @@ class JobRunner:
         self.signals = signals or QueueSignals()
         self._clock = clock
         self.metrics = metrics
+        self._sign_ticket = sign_ticket  # DATA_PATH_DIRECT jobs' tickets (execution/direct.py)
 
     def check(self, spec: m.JobSpec, *, running: bool = True) -> None:
         """The spec within the dispatcher's limits; raises before anything is planned."""
         check_limits(spec, self.job_limits, self.limits.max_shard_bytes, running=running)
+        check_signer(spec, self._sign_ticket)
 
     @property
     def running(self) -> int:
@@ -118,7 +122,10 @@ class JobRunner:
         self.gate.check_priority(owner, spec.priority)
         self.book.expire_results()  # every new job sweeps the expired ones: no extra thread needed
         job = self.book.create(spec, owner)
-        return job, self.live_jobs.add(job.job_id)
+        live = self.live_jobs.add(job.job_id)
+        if spec.data_path == m.DIRECT:
+            live.direct = direct_job(job, self.book, self._sign_ticket)
+        return job, live
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,
             kept: frozenset[int] | None = None, narrowing: Narrowing | None = None) -> None:
@@ -134,7 +141,8 @@ class JobRunner:
             attr.JOB_ID: job.job_id, attr.JOB_KIND: job.spec.kind, attr.PROGRAM: job.spec.program})
         token = trace.use_span(live.span, end_on_exit=False)
         token.__enter__()  # everything this job does, on any thread, is part of its trace
-        if self.book.lease_s and not isinstance(feed, StoredFeed):  # a stored one: taken over, or from the queue
+        # A stored one: taken over, or from the queue. A direct job's inputs are the client's alone.
+        if self.book.lease_s and not isinstance(feed, StoredFeed) and live.direct is None:
             feed = self._spooled(job, feed)
         try:
             ctx = JobContext(self.inventory, self.compiler, self.workers, self.book, self.throughput, self.limits,
@@ -226,6 +234,8 @@ class JobRunner:
         """The job waits in the queue: the rest of its inputs stored (a job from the store has them
         all there), then QUEUED in the book, and let go of here until a queue pass starts it."""
         try:
+            if live.direct is not None:
+                raise NotQueued(reason)
             if not isinstance(feed, StoredFeed):
                 store_rest(feed, self.book.inputs, job, lambda: self.book.leases.inputs_stored(job.job_id))
             self.signals.note(job.job_id)
@@ -307,6 +317,7 @@ class JobRunner:
             except errors.AccelmeshError as release_error:  # the lease runs out on its own
                 log.warning("releasing %s failed: %s", job.job_id, release_error)
             finally:
+                end_direct(live, self.workers, exc)  # what its client put in, or did not fetch, freed
                 self.workers.release(job.job_id)  # its streams, and the tensors workers hold for it
         recorded = True
         try:

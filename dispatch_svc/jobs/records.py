@@ -27,6 +27,9 @@ PLANNED, COMPILED, SHARD_STARTED, SHARD_FINISHED, SHARD_RETRIED, TRAINING_STEP, 
     "queued",
 )
 SHARD_VERIFIED = "shard_verified"
+INPUTS_WANTED = "inputs_wanted"  # DATA_PATH_DIRECT: the client asked to put shards' inputs (execution/direct.py)
+# JobSpec.data_path: how the job's tensor bytes travel (through the dispatcher, or worker stores).
+RELAY, DIRECT = "relay", "direct"
 EVENT_FOR_STATE = {SUCCEEDED: "succeeded", FAILED: "failed", CANCELLED: "cancelled"}
 
 
@@ -78,6 +81,7 @@ class JobSpec:
     priority: int = 0  # its place in the queue: higher first (0..MAX_PRIORITY)
     queue_timeout_s: float | None = None  # how long it may wait queued; None: the dispatcher's limit; 0: never
     verify_fraction: float = 0.0  # of its shards run again on another node (never below the dispatcher's floor)
+    data_path: str = RELAY  # RELAY or DIRECT (docs/data-plane.md)
 
 
 @dataclass(frozen=True)

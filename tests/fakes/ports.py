@@ -150,7 +150,7 @@ class FakeWorkers:
         self.dropped.append((job_id, device_id))
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
-                place_outputs=None):
+                place_outputs=None, stored=None):
         nbytes = sum(a.nbytes for name, a in arrays if name in {i.name for i in self.program.inputs})
         with self._lock:
             self.attempts.append((device.id, shard_index, attempt))
@@ -305,7 +305,7 @@ class FakePipelineWorkers(FakeWorkers):
         return [a["x"] + sum(v for name, v in a.items() if name.endswith("/k"))]
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
-                place_outputs=None):
+                place_outputs=None, stored=None):
         out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
                               place_outputs)
         with self._lock:

@@ -26,6 +26,7 @@ from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
 from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
 from dispatch_svc.execution.device_watch import watch_devices
+from dispatch_svc.execution.direct import stored_refs
 from dispatch_svc.execution.output_checks import check_shard_outputs
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.book import JobBook
@@ -42,6 +43,7 @@ from dispatch_svc.ports import (
     LiveJob,
     ShardOutput,
     ShardWork,
+    StoredRefs,
     Workers,
 )
 
@@ -146,6 +148,12 @@ class JobContext:
         device: JobDevice = attempt.device
         build = next(b for b in builds if b.target_type == device.target_type)
         artifact = build.executables.get(shard.rows, build.portable)
+        # DATA_PATH_DIRECT: the shard's inputs at its worker first (the client puts them), so its
+        # time is the shard's own from there on, as the throughput fit needs.
+        direct = self.live.direct
+        stored = None if direct is None else StoredRefs(*stored_refs(
+            direct, [i.name for i in program.inputs], shard.index, attempt.number, device.node_address,
+            self.live.check))
         self.book.emit(self.job, m.SHARD_STARTED, shard=self.record(shard, device, build, attempt.number),
                        message=f"shard {shard.index} on {device.id}")
         started = time.perf_counter()
@@ -162,12 +170,15 @@ class JobContext:
             with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
                 out = self.workers.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact,
                                            arrays, shard.rows, self.live.scope, held_keys=held_keys,
-                                           place_outputs=shard.place_outputs)
+                                           place_outputs=shard.place_outputs, stored=stored)
                 # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
                 check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
         except BaseException:
             self._ended(started, None)
             raise
+        if direct is not None:
+            direct.finished(shard.index, device.node_address, [o.name for o in out.outputs],
+                            [o.name for o in program.outputs])
         finished = time.perf_counter()
         record = self.record(shard, device, build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds

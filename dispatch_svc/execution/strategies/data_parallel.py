@@ -22,7 +22,7 @@ from accelmesh import errors
 from accelmesh.programs import Program
 from dispatch_svc.admission.admission import Grant
 from dispatch_svc.admission.scheduling.rounds import Narrowing
-from dispatch_svc.execution.strategies import inference, training
+from dispatch_svc.execution.strategies import direct_inference, inference, training
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.execution.strategies.verifier import ShardVerifier
 from dispatch_svc.execution.verification import sample_shards
@@ -102,6 +102,8 @@ def propose(ctx: JobContext, narrowing: Narrowing | None) -> Proposal:
     only = narrowing.device_ids if narrowing is not None else None
     program, job_plan, builds, devices = plan(ctx.inventory, ctx.compiler, ctx.throughput, ctx.limits, job.spec,
                                               only=only)
+    if job.spec.data_path == m.DIRECT:  # refused before anything is reserved
+        direct_inference.check_direct(program, max(ctx.limits.verify_fraction, job.spec.verify_fraction))
     narrowed = only is not None and {d.id for d in devices} <= only
     ctx.book.update(job, plan=job_plan, state=m.COMPILING)
     used = {s.device_id for s in job_plan.shards} if job.spec.kind == m.INFERENCE else {d.id for d in devices}
@@ -124,6 +126,9 @@ def start(ctx: JobContext, proposal: Proposal, grant: Grant):
     # A training step's parameters change every step (ShardWork.params): they always travel in full.
     # An inference job's parameters are the same for every shard: each worker gets them once.
     held = None if training_job else "params"
+    if ctx.live.direct is not None:
+        pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt, held=held))
+        return direct_inference.collect(ctx, program, pool, proposal.devices)
     verifier = _verifier(ctx, proposal, params, held)
 
     def run(attempt):

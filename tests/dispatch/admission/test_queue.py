@@ -102,7 +102,7 @@ class HeldWorkers(FakeWorkers):
         self.held_jobs: set[str] = set()
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
-                place_outputs=None):
+                place_outputs=None, stored=None):
         if job_id in self.held_jobs:
             self.started.set()
             assert self.let_go.wait(WAIT_S)

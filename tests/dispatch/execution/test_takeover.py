@@ -61,7 +61,7 @@ class HoldingWorkers(FakeWorkers):
     hold_from = 0
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
-                place_outputs=None):
+                place_outputs=None, stored=None):
         if shard_index >= self.hold_from:
             self.started.set()
             while not self.let_go.wait(0.01):

@@ -77,7 +77,7 @@ class DriftingWorkers(FakeWorkers):
     speed: dict[str, float]
 
     def execute(self, job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys=None,
-                place_outputs=None):
+                place_outputs=None, stored=None):
         out = super().execute(job_id, shard_index, attempt, device, build, artifact, arrays, rows, scope, held_keys,
                               place_outputs)
         assert artifact.format == "executable" and artifact.batch_size == rows  # a compiled size, never a fallback

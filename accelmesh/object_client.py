@@ -1,0 +1,238 @@
+"""The client's side of the data plane (docs/data-plane.md): a DATA_PATH_DIRECT job's input rows put
+straight into the object stores of the workers that run its shards, and its outputs fetched from
+them, with the tickets the dispatcher gave for each worker.
+
+On the worker's own host the bytes go through shared memory: MapObjects creates (or opens) each
+object's segment file, this process maps it and copies the rows in (or out), and SealObjects makes
+an input readable. Elsewhere, and wherever the worker refuses to share memory or its segments
+cannot be opened here (another host, another user, a container without the worker's /dev/shm),
+they stream over gRPC: PutObjects and FetchObjects, chunks framed from views of the arrays. Which
+way a worker takes is learnt on the first call to it and kept for the client's life.
+
+Every worker of a batch is served at once, on a thread each: a job's puts and fetches take as
+long as the slowest worker's, not their sum.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+
+from accelmesh.common.v1 import common_pb2
+from accelmesh.runtime.channels import ChannelPool
+from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, dtype_code, numpy_dtype, serialized_or, split_frames
+from accelmesh.security.config import Security
+from accelmesh.security.identity import Role
+from accelmesh.worker.v1 import worker_service_pb2 as pb
+from accelmesh.worker.v1 import worker_service_pb2_grpc
+
+SHARED, STREAMED = "shared memory", "gRPC stream"
+_SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
+CALL_TIMEOUT_S = 600.0  # one put or fetch of a worker's share of a job
+
+
+class ObjectClient:
+    def __init__(self, security: Security, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, tracer_provider=None):
+        self._channels = ChannelPool(security, Role.WORKER, tracer_provider=tracer_provider,
+                                     max_message_bytes=max_message_bytes)
+        self._chunk_bytes = min(chunk_bytes, max_message_bytes // 2)
+        self._ways: dict[str, str] = {}  # worker address -> SHARED or STREAMED
+        self._lock = threading.Lock()
+        self.moved_bytes = {SHARED: 0, STREAMED: 0}  # what went each way, for a person to read
+
+    def close(self) -> None:
+        self._channels.close()
+
+    def way(self, address: str) -> str | None:
+        with self._lock:
+            return self._ways.get(address)
+
+    def _stub(self, address: str) -> worker_service_pb2_grpc.WorkerServiceStub:
+        return worker_service_pb2_grpc.WorkerServiceStub(self._channels.get(address))
+
+    def _learnt(self, address: str, way: str, nbytes: int) -> None:
+        with self._lock:
+            self._ways[address] = way
+            self.moved_bytes[way] += nbytes
+
+    # --- putting ---------------------------------------------------------------------------
+
+    def put(self, shards: Sequence, inputs: Sequence[np.ndarray]) -> None:
+        """Each shard's rows of `inputs` (the job's data inputs, in spec order) into the store of
+        the worker its ShardObjects names, under its object ids."""
+        by_worker: dict[tuple[str, bytes], list] = {}
+        for shard in shards:
+            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
+        work = [(address, ticket, [(object_id, np.ascontiguousarray(array[s.first_row: s.first_row + s.rows]))
+                                   for s in group for object_id, array in zip(s.object_ids, inputs)])
+                for (address, ticket), group in by_worker.items()]
+        _each(work, lambda item: self._put_one(*item))
+
+    def _put_one(self, address: str, ticket: bytes, objects: list[tuple[str, np.ndarray]]) -> None:
+        nbytes = sum(a.nbytes for _, a in objects)
+        if self.way(address) != STREAMED and self._put_shared(address, ticket, objects):
+            self._learnt(address, SHARED, nbytes)
+            return
+        channel = self._channels.get(address)
+        call = channel.stream_unary(f"/{_SERVICE}/PutObjects",
+                                    request_serializer=serialized_or(pb.PutObjectsRequest.SerializeToString),
+                                    response_deserializer=pb.PutObjectsResponse.FromString)
+        call(self._put_messages(ticket, objects), timeout=CALL_TIMEOUT_S)
+        self._learnt(address, STREAMED, nbytes)
+
+    def _put_messages(self, ticket: bytes, objects: list[tuple[str, np.ndarray]]):
+        yield pb.PutObjectsRequest(ticket=ticket)
+        for object_id, array in objects:
+            header, chunks = split_frames(object_id, array, self._chunk_bytes, pb.PutObjectsRequest)
+            yield pb.PutObjectsRequest(object=header)
+            if array.nbytes:
+                yield from chunks
+
+    def _put_shared(self, address: str, ticket: bytes, objects: list[tuple[str, np.ndarray]]) -> bool:
+        """Put through shared memory; False when the worker or this host will not (then stream)."""
+        stub = self._stub(address)
+        headers = [common_pb2.TensorHeader(name=object_id, dtype=dtype_code(a.dtype), shape=a.shape,
+                                           total_bytes=a.nbytes) for object_id, a in objects]
+        try:
+            segments = stub.MapObjects(pb.MapObjectsRequest(ticket=ticket, create=headers),
+                                       timeout=CALL_TIMEOUT_S).segments
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and self.way(address) is None:
+                return False  # another host: the worker shares memory with its own host alone
+            raise
+        try:
+            for segment, (_, array) in zip(segments, objects):
+                _copy_into(segment, array)
+        except OSError:
+            if self.way(address) is not None:
+                raise
+            # First contact, and its segments cannot be opened from here: what was made goes (nothing
+            # else of this client's is there yet), and this worker is streamed to from now on.
+            stub.ReleaseObjects(pb.ReleaseObjectsRequest(ticket=ticket), timeout=CALL_TIMEOUT_S)
+            return False
+        stub.SealObjects(pb.SealObjectsRequest(ticket=ticket, object_ids=[o for o, _ in objects]),
+                         timeout=CALL_TIMEOUT_S)
+        return True
+
+    # --- fetching --------------------------------------------------------------------------
+
+    def fetch(self, shards: Sequence, total_rows: int) -> dict[str, np.ndarray]:
+        """Every output of `shards` (each shard's, in row order, ShardObjects) as one array of
+        `total_rows` rows per output name."""
+        results: dict[str, np.ndarray] = {}
+        lock = threading.Lock()
+
+        def target(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+            with lock:
+                if name not in results:
+                    results[name] = np.empty((total_rows, *shape[1:]), dtype)
+                return results[name]
+
+        by_worker: dict[tuple[str, bytes], list] = {}
+        for shard in shards:
+            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
+        _each(list(by_worker.items()), lambda item: self._fetch_one(item[0][0], item[0][1], item[1], target))
+        return results
+
+    def _fetch_one(self, address: str, ticket: bytes, shards: list, target) -> None:
+        places = {object_id: (shard, name) for shard in shards
+                  for object_id, name in zip(shard.object_ids, shard.names)}
+        if self.way(address) != STREAMED:
+            try:
+                segments = self._stub(address).MapObjects(pb.MapObjectsRequest(ticket=ticket, open=list(places)),
+                                                          timeout=CALL_TIMEOUT_S).segments
+                nbytes = 0
+                for segment in segments:
+                    shard, name = places[segment.object_id]
+                    dtype, shape = numpy_dtype(segment.header.dtype), tuple(segment.header.shape)
+                    out = target(name, dtype, shape)
+                    _copy_from(segment, out[shard.first_row: shard.first_row + shard.rows], dtype, shape)
+                    nbytes += segment.bytes
+                self._learnt(address, SHARED, nbytes)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or self.way(address) is not None:
+                    raise
+            except OSError:
+                if self.way(address) is not None:
+                    raise
+        self._fetch_streamed(address, ticket, places, target)
+
+    def _fetch_streamed(self, address: str, ticket: bytes, places: Mapping, target) -> None:
+        stub = self._stub(address)
+        nbytes, current, view = 0, None, None
+        for message in stub.FetchObjects(pb.FetchObjectsRequest(ticket=ticket, object_ids=list(places)),
+                                         timeout=CALL_TIMEOUT_S):
+            if message.WhichOneof("part") == "object":
+                header = message.object
+                shard, name = places[header.name]
+                dtype, shape = numpy_dtype(header.dtype), tuple(header.shape)
+                out = target(name, dtype, shape)
+                rows = out[shard.first_row: shard.first_row + shard.rows]
+                if rows.shape != shape:
+                    raise ValueError(f"worker {address} sent {header.name} of shape {shape}, not {rows.shape}")
+                current, view = header.name, memoryview(rows.reshape(-1).view(np.uint8))
+            else:
+                chunk = message.chunk
+                if chunk.name != current:
+                    raise ValueError(f"worker {address} sent a chunk of {chunk.name!r} inside {current!r}")
+                view[chunk.offset: chunk.offset + len(chunk.data)] = chunk.data
+                nbytes += len(chunk.data)
+        self._learnt(address, STREAMED, nbytes)
+
+    def release(self, shards: Iterable) -> None:
+        """Free the fetched outputs in the workers' stores (best effort: their idle expiry frees the rest)."""
+        for address, ticket in {(s.worker_address, s.ticket) for s in shards}:
+            try:
+                self._stub(address).ReleaseObjects(pb.ReleaseObjectsRequest(ticket=ticket), timeout=10.0)
+            except grpc.RpcError:
+                pass
+
+
+def _each(items: list, run: Callable) -> None:
+    """`run` on every item, at once on a thread each when there are several; the first error raised."""
+    if len(items) <= 1:
+        for item in items:
+            run(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(items), 16), thread_name_prefix="objects") as pool:
+        for future in [pool.submit(run, item) for item in items]:
+            future.result()
+
+
+def _mapped(path: str, nbytes: int, writable: bool) -> mmap.mmap:
+    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    finally:
+        os.close(fd)
+
+
+def _copy_into(segment: pb.ObjectSegment, array: np.ndarray) -> None:
+    if not segment.bytes:
+        return
+    mapped = _mapped(segment.path, segment.bytes, True)
+    try:
+        np.frombuffer(mapped, np.uint8, segment.bytes)[:] = array.reshape(-1).view(np.uint8)
+    finally:
+        mapped.close()
+
+
+def _copy_from(segment: pb.ObjectSegment, out: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"object {segment.object_id} is {dtype}{list(shape)}, not {out.dtype}{list(out.shape)}")
+    if not segment.bytes:
+        return
+    mapped = _mapped(segment.path, segment.bytes, False)
+    try:
+        out[...] = np.frombuffer(mapped, dtype, int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    finally:
+        mapped.close()

@@ -11,7 +11,7 @@ bounded memory on both ends; results are reassembled from their chunks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from google.protobuf import duration_pb2
@@ -41,6 +41,9 @@ class JobResult:
     job: job_pb.Job
     outputs: dict[str, np.ndarray]
     events: list[job_pb.JobEvent]
+    data_path: str = "relay"  # "relay": the bytes went through the dispatcher; "direct": to and from workers
+    # DATA_PATH_DIRECT: the job's tensor bytes by the way they went (object_client.SHARED, .STREAMED)
+    moved_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def job_spec(

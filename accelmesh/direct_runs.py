@@ -54,6 +54,7 @@ class DirectRuns:
             while (message := outbox.get()) is not _END:
                 yield message
 
+        before = dict(self.objects.moved_bytes)
         events, folded, job, placed = [], TensorCollector("result"), None, None
         call = stub.RunJob(requests(), timeout=timeout)
         try:
@@ -90,4 +91,5 @@ class DirectRuns:
                 outputs.update({name: fetched[name] for name in placed[0].names if name in fetched})
             finally:
                 self.objects.release(placed)
-        return JobResult(job, outputs, events)
+        moved = {way: self.objects.moved_bytes[way] - before[way] for way in before}
+        return JobResult(job, outputs, events, "direct", {way: n for way, n in moved.items() if n})

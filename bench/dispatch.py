@@ -452,7 +452,8 @@ def overhead_inputs(program, rows_per_shard: int, plan: Plan) -> tuple[np.ndarra
     return x, [np.asarray(p) for p in program.init_params(0)] if program.parameters else []
 
 
-def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe, relay_pipe) -> dict:
+def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor_pipe, relay_pipe,
+                   data_path: str = "relay") -> dict:
     import jax
 
     from accelmesh.client import MeshClient
@@ -471,21 +472,22 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     x, params = overhead_inputs(program, rows_per_shard, plan)
     one = x[:rows_per_shard]
     with MeshClient(mesh.small_shards.address, security=mesh.client) as client:
-        progress(f"overhead {name} ({mesh.label}): warm-up job of {plan.shards} shards")
-        client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
+        label = mesh.label if data_path == "relay" else f"{mesh.label}-{data_path}"
+        progress(f"overhead {name} ({label}): warm-up job of {plan.shards} shards")
+        client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S, data_path=data_path)
         one_walls = []
         for _ in range(plan.one_shard_jobs):
             start = time.perf_counter()
-            client.run(name, {"x": one}, max_devices=1, timeout=RPC_TIMEOUT_S)
+            client.run(name, {"x": one}, max_devices=1, timeout=RPC_TIMEOUT_S, data_path=data_path)
             one_walls.append(time.perf_counter() - start)
         walls, records, outputs = [], [], None
         for job in range(plan.shard_jobs):
             start = time.perf_counter()
-            result = client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S)
+            result = client.run(name, {"x": x}, max_devices=1, timeout=RPC_TIMEOUT_S, data_path=data_path)
             walls.append(time.perf_counter() - start)
             records.extend(result.job.shards)
             outputs = next(iter(result.outputs.values()))
-            progress(f"overhead {name} ({mesh.label}): job {job + 1}: "
+            progress(f"overhead {name} ({label}): job {job + 1}: "
                      f"{len(result.job.shards)} shards in {walls[-1]:.2f} s")
     shards_per_job = len(records) // plan.shard_jobs
     devices = sorted({r.device_id for r in records})
@@ -557,6 +559,7 @@ def bench_overhead(mesh: Mesh, name: str, rows_per_shard: int, plan: Plan, floor
     return {
         "program": name,
         "mesh_security": mesh.label,  # tls: mutual TLS + bearer token on every hop; plaintext: neither
+        "data_path": data_path,  # relay: the rows through the dispatcher; direct: client <-> worker stores
         "rows_per_shard": rows_per_shard,
         "input_bytes_per_shard": one.nbytes,
         "parameter_bytes_per_shard": sum(p.nbytes for p in params),
@@ -656,7 +659,8 @@ def message_cost(overhead: dict) -> dict:
 # -- (b) streaming -----------------------------------------------------------------------------------
 
 
-def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = STREAM_TIMEOUT_S) -> dict:
+def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = STREAM_TIMEOUT_S,
+                data_path: str = "relay") -> dict:
     """One RunJob of `data` through `dispatch`, with its memory and CPU accounted."""
     dispatch_pid, worker_pid = dispatch.process.pid, worker.process.pid
     before = {"dispatch": proc_status_kib(dispatch_pid)["VmRSS"], "worker": proc_status_kib(worker_pid)["VmRSS"]}
@@ -664,7 +668,7 @@ def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = S
     cpu = {"client": time.process_time(), "dispatch": cpu_seconds(dispatch_pid), "worker": cpu_seconds(worker_pid)}
     with RssSampler(dispatch_pid) as dispatch_rss, RssSampler(worker_pid) as worker_rss:
         start = time.perf_counter()
-        result = client.run(STREAM_PROGRAM, {"x": data}, timeout=timeout_s)
+        result = client.run(STREAM_PROGRAM, {"x": data}, timeout=timeout_s, data_path=data_path)
         seconds = time.perf_counter() - start
     cpu = {"client": time.process_time() - cpu["client"], "dispatch": cpu_seconds(dispatch_pid) - cpu["dispatch"],
            "worker": cpu_seconds(worker_pid) - cpu["worker"]}
@@ -679,6 +683,8 @@ def mesh_stream(dispatch, worker, client, data: np.ndarray, timeout_s: float = S
     shards = result.job.shards
     return {
         "seconds": seconds,
+        "data_path": data_path,
+        "bytes_moved": dict(client._direct.objects.moved_bytes),  # so far, each way, by this client
         "equal": bool(np.array_equal(result.outputs["y"], data)),
         "cpu_s": cpu,
         "shards": len(shards),
@@ -769,17 +775,23 @@ def stream_arms(meshes: list[Mesh], relay: RoleProcess, sink: RoleProcess, plan:
         for _, client in clients:
             # builds and loads the artifact
             client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S)
+        first, first_client = clients[0]
+        first_client.run(STREAM_PROGRAM, {"x": data[:shard_rows]}, timeout=STREAM_TIMEOUT_S, data_path="direct")
         warm_bare = bare_run(pipe, relay, sink, data)
         if ray is not None:
             progress(f"streaming: warm-up, {data.nbytes // MIB} MiB through Ray")
             ray.stream(STREAM_PROGRAM, data)
         progress(f"streaming: {probe.nbytes // MIB} MiB through each mesh (memory against input size)")
         probes = {mesh.label: mesh_stream(mesh.default, mesh.worker, client, probe) for mesh, client in clients}
+        direct_label = f"{first.label}-direct"
+        probes[direct_label] = mesh_stream(first.default, first.worker, first_client, probe, data_path="direct")
 
         def mesh_arm(mesh: Mesh, client) -> tuple[str, Callable[[], dict]]:
             return mesh.label, lambda: mesh_stream(mesh.default, mesh.worker, client, data)
 
         arms = [*(mesh_arm(mesh, client) for mesh, client in clients),
+                (direct_label, lambda: mesh_stream(first.default, first.worker, first_client, data,
+                                                   data_path="direct")),
                 ("bare", lambda: bare_run(pipe, relay, sink, data))]
         if ray is not None:
             arms.append(("ray", lambda: ray.stream(STREAM_PROGRAM, data)))
@@ -881,6 +893,16 @@ def bench_streaming(mesh: Mesh, plain: Mesh, relay: RoleProcess, sink: RoleProce
                     "pages to its host; then memory touched after a pause (each run's output, a shard's buffers) "
                     "costs that much more on every arm, and the streaming figures vary with it",
         },
+        "mesh_direct": {
+            "shape": "the same job through the TLS mesh with DATA_PATH_DIRECT: MeshClient.run puts each shard's rows "
+                     "into the worker's object store (shared memory: this process is on the worker's host), the "
+                     "dispatcher sends descriptors, the client fetches the outputs from the store; its runs "
+                     "alternating with the other arms",
+            **mesh_arm_summary(runs[f"{mesh.label}-direct"], data),
+            "dispatcher_memory": dispatcher_memory(probes[f"{mesh.label}-direct"], runs[f"{mesh.label}-direct"], data,
+                                                   defaults.inflight_bytes),
+            "bytes_moved_by_the_client_so_far": runs[f"{mesh.label}-direct"][-1]["bytes_moved"],
+        },
         "mesh_plaintext": {
             "shape": "the same job through a second mesh of the same processes started insecure (plaintext, no "
                      "authentication), its runs alternating with the mesh and bare arms above",
@@ -902,6 +924,9 @@ def bench_overhead_arms(meshes: list[Mesh], plan: Plan, floor_pipe, relay_pipe,
         return mesh.label, lambda name, rows: bench_overhead(mesh, name, rows, plan, floor_pipe, relay_pipe)
 
     arms = [mesh_arm(mesh) for mesh in meshes]
+    # The first (TLS) mesh again with DATA_PATH_DIRECT: the rows into the worker's store and back.
+    arms.insert(1, (f"{meshes[0].label}-direct", lambda name, rows: bench_overhead(
+        meshes[0], name, rows, plan, floor_pipe, relay_pipe, data_path="direct")))
     if ray is not None:
         arms.append(("ray", lambda name, rows: bench_ray_overhead(ray, name, rows, plan)))
     out: dict[str, dict] = {label: {} for label, _ in arms}
@@ -991,7 +1016,7 @@ def ray_section(ray: RayBaseline, overhead: dict[str, dict], stream: dict, ray_r
     """Ray's figures beside the mesh's from the same run, as mesh / Ray ratios: per-shard cost (job wall
     per shard against Ray's async ms per shard; below 1 is cheaper) and streaming MB/s (above 1 is
     faster), through the TLS mesh and the plaintext one, with the bare-gRPC floors beside them."""
-    labels = ("tls", "plaintext")
+    labels = ("tls", "tls-direct", "plaintext")
 
     def per_program(name: str) -> dict:
         figures = overhead["ray"][name]
@@ -1011,7 +1036,8 @@ def ray_section(ray: RayBaseline, overhead: dict[str, dict], stream: dict, ray_r
 
     mb_per_s = [mbps(stream["input_bytes"], r["seconds"]) for r in ray_runs]
     ray_p50 = percentile(mb_per_s, 50)
-    mesh_p50 = {"tls": stream["mesh"]["mb_per_s_p50"], "plaintext": stream["mesh_plaintext"]["mb_per_s_p50"]}
+    mesh_p50 = {"tls": stream["mesh"]["mb_per_s_p50"], "tls-direct": stream["mesh_direct"]["mb_per_s_p50"],
+                "plaintext": stream["mesh_plaintext"]["mb_per_s_p50"]}
     return {
         "version": ray.version,
         "auth_mode": ray.auth_mode,
@@ -1058,8 +1084,10 @@ def ray_summary(section: dict) -> dict:
     stream = section["streaming"]
     per_shard = {name: {
         "mesh": p["mesh_job_wall_per_shard_ms"]["tls"], "mesh_plaintext": p["mesh_job_wall_per_shard_ms"]["plaintext"],
+        "mesh_direct": p["mesh_job_wall_per_shard_ms"]["tls-direct"],
         "ray_async": p["async_one_device_ms_per_shard"], "ray_one_at_a_time": p["one_at_a_time_ms_per_shard"],
         "ratio_mesh_over_ray_async": p["ratio_mesh_over_ray_async"]["tls"],
+        "ratio_mesh_direct_over_ray_async": p["ratio_mesh_over_ray_async"]["tls-direct"],
         "ratio_mesh_plaintext_over_ray_async": p["ratio_mesh_over_ray_async"]["plaintext"],
         "bare_grpc_call_floor": p["bare_stream_call_p50_ms"],
         "bare_pipelined_relay_floor": p["pipelined_relay_floor_p50_ms"],
@@ -1069,14 +1097,20 @@ def ray_summary(section: dict) -> dict:
         "per_shard_ms": per_shard,
         "stream_mb_per_s": {
             "mesh": stream["mesh_mb_per_s_p50"]["tls"], "mesh_plaintext": stream["mesh_mb_per_s_p50"]["plaintext"],
+            "mesh_direct": stream["mesh_mb_per_s_p50"]["tls-direct"],
             "ray": stream["mb_per_s_p50"],
             "ratio_mesh_over_ray": stream["ratio_mesh_over_ray_p50"]["tls"],
+            "ratio_mesh_direct_over_ray": stream["ratio_mesh_over_ray_p50"]["tls-direct"],
             "ratio_mesh_plaintext_over_ray": stream["ratio_mesh_over_ray_p50"]["plaintext"],
             "bare_grpc_floor": stream["bare_mb_per_s_p50"],
         },
         "mesh_per_shard_at_most_ray_async": {name: p["ratio_mesh_over_ray_async"] is not None
                                              and p["ratio_mesh_over_ray_async"] <= 1 for name, p in per_shard.items()},
         "mesh_stream_at_least_ray": (stream["ratio_mesh_over_ray_p50"]["tls"] or 0) >= 1,
+        "mesh_direct_per_shard_at_most_ray_async": {
+            name: p["ratio_mesh_direct_over_ray_async"] is not None and p["ratio_mesh_direct_over_ray_async"] <= 1
+            for name, p in per_shard.items()},
+        "mesh_direct_stream_at_least_ray": (stream["ratio_mesh_over_ray_p50"]["tls-direct"] or 0) >= 1,
         "ray_results_equal_local": (all(p["results_match_local"] for p in section["per_shard"]["programs"].values())
                                     and stream["results_equal_input"]),
     }

@@ -88,6 +88,8 @@ def read_inputs(requests: Iterator[pb.ExecuteRequest | pb.ExecuteManyRequest], h
                 raise errors.InvalidArgument(f"header.input_count is {count} but more tensors follow")
             if part == "held":
                 inputs.append(_held(held, scope, head.job_id, message.held, len(inputs)))
+                if more and len(inputs) == count:
+                    break  # the last input was a reference: the next message is the next shard's
                 continue
             total += message.tensor.total_bytes
             if total > max_bytes:

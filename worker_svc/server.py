@@ -67,7 +67,7 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
                               max_message_bytes=config.max_message_bytes, objects=object_methods,
                               tracer=tracer_provider.get_tracer("accelmesh.worker") if tracer_provider else None)
     metrics = Metrics("worker", config.metrics_listen, config.security, config.http)
-    WorkerMetrics(metrics, executor, held)
+    WorkerMetrics(metrics, executor, held, objects)
     return create_server(
         [Service(SERVICE_NAME, worker_service_pb2_grpc.add_WorkerServiceServicer_to_server, servicer)],
         security=config.security,

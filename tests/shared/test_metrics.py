@@ -22,6 +22,7 @@ from compile_svc.metrics import register as register_compile
 from worker_svc.executor import Shard, ShardExecutor, ShardTimings
 from worker_svc.held_tensors import HeldTensors
 from worker_svc.metrics import WorkerMetrics
+from worker_svc.objects import ObjectStore
 
 
 def scrape(metrics: Metrics) -> str:
@@ -90,11 +91,13 @@ def test_a_bad_or_busy_address_is_a_clear_error(served):
             Metrics("busy", f"127.0.0.1:{port}")
 
 
-def test_the_worker_counts_its_shards_and_held_bytes_per_device(served):
+def test_the_worker_counts_its_shards_held_bytes_and_stored_objects(served, tmp_path):
     metrics = served("worker")
     executor = ShardExecutor({}, {}, artifacts=None)
     held = HeldTensors(1 << 20, 60.0)
-    WorkerMetrics(metrics, executor, held)
+    store = ObjectStore(1 << 20, root=str(tmp_path))
+    WorkerMetrics(metrics, executor, held, store)
+    store.put_array("user:a|job-1", "out/0.1/0", np.zeros(64, np.float32))
     assert held.keep("job-1", "params:w", np.zeros(256, np.float32))
     shard = Shard("job-1", 0, 1, "10.0.0.1/cuda:0", "a100-80gb", "key", "digest", "executable", None, 1, 8)
     for _ in range(2):
@@ -104,6 +107,9 @@ def test_the_worker_counts_its_shards_and_held_bytes_per_device(served):
     assert _sample(text, "accelmesh_worker_execute_seconds_count", 'device="10.0.0.1/cuda:0"') == 2
     assert _sample(text, "accelmesh_worker_execute_seconds_sum", 'device="10.0.0.1/cuda:0"') == pytest.approx(0.5)
     assert _sample(text, "accelmesh_worker_held_bytes", "") == 1024
+    assert _sample(text, "accelmesh_worker_store_bytes", "") == 256
+    assert _sample(text, "accelmesh_worker_store_objects", "") == 1
+    assert _sample(text, "accelmesh_worker_store_limit_bytes", "") == 1 << 20
 
 
 def test_the_compile_service_counts_builds_and_cache_hits(served, tmp_path):

@@ -1,0 +1,98 @@
+"""DATA_PATH_DIRECT through real processes (inventory, compile, a worker of two devices) and a
+dispatcher in this process: the client puts each shard's rows into the worker's object store and
+fetches the outputs from there; results equal the relay path's bit for bit in fp32, over shared
+memory and over gRPC streams alike; what the direct path cannot run is refused before anything is
+reserved, naming spec.data_path."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from accelmesh.client import MeshClient, job_spec
+from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
+from accelmesh.dispatch.v1 import job_pb2 as job_pb
+from accelmesh.object_client import SHARED, STREAMED
+
+from conftest import CREDENTIALS, rpc_error, small_mesh
+
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
+
+SHARD_BYTES = 32 * 1024
+ROWS = 1024  # 8 shards of 128 rows of the mlp's 64 float32 features
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with small_mesh(tmp_path_factory.mktemp("direct"), emulate=("v100-32gb", "v100-32gb"),
+                    max_shard_bytes=SHARD_BYTES) as (server, inventory, stub):
+        yield server, inventory, stub
+
+
+@pytest.fixture
+def client(mesh):
+    server, _, _ = mesh
+    with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.random.default_rng(3).standard_normal((ROWS, 64)).astype(np.float32)
+
+
+def _ran(result) -> None:
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
+    assert len(result.job.shards) > 1 and len({s.device_id for s in result.job.shards}) == 2
+
+
+def test_a_direct_job_equals_the_relayed_one_and_its_bytes_go_through_shared_memory(client, x):
+    relayed = client.run("mlp_classifier", {"x": x}, precision="fp32")
+    direct = client.run("mlp_classifier", {"x": x}, precision="fp32", data_path="direct")
+    _ran(direct)
+    assert np.array_equal(direct.outputs["logits"], relayed.outputs["logits"])
+    assert direct.data_path == "direct" and relayed.data_path == "relay"
+    assert direct.moved_bytes == {SHARED: x.nbytes + direct.outputs["logits"].nbytes}
+    wanted = [e for e in direct.events if e.type == job_pb.JOB_EVENT_TYPE_INPUTS_WANTED]
+    assert len(wanted) == 1 and f"{len(direct.job.shards)} shards" in wanted[0].message
+
+
+def test_a_direct_job_streams_to_a_worker_that_shares_no_memory_with_it(client, x):
+    """As from another host: the worker's segments are not opened, PutObjects and FetchObjects carry the rows."""
+    first = client.run("identity", {"x": np.ones((8, 1024), np.float32)}, data_path="direct")
+    address = {a for a in client._direct.objects._ways}
+    assert first.moved_bytes and address
+    for worker in address:
+        client._direct.objects._ways[worker] = STREAMED
+    wide = np.random.default_rng(4).standard_normal((64, 1024)).astype(np.float32)
+    result = client.run("identity", {"x": wide}, data_path="direct")
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED
+    assert np.array_equal(result.outputs["y"], wide)
+    assert result.moved_bytes == {STREAMED: 2 * wide.nbytes}
+
+
+def test_a_spot_checked_direct_job_is_refused_before_any_device_is_reserved(client, x, mesh):
+    """Spot checks compare outputs in the dispatcher, which the direct path never sees."""
+    error = rpc_error(client.run, "mlp_classifier", {"x": x}, data_path="direct", verify_fraction=0.5)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "DATA_PATH_RELAY" in error.details()
+    assert _reservations(mesh) == []
+
+
+def _reservations(mesh):
+    from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+
+    _, _, stub = mesh
+    return list(stub.ListReservations(inv_pb.ListReservationsRequest()).reservations)
+
+
+def test_training_and_submit_job_are_refused_the_direct_path_naming_the_field(client, x):
+    from accelmesh.dispatch.v1 import job_pb2
+
+    training = job_spec("mlp_train_step", {"x": x, "y": np.zeros(ROWS, np.int32)}, training=job_pb2.TrainingOptions(),
+                        data_path="direct")
+    error = rpc_error(lambda: list(client.stub.RunJob(iter([pb.RunJobRequest(spec=training)]))))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.data_path" in error.details()
+    inference = job_spec("mlp_classifier", {"x": x}, data_path="direct")
+    error = rpc_error(client.stub.SubmitJob, iter([pb.SubmitJobRequest(spec=inference)]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "RunJob" in error.details()

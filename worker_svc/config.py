@@ -14,6 +14,7 @@ from accelmesh.runtime.https import HttpLimits, http_limits_from_env
 from accelmesh.security.config import Security, add_security_arguments, security_from_env, service_security
 from accelmesh.security.identity import Role
 from worker_svc.held_tensors import MAX_HELD_TENSORS
+from worker_svc.objects import MAX_OBJECTS
 
 # Read by CUDA and JAX at their start (the worker sets them before importing jax); an operator's
 # own values win.
@@ -60,6 +61,7 @@ class WorkerConfig:
     store_root: str = "/dev/shm"  # ACCELMESH_WORKER_STORE_ROOT: where the store's segment files are made
     store_ttl_s: float = 900.0  # ACCELMESH_WORKER_STORE_TTL_S: a job's objects freed after this untouched
     store_wait_s: float = 30.0  # ACCELMESH_WORKER_STORE_WAIT_S: how long a put waits for room before it is refused
+    store_objects: int = MAX_OBJECTS  # ACCELMESH_WORKER_STORE_OBJECTS: objects at once (each holds a file descriptor)
     # ACCELMESH_CA_FILE, ACCELMESH_CERT_FILE, ACCELMESH_KEY_FILE, ACCELMESH_TOKENS_FILE, ACCELMESH_JWT_*,
     # ACCELMESH_CREDENTIALS_DIR, ACCELMESH_INSECURE: see accelmesh/security/config.py
     security: Security = field(default_factory=service_security(Role.WORKER))
@@ -142,6 +144,7 @@ def parse_args(argv: list[str] | None = None, env=os.environ) -> WorkerConfig:
         store_root=env_str("ACCELMESH_WORKER_STORE_ROOT", WorkerConfig.store_root, env),
         store_ttl_s=env_float("ACCELMESH_WORKER_STORE_TTL_S", WorkerConfig.store_ttl_s, env, minimum=1.0),
         store_wait_s=env_float("ACCELMESH_WORKER_STORE_WAIT_S", WorkerConfig.store_wait_s, env, minimum=0.0),
+        store_objects=env_int("ACCELMESH_WORKER_STORE_OBJECTS", WorkerConfig.store_objects, env, minimum=1),
     )
 
 

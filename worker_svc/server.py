@@ -59,7 +59,7 @@ def build_worker(config: WorkerConfig, *, agent: NodeAgent | None = None, artifa
     held = HeldTensors(config.held_bytes, config.held_idle_s, max_tensors=config.held_tensors)
     sweep_stale(config.store_root)  # segments a killed worker of this host left behind
     objects = ObjectStore(config.store_bytes, root=config.store_root, ttl_s=config.store_ttl_s,
-                          wait_s=config.store_wait_s)
+                          wait_s=config.store_wait_s, max_objects=config.store_objects)
     object_methods = ObjectMethods(objects, TicketVerifier(config.security), config.node_ip,
                                    min(DEFAULT_CHUNK_BYTES, config.max_message_bytes // 2))
     servicer = WorkerServicer(agent, executor, held, Authenticator(config.security),

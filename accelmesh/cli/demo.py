@@ -139,10 +139,12 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int, secur
             bar.update(event.progress, event.message)
 
     started = time.perf_counter()
-    result = client.run("transformer_encoder", {"tokens": tokens}, on_event=on_event, parameter_seed=0)
+    result = client.run("transformer_encoder", {"tokens": tokens}, on_event=on_event, parameter_seed=0,
+                        data_path="direct")
     bar.close()
     wall = time.perf_counter() - started
     print_shards(result.job)
+    print(f"    {bytes_path(result)}")
     error, spread = print_makespan(result.job)
     print(f"    predicted makespan {'within' if error <= MAKESPAN_TOLERANCE else 'OUTSIDE'} "
           f"{MAKESPAN_TOLERANCE:.0%} of the measured; devices {'within' if spread <= DEVICE_SPREAD else 'OUTSIDE'} "
@@ -155,6 +157,14 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int, secur
     print(f"combined logits {result.outputs['logits'].shape} in {wall:.2f} s; max relative error against a "
           f"single-device fp32 run: {error:.2e} ({verdict} the bf16 tolerance {tolerance:g})")
     return error
+
+
+def bytes_path(result) -> str:
+    """Which way a job's tensor bytes went (docs/data-plane.md)."""
+    if result.data_path != "direct":
+        return "bytes: through the dispatcher (relayed on the RunJob stream)"
+    ways = ", ".join(f"{way} {n / 2**20:.1f} MiB" for way, n in sorted(result.moved_bytes.items())) or "none"
+    return f"bytes: direct, client <-> the workers' object stores ({ways}); none through the dispatcher"
 
 
 def training_demo(client: MeshClient, epochs: int) -> float:
@@ -174,14 +184,15 @@ def training_demo(client: MeshClient, epochs: int) -> float:
     trained = client.run("mlp_train_step", {"x": split.x_train, "y": split.y_train}, training=options,
                          on_event=on_event, parameter_seed=0)
     bar.close()
+    print(f"    {bytes_path(trained)}")
     losses = trained.job.losses
     print(f"{len(losses)} steps in {time.perf_counter() - started:.2f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
           f"a step predicted {trained.job.plan.predicted_seconds * 1e3:.1f} ms, measured "
           f"{trained.job.measured_seconds * 1e3:.1f} ms (mean)")
     parameters = [(name, value) for name, value in trained.outputs.items() if name != "losses"]
-    evaluated = client.run("mlp_classifier", {"x": split.x_test}, parameters=parameters)
+    evaluated = client.run("mlp_classifier", {"x": split.x_test}, parameters=parameters, data_path="direct")
     accuracy = float(np.mean(np.argmax(evaluated.outputs["logits"], axis=1) == split.y_test))
-    print(f"test accuracy on {len(split.y_test)} held-out digits: {accuracy:.1%}")
+    print(f"test accuracy on {len(split.y_test)} held-out digits: {accuracy:.1%} ({bytes_path(evaluated)})")
     return accuracy
 
 
@@ -202,6 +213,7 @@ def pipeline_demo(client: MeshClient, compile_address: str, samples: int, securi
     result = client.run("transformer_encoder", {"tokens": tokens}, placement=options, on_event=on_event,
                         parameter_seed=0)
     bar.close()
+    print(f"    {bytes_path(result)}; a pipeline's activations pass the dispatcher too, for now")
     placement = result.job.plan.placement
     print(format_layer_table(placement))
     print(format_device_table(placement))

@@ -101,9 +101,9 @@ def overhead(job_wall_ms: float, floor_ms: float) -> dict:
 def test_ratios_are_mesh_over_ray_with_the_bare_floors_beside_them():
     ray = SimpleNamespace(version="2.60.0", auth_mode="token", actors=[object(), object()], store_bytes=640 * MIB)
     figures = {"async_one_device_ms_per_shard": 1.0, "one_at_a_time_ms_per_shard": 2.0, "results_match_local": True}
-    per_shard = {"tls": {"identity": overhead(0.8, 0.3)}, "plaintext": {"identity": overhead(0.6, 0.2)},
-                 "ray": {"identity": figures}}
-    stream = {"input_bytes": 350_000_000, "mesh": {"mb_per_s_p50": 400.0},
+    per_shard = {"tls": {"identity": overhead(0.8, 0.3)}, "tls-direct": {"identity": overhead(1.5, 0.3)},
+                 "plaintext": {"identity": overhead(0.6, 0.2)}, "ray": {"identity": figures}}
+    stream = {"input_bytes": 350_000_000, "mesh": {"mb_per_s_p50": 400.0}, "mesh_direct": {"mb_per_s_p50": 700.0},
               "mesh_plaintext": {"mb_per_s_p50": 280.0}, "bare": {"mb_per_s_p50": 900.0}}
     runs = [{"seconds": 1.0, "equal": True, "pieces": 42}]
 
@@ -114,8 +114,10 @@ def test_ratios_are_mesh_over_ray_with_the_bare_floors_beside_them():
     assert identity["bare_grpc_call_floor"] == 0.3
     assert identity["bare_pipelined_relay_floor"] == {"execute_messages": 0.6, "one_message": 0.15}
     assert summary["mesh_per_shard_at_most_ray_async"] == {"identity": True}
-    assert summary["stream_mb_per_s"] == {"mesh": 400.0, "mesh_plaintext": 280.0, "ray": 350.0,
-                                          "ratio_mesh_over_ray": 1.143, "ratio_mesh_plaintext_over_ray": 0.8,
-                                          "bare_grpc_floor": 900.0}
-    assert summary["mesh_stream_at_least_ray"] is True
+    assert identity["ratio_mesh_direct_over_ray_async"] == 1.5
+    assert summary["mesh_direct_per_shard_at_most_ray_async"] == {"identity": False}
+    assert summary["stream_mb_per_s"] == {"mesh": 400.0, "mesh_plaintext": 280.0, "mesh_direct": 700.0, "ray": 350.0,
+                                          "ratio_mesh_over_ray": 1.143, "ratio_mesh_direct_over_ray": 2.0,
+                                          "ratio_mesh_plaintext_over_ray": 0.8, "bare_grpc_floor": 900.0}
+    assert summary["mesh_stream_at_least_ray"] is True and summary["mesh_direct_stream_at_least_ray"] is True
     assert summary["ray_results_equal_local"] is True

@@ -154,7 +154,7 @@ def test_dispatch_methods_resolve_from_reflection_alone(mesh):
     # Enough to build requests a client never compiled: RunJob's stream parts and their nested types.
     run_request = pool.FindMessageTypeByName("accelmesh.dispatch.v1.RunJobRequest")
     assert [f.name for f in run_request.oneofs_by_name["part"].fields] == ["spec", "parameter", "parameter_chunk",
-                                                                           "block"]
+                                                                           "block", "stored"]
     block = run_request.fields_by_name["block"].message_type
     tensor = block.fields_by_name["tensors"].message_type
     assert tensor.full_name == "accelmesh.common.v1.Tensor"

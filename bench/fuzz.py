@@ -1,6 +1,6 @@
 """Fuzz benchmark: every method of every mesh process, authenticated, ~1,000 mutated requests each.
 
-    .venv/bin/python bench/fuzz.py [--quick] [--per-method N] [--seed S]
+    .venv/bin/python bench/fuzz.py [--quick] [--per-method N] [--seed S] [--only PROCESS ...]
 
 Prints one JSON document on stdout (progress on stderr) and exits 1 when the fuzz found
 something: an INTERNAL or UNKNOWN status from a service, a process that died or does not answer
@@ -14,7 +14,8 @@ access table admits (the operator's token where people may call, else the certif
 service role that may), with raw bytes, so the requests reach the handlers. How requests are
 mutated and what counts is in fuzzing.py. First a warm-up of 50 calls a method (30 with
 --quick; --warmup), then each process's VmRSS, then the run itself, VmRSS again, health. Payloads are
-reproducible: call k of a method uses Random("<seed>:<process>.<Method>:<k>").
+reproducible: call k of a method uses Random("<seed>:<process>.<Method>:<k>"). `--only worker`
+(repeatable) fuzzes the methods of the processes named alone, e.g. after a change to one of them.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, help=f"warm-up calls a method before the first RSS "
                         f"(default {WARMUP_PER_METHOD}, at most --per-method)")
     parser.add_argument("--seed", type=int, default=20240601, help="makes the payloads reproducible")
+    parser.add_argument("--only", action="append", choices=[a.process for a in fuzzing.AREAS], default=[],
+                        help="fuzz only this process's methods (repeatable; default: every process)")
     args = parser.parse_args(argv)
     per_method = args.per_method or (QUICK_PER_METHOD if args.quick else FULL_PER_METHOD)
     warmup = args.warmup if args.warmup is not None else min(WARMUP_PER_METHOD, per_method)
@@ -82,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         progress("starting the mesh: inventory, compile, dispatch, one worker (mutual TLS)")
         with start_embedded_mesh(Path(tmp), devices=2, emulate=EMULATE) as mesh:
             progress(f"fuzzing: {warmup} warm-up calls a method, then {per_method} a method")
-            found = fuzzing.fuzz(mesh, per_method, warmup=warmup, seed=args.seed, progress=progress)
+            found = fuzzing.fuzz(mesh, per_method, warmup=warmup, seed=args.seed, progress=progress,
+                                 only=args.only)
     result = {
         "benchmark": "fuzz",
         "mode": ("quick" if args.quick and not args.per_method
-                 else "full" if per_method == FULL_PER_METHOD else "custom"),
+                 else "full" if per_method == FULL_PER_METHOD and not args.only else "custom"),
+        "only": args.only or [a.process for a in fuzzing.AREAS],
         "machine": machine(),
         "seed": args.seed,
         "per_method": per_method,

@@ -14,15 +14,19 @@ serialized bytes (truncation, bit flips, random bytes, overlong varints, deeply 
 Client-streaming methods get a short stream of such messages, reordered, cut or duplicated.
 
 What counts: INTERNAL or UNKNOWN from a service is a finding (a handler that let an error escape
-untyped), and so is INTERNAL "Exception deserializing request!", gRPC's own answer to bytes that
-do not decode as the request message: the mesh's servers refuse those as INVALID_ARGUMENT
+untyped), in a call's status or in a ShardFailure an ExecuteMany stream answers a shard with (its
+status stays OK), and so is INTERNAL "Exception deserializing request!", gRPC's own answer to
+bytes that do not decode as the request message: the mesh's servers refuse those as INVALID_ARGUMENT
 (accelmesh.runtime.errors.DecodeInterceptor), since the path through grpcio's deserializer also
 keeps the call's state for good. Findings of that kind are counted apart as `undecodable_internal`.
 A status the client never got because its trailers were over the client's metadata limit
 (RESOURCE_EXHAUSTED "... metadata size exceeds ...") is a finding too (`status_lost`). A refusal
 by the access check ("needs the role") or UNAUTHENTICATED is counted as `refused`: it means the
-fuzz chose the wrong credential and did not test the handler. `decoded` counts the requests whose
-every message this side could decode too: those reached the handler's own code.
+fuzz chose the wrong credential and did not test the handler. The worker's object-store methods
+have no access check (BY_TICKET: the ticket each call carries, signed by a dispatcher, says what it
+may do; fuzz_objects.py signs the seeds' own): a refusal of a call's ticket is the handler's
+answer, counted as `ticket_refused`. `decoded` counts the requests whose every message this side
+could decode too: those reached the handler's own code.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import import_module
 
+import fuzz_objects
 import grpc
 import numpy as np
 from google.protobuf import message_factory
@@ -48,6 +53,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.memory import TRIM_INTERVAL_S
+from accelmesh.security.access import BY_TICKET
 from accelmesh.security.credentials import MeshCredentials
 from accelmesh.security.identity import PEOPLE, Role
 
@@ -442,6 +448,7 @@ class Facts:
     build: object = None  # a compile_pb.TargetBuild of identity for `device`, SEED_ROWS rows
     job_id: str = ""
     upload: bytes = b""  # a jax.export artifact
+    objects: fuzz_objects.ObjectFacts | None = None  # the fuzz's tickets and objects in the worker's store
     notes: list[str] = field(default_factory=list)
 
 
@@ -456,7 +463,8 @@ def exported_double() -> bytes:
 
 
 def gather_facts(mesh, callers: Callers) -> Facts:
-    """Real ids from the running mesh: a device, a succeeded job, an artifact, the programs."""
+    """Real ids from the running mesh: a device, a succeeded job, an artifact, the programs; the
+    fuzz's tickets for the worker's object store and the objects the seeds name there."""
     from accelmesh.client import MeshClient
     from accelmesh.compile.v1 import compile_service_pb2 as compile_pb
     from accelmesh.compile.v1 import compile_service_pb2_grpc
@@ -478,6 +486,8 @@ def gather_facts(mesh, callers: Callers) -> Facts:
     x = np.arange(SEED_ROWS * 1024, dtype=np.float32).reshape(SEED_ROWS, 1024)
     with MeshClient(mesh.dispatch.address, security=callers.security(Role.OPERATOR)) as client:
         facts.job_id = client.run("identity", {"x": x}, timeout=300).job.job_id
+    facts.objects = fuzz_objects.gather(callers, facts.worker_address)
+    facts.notes += facts.objects.notes
     try:
         facts.upload = exported_double()
     except Exception as exc:  # noqa: BLE001 - no jax here: UploadProgram is fuzzed from a header alone
@@ -554,6 +564,31 @@ def seeds(facts: Facts) -> dict[str, list]:
     for method, cls in (("SubmitJob", d.SubmitJobRequest), ("RunJob", d.RunJobRequest)):
         out[f"dispatch.{method}"] = [[cls(**{k: v}) for k, v in request_parts(spec, inputs, None, 8192)]
                                      for spec, inputs in ((identity, {"x": x}), (mlp, {"x": mlp_x}))]
+    # DATA_PATH_DIRECT: no rows on the stream, `stored` parts saying which shards' inputs the client
+    # put (none of these did: the dispatcher's put_inputs go unanswered, or name shards never asked).
+    direct = job_spec("identity", {"x": x}, name="fuzz-direct", data_path="direct")
+    direct_mlp = job_spec("mlp_classifier", {"x": mlp_x}, max_devices=1, data_path="direct")
+    direct_params = job_spec("mlp_classifier", {"x": mlp_x}, client_parameters=True, data_path="direct")
+    training_direct = job_pb2.JobSpec()
+    training_direct.CopyFrom(training)
+    training_direct.data_path = job_pb2.DATA_PATH_DIRECT
+    w_header, w_chunks = split("w", np.zeros((64, 10), np.float32), 8192)
+    stored = d.InputsStored
+    out["dispatch.RunJob"] += [
+        [d.RunJobRequest(spec=direct, accept_batches=True)],
+        [d.RunJobRequest(spec=direct, accept_batches=True), d.RunJobRequest(stored=stored())],
+        [d.RunJobRequest(spec=direct), d.RunJobRequest(stored=stored(shard_indexes=[0]))],
+        [d.RunJobRequest(spec=direct), d.RunJobRequest(stored=stored()),
+         d.RunJobRequest(stored=stored(shard_indexes=[7, 99, -1, 2**31 - 1]))],  # never asked
+        [d.RunJobRequest(spec=direct), *(d.RunJobRequest(**{k: v})
+                                         for k, v in request_parts(identity, {"x": x}, None, 8192) if k != "spec")],
+        [d.RunJobRequest(spec=direct_mlp), d.RunJobRequest(stored=stored())],
+        [d.RunJobRequest(spec=direct_params), d.RunJobRequest(parameter=w_header),
+         *(d.RunJobRequest(parameter_chunk=c) for c in w_chunks), d.RunJobRequest(stored=stored(shard_indexes=[0]))],
+        [d.RunJobRequest(spec=training_direct)],  # training: refused before reserving
+    ]
+    out["dispatch.SubmitJob"].append([d.SubmitJobRequest(spec=direct)])  # RunJob only
+    out["dispatch.PlanJob"].append(d.PlanJobRequest(spec=direct))
     for method, cls in (("WatchJob", d.WatchJobRequest), ("GetJob", d.GetJobRequest), ("CancelJob", d.CancelJobRequest),
                         ("FetchResult", d.FetchResultRequest)):
         out[f"dispatch.{method}"] = [cls(job_id=facts.job_id)]
@@ -565,6 +600,7 @@ def seeds(facts: Facts) -> dict[str, list]:
                           artifact_key=artifact.key, artifact_digest=artifact.digest,
                           artifact_format=artifact.format, rule=build.rule, input_count=1, batch_size=SEED_ROWS)
     tensor, chunks = split("x", x, 8192)
+    chunks = list(chunks)  # for Execute's seeds and ExecuteMany's
     parts = [w.ExecuteRequest(tensor=tensor), *(w.ExecuteRequest(chunk=chunk) for chunk in chunks)]
     keep = w.ShardHeader()
     keep.CopyFrom(shard)
@@ -573,6 +609,22 @@ def seeds(facts: Facts) -> dict[str, list]:
     out["worker.Execute"] = [[w.ExecuteRequest(header=shard), *parts], [w.ExecuteRequest(header=keep), *parts],
                              [w.ExecuteRequest(header=shard),
                               w.ExecuteRequest(held=w.TensorRef(name="x", key="fuzz-x"))]]
+    many_parts = [w.ExecuteManyRequest(tensor=tensor), *(w.ExecuteManyRequest(chunk=c) for c in chunks)]
+    out["worker.ExecuteMany"] = [[w.ExecuteManyRequest(header=shard), *many_parts],
+                                 [w.ExecuteManyRequest(header=shard), *many_parts,
+                                  w.ExecuteManyRequest(header=shard), *many_parts]]
+    if facts.objects is not None:  # shards on stored inputs, outputs kept in the store (fuzz_objects.py)
+        heads = fuzz_objects.shard_variants(w, shard, facts.objects)
+        sent = {"stored_and_sent", "out", "out_no_scope"}  # these send x in the call too
+        out["worker.Execute"] += [[w.ExecuteRequest(header=heads[name]), *(parts if name in sent else [])]
+                                  for name in ("stored", "stored_missing", "stored_twice", "stored_no_scope",
+                                               "stored_other_scope", "stored_and_sent", "out_no_scope")]
+        out["worker.ExecuteMany"] += [[w.ExecuteManyRequest(header=heads[name]), *(many_parts if name in sent else [])]
+                                      for name in heads]
+        out["worker.ExecuteMany"].append([w.ExecuteManyRequest(header=heads["stored"]),
+                                          w.ExecuteManyRequest(header=heads["stored_missing"]),
+                                          w.ExecuteManyRequest(header=heads["out_no_scope"]), *many_parts])
+        out.update(fuzz_objects.object_seeds(facts.objects))
     return out
 
 
@@ -625,8 +677,9 @@ class Outcome:
     details: str
 
 
-def _drain(call) -> Outcome | None:
-    """Read a response stream until it ends, goes quiet for STREAM_IDLE_S or passes MAX_STREAM_RESPONSES."""
+def _drain(call, inspect: Callable[[bytes], Outcome | None] | None = None) -> Outcome | None:
+    """Read a response stream until it ends, goes quiet for STREAM_IDLE_S or passes MAX_STREAM_RESPONSES;
+    `inspect` may find an answer inside a response (the first it finds is the call's outcome)."""
     ours = threading.Event()
     timer: list[threading.Timer] = []
 
@@ -643,27 +696,55 @@ def _drain(call) -> Outcome | None:
         timer.append(t)
 
     arm()
+    found = None
     try:
-        for count, _ in enumerate(call, 1):
+        for count, response in enumerate(call, 1):
+            if inspect is not None and found is None:
+                found = inspect(response)
             if count >= MAX_STREAM_RESPONSES:
                 cancel()
                 break
             arm()
     except grpc.RpcError as exc:
+        if found is not None:
+            return found
         if ours.is_set() and exc.code() == grpc.StatusCode.CANCELLED:
             return Outcome("CANCELLED_BY_FUZZER", "")
         raise
     finally:
         if timer:
             timer.pop().cancel()
-    return Outcome("CANCELLED_BY_FUZZER", "") if ours.is_set() else None
+    return found or (Outcome("CANCELLED_BY_FUZZER", "") if ours.is_set() else None)
+
+
+_UNTYPED = {grpc.StatusCode.INTERNAL.value[0]: "INTERNAL", grpc.StatusCode.UNKNOWN.value[0]: "UNKNOWN"}
+
+
+def _shard_failures(data: bytes) -> Outcome | None:
+    """An ExecuteMany answer's ShardFailure (alone or in a batch) whose code is INTERNAL or UNKNOWN:
+    a shard's error that escaped untyped, which the stream's OK status would hide."""
+    from accelmesh.worker.v1 import worker_service_pb2 as w
+
+    try:
+        response = w.ExecuteManyResponse.FromString(data)
+    except DecodeError:
+        return Outcome("UNDECODABLE_RESPONSE", data[:64].hex())
+    parts = response.batch.parts if response.WhichOneof("part") == "batch" else [response]
+    for part in parts:
+        if part.WhichOneof("part") == "failure" and part.failure.code in _UNTYPED:
+            return Outcome(_UNTYPED[part.failure.code], f"in a ShardFailure: {part.failure.message}")
+    return None
+
+
+INSPECTED = {"worker.ExecuteMany": _shard_failures}  # response streams whose messages can hide a finding
 
 
 def call_raw(channel: grpc.Channel, method: Method, payload: bytes | list[bytes]) -> Outcome:
     """One call with raw bytes (no serializers): the status the server answered."""
     try:
         if method.client_streaming and method.server_streaming:
-            done = _drain(channel.stream_stream(method.path)(iter(payload), timeout=DEADLINE_S))
+            done = _drain(channel.stream_stream(method.path)(iter(payload), timeout=DEADLINE_S),
+                          INSPECTED.get(method.label))
         elif method.client_streaming:
             channel.stream_unary(method.path)(iter(payload), timeout=DEADLINE_S)
             done = None
@@ -701,6 +782,7 @@ class MethodStats:
     codes: Counter = field(default_factory=Counter)
     undecodable: int = 0
     refused: int = 0
+    ticket_refused: int = 0  # a method authorised by ticket: refused by the ticket check (its handler's own)
     findings: list[dict] = field(default_factory=list)
     finding_count: int = 0  # INTERNAL or UNKNOWN from the service
     status_lost: int = 0  # the service's status never reached the caller (trailers too big)
@@ -710,7 +792,8 @@ class MethodStats:
     def as_dict(self) -> dict:
         return {"caller": self.caller, "calls": self.calls, "decoded": self.decoded,
                 "codes": dict(sorted(self.codes.items())),
-                "undecodable_internal": self.undecodable, "refused": self.refused, "findings": self.finding_count,
+                "undecodable_internal": self.undecodable, "refused": self.refused,
+                "ticket_refused": self.ticket_refused, "findings": self.finding_count,
                 "status_lost": self.status_lost,
                 "wall_s": round(self.wall_s, 1), "examples": dict(sorted(self.examples.items()))}
 
@@ -733,8 +816,10 @@ def _server_log(process, details: str) -> list[str]:
 
 
 class Fuzzer:
-    def __init__(self, mesh, *, seed: int = 0, progress: Callable[[str], None] = lambda _message: None):
+    def __init__(self, mesh, *, seed: int = 0, progress: Callable[[str], None] = lambda _message: None,
+                 only: Sequence[str] = ()):
         self.mesh, self.seed, self.progress = mesh, seed, progress
+        self.only = frozenset(only)  # processes whose methods `run` calls; empty: all
         self.callers = Callers(mesh, mesh.credentials)
         self.methods = methods()
         self.facts = gather_facts(mesh, self.callers)
@@ -756,6 +841,8 @@ class Fuzzer:
         """`per_method` calls of every method; call k's payload comes from Random(seed:method:k)."""
         phase_stats = self.phases.setdefault(phase, {})
         for method in self.methods:
+            if self.only and method.area.process not in self.only:
+                continue
             if method.allowed is None or not method.allowed:
                 phase_stats.setdefault(method.label, MethodStats(caller="nobody: not in the access table"))
                 continue
@@ -796,6 +883,9 @@ class Fuzzer:
             elif outcome.code == "RESOURCE_EXHAUSTED" and STATUS_LOST in outcome.details:
                 stats.status_lost += 1
                 self._keep(method, stats, index, payload, outcome, decoded, "status_lost")
+            elif method.allowed is BY_TICKET and outcome.code in ("UNAUTHENTICATED", "PERMISSION_DENIED") \
+                    and "ticket" in outcome.details:
+                stats.ticket_refused += 1  # no access check runs first: the ticket is the handler's to check
             elif outcome.code == "UNAUTHENTICATED" or (
                     outcome.code == "PERMISSION_DENIED" and "needs the role" in outcome.details):
                 stats.refused += 1
@@ -827,6 +917,9 @@ class Fuzzer:
                 break
             time.sleep(0.5)
         self.release_reservations()
+        trouble = fuzz_objects.restore(self.callers, self.facts.objects)
+        if trouble:
+            self.progress(trouble)
 
     def release_reservations(self) -> int:
         from accelmesh.inventory.v1 import inventory_service_pb2 as i
@@ -946,10 +1039,11 @@ def summary(fuzzer: Fuzzer, health: dict, rss_before: dict | None, rss_after: di
 
 
 def fuzz(mesh, per_method: int, *, warmup: int = 0, seed: int = 0, progress: Callable[[str], None] = lambda _m: None,
-         measure_memory: bool = True) -> dict:
+         measure_memory: bool = True, only: Sequence[str] = ()) -> dict:
     """Warm up (`warmup` calls a method), take each process's RSS, fuzz `per_method` calls a
-    method, take it again, check health: the summary() of it all."""
-    fuzzer = Fuzzer(mesh, seed=seed, progress=progress)
+    method, take it again, check health: the summary() of it all. `only`: the processes whose
+    methods are called (all when empty); every process's health and memory are read still."""
+    fuzzer = Fuzzer(mesh, seed=seed, progress=progress, only=only)
     try:
         if warmup:
             fuzzer.run("warm-up", warmup, first_index=per_method)

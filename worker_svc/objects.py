@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelmesh import errors
+from accelmesh.runtime.tensors import check_array_shape
 from worker_svc.held_tensors import MAX_KEY_CHARS
 
 BYTES_ENV = "ACCELMESH_WORKER_STORE_BYTES"  # limit_bytes
@@ -371,4 +372,5 @@ def _layout(dtype, shape) -> tuple[np.dtype, tuple[int, ...], int]:
     if len(shape) > MAX_DIMS or any(n < 0 or n >= 2**63 for n in shape):
         raise errors.InvalidArgument(f"shape must be at most {MAX_DIMS} non-negative integers, got "
                                      f"{errors.quoted(shape)}", field="shape")
+    check_array_shape(shape, dtype.itemsize)
     return dtype, shape, dtype.itemsize * math.prod(shape)

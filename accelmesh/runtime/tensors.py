@@ -90,7 +90,16 @@ def _expected_bytes(dtype: np.dtype, shape, field: str) -> int:
     if any(d < 0 for d in shape):
         raise errors.InvalidArgument(f"{field}.shape {errors.quoted(list(shape))} has a negative dimension")
     # Python ints: numpy's int64 product wraps silently, letting a huge shape pass as 0 bytes.
+    check_array_shape(shape, dtype.itemsize, f"{field}.shape")
     return math.prod(int(d) for d in shape) * dtype.itemsize
+
+
+def check_array_shape(shape, itemsize: int, field: str = "shape") -> None:
+    """A shape with a zero dimension that numpy can still make an array of: numpy refuses one whose
+    other dimensions' product, in bytes, passes an int64 ([0, 2**62] of float32) though it holds none."""
+    if 0 in shape and math.prod(int(d) for d in shape if d) * itemsize >= 2**63:
+        raise errors.InvalidArgument(f"{field} {errors.quoted(list(shape))} is too large an array even with a zero "
+                                     "dimension: numpy counts the other dimensions' product", field=field)
 
 
 def to_proto(array, field: str = "tensor") -> common_pb2.Tensor:

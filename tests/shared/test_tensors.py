@@ -424,3 +424,12 @@ def test_a_complete_tensor_is_one_writable_buffer_made_once():
     assert kept < 64 * 1024, "result() copied the buffer"
     assert first.flags.writeable and np.shares_memory(first, assembler.result())
     np.testing.assert_array_equal(first, original)
+
+
+def test_a_zero_byte_tensor_numpy_cannot_make_is_refused_as_invalid():
+    """A fuzzing finding: [0, 2**62] float32 declares 0 bytes, but numpy refuses such an array."""
+    header = common_pb2.TensorHeader(name="x", dtype=common_pb2.DATA_TYPE_FLOAT32, shape=[0, 2**62], total_bytes=0)
+    with pytest.raises(errors.InvalidArgument, match="too large"):
+        TensorAssembler(header)
+    with pytest.raises(errors.InvalidArgument, match="too large"):
+        from_proto(common_pb2.Tensor(dtype=common_pb2.DATA_TYPE_FLOAT32, shape=[0, 2**62]))

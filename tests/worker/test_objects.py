@@ -361,3 +361,12 @@ def test_the_sweep_removes_segments_of_dead_workers_and_keeps_live_ones(store, t
     assert sweep_stale(str(tmp_path)) == 1
     assert not dead.exists() and os.path.exists(live.path) and other.exists() and link.is_symlink()
     assert store.get("job-1", "x").array().tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("shape", [(0, 2**62), (2**62, 0, 4)])
+def test_a_zero_byte_shape_numpy_cannot_make_is_refused_at_create(tmp_path, shape):
+    """[0, 2**62] holds no byte, but numpy cannot make an array of it: refused when created, not
+    INTERNAL when read (a fuzzing finding)."""
+    store = ObjectStore(1 << 20, root=str(tmp_path))
+    with pytest.raises(errors.InvalidArgument, match="too large"):
+        store.create("user:a|job", "in/0/0", np.float32, shape)

@@ -125,6 +125,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         try:
             head = read_header(request_iterator)
             shard, inputs, kept = self._receive(head, request_iterator, context, call)
+            shard, inputs = self._with_stored(head, shard, inputs)
         except grpc.RpcError as exc:  # the request stream broke: the caller cancelled or timed out
             # gRPC keeps this error in the call's state, and its traceback holds gRPC's frames (which
             # hold that state) and read_inputs' (which hold what arrived): a cycle that only a full
@@ -198,6 +199,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         span.set_attribute(attr.SHARD_INDEX, shard.shard_index)
                         try:
                             with self._undone_on_failure(kept):
+                                shard, inputs = self._with_stored(first.header, shard, inputs)
                                 result = self.executor.run(shard, inputs,
                                                            receive_seconds=time.perf_counter() - started,
                                                            on_stage=_ignore, cancelled=lambda: not context.is_active())
@@ -240,10 +242,16 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         inputs, kept = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
                                    self._auth.principal(context).key, max_inputs=self._max_inputs,
                                    received=call.received, more=more)
-        if head.stored_inputs:
-            inputs.extend(self._stored(head))
-            shard = dataclasses.replace(shard, input_count=len(inputs))
         return shard, inputs, kept
+
+    def _with_stored(self, head: pb.ShardHeader, shard: ex.Shard, inputs: list) -> tuple[ex.Shard, list]:
+        """The shard and its inputs with those that lie in the object store appended. Looked up
+        once the call's inputs were read, so on ExecuteMany one missing (NOT_FOUND) is that
+        shard's ShardFailure, and the stream goes on."""
+        if not head.stored_inputs:
+            return shard, inputs
+        inputs.extend(self._stored(head))
+        return dataclasses.replace(shard, input_count=len(inputs)), inputs
 
     def _stored(self, head: pb.ShardHeader) -> list:
         """The shard's inputs that lie in the object store, as views of it (no copy)."""

@@ -41,7 +41,7 @@ from worker_svc.objects import BYTES_ENV
 
 from conftest import CREDENTIALS, mesh_stub, rpc_error
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
 STORE_BYTES = 8 * 1024 * 1024
 ROWS = 8  # the identity program's batch size here

@@ -11,7 +11,6 @@ bounded memory on both ends; results are reassembled from their chunks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 from google.protobuf import duration_pb2
@@ -22,11 +21,11 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import dispatch_service_pb2_grpc
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
-from accelmesh.runtime.batches import unbatched
+from accelmesh.run_stream import JobResult, follow, parameter_parts
 from accelmesh.runtime.channels import open_channel
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO
-from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, split, to_proto
+from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, TensorCollector, dtype_code, to_proto
 from accelmesh.security.config import Security
 
 # job_spec's `data_path` -> JobSpec.data_path.
@@ -34,16 +33,6 @@ DATA_PATHS = {"": job_pb.DATA_PATH_UNSPECIFIED, "relay": job_pb.DATA_PATH_RELAY,
 # job_spec's `precision` -> JobConstraints.precision.
 PRECISIONS = {"": common_pb2.PRECISION_UNSPECIFIED, "fp32": common_pb2.PRECISION_FP32,
               "bf16": common_pb2.PRECISION_BF16_ALLOWED, "fp16": common_pb2.PRECISION_FP16_ALLOWED}
-
-
-@dataclass
-class JobResult:
-    job: job_pb.Job
-    outputs: dict[str, np.ndarray]
-    events: list[job_pb.JobEvent]
-    data_path: str = "relay"  # "relay": the bytes went through the dispatcher; "direct": to and from workers
-    # DATA_PATH_DIRECT: the job's tensor bytes by the way they went (object_client.SHARED, .STREAMED)
-    moved_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def job_spec(
@@ -106,11 +95,7 @@ def request_parts(spec: job_pb.JobSpec, inputs: Mapping[str, np.ndarray],
                   chunk_bytes: int) -> Iterator[tuple[str, object]]:
     """(field, message) pairs of a SubmitJob / RunJob stream: spec, parameters, row blocks."""
     yield "spec", spec
-    for name, value in parameters or ():
-        header, chunks = split(name, value, chunk_bytes)
-        yield "parameter", header
-        for chunk in chunks:
-            yield "parameter_chunk", chunk
+    yield from parameter_parts(parameters, chunk_bytes)
     arrays = [np.ascontiguousarray(v) for v in inputs.values()]
     rows = arrays[0].shape[0]
     row_bytes = max(1, sum(a.nbytes // max(1, a.shape[0]) for a in arrays))
@@ -156,27 +141,8 @@ class MeshClient:
         # accept_batches: what the dispatcher has ready at once comes as one message (its first says so).
         requests = (pb.RunJobRequest(**{field: message}, accept_batches=field == "spec")
                     for field, message in request_parts(spec, inputs, parameters, self.chunk_bytes))
-        events, results, job = [], TensorCollector("result"), None
-        call = self.stub.RunJob(requests, timeout=timeout)
-        try:
-            for response in unbatched(call):
-                part = response.WhichOneof("part")
-                if part == "event":
-                    events.append(response.event)
-                    if on_event is not None:
-                        on_event(response.event)
-                elif part == "tensor":
-                    results.header(response.tensor)
-                elif part == "chunk":
-                    results.chunk(response.chunk)
-                else:
-                    job = response.job
-        except KeyboardInterrupt:
-            if on_interrupt is not None:
-                on_interrupt()
-            raise
-        finally:
-            call.cancel()  # a no-op once the call has ended; else the call ends here, not at garbage collection
+        events, results, job = follow(self.stub.RunJob(requests, timeout=timeout), on_event=on_event,
+                                      on_interrupt=on_interrupt)
         return JobResult(job, results.results(), events)
 
     def submit(self, program: str, inputs: Mapping[str, np.ndarray], *,

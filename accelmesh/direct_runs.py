@@ -14,8 +14,7 @@ import numpy as np
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.object_client import ObjectClient
-from accelmesh.runtime.batches import unbatched
-from accelmesh.runtime.tensors import TensorCollector, split
+from accelmesh.run_stream import JobResult, follow, parameter_parts
 from accelmesh.security.config import Security, security_from_env
 from accelmesh.security.identity import Role
 
@@ -36,54 +35,35 @@ class DirectRuns:
             parameters: Sequence[tuple[str, np.ndarray]] | None, *,
             on_event: Callable[[job_pb.JobEvent], None] | None = None, timeout: float | None = None,
             on_interrupt: Callable[[], None] | None = None):
-        from accelmesh.client import JobResult  # the result type is the client's; imported late, no cycle
-
         arrays = [np.ascontiguousarray(v) for v in inputs.values()]
         rows = int(spec.inputs[0].shape[0]) if spec.inputs else 0
         outbox: queue.SimpleQueue = queue.SimpleQueue()
 
         def requests():
             yield pb.RunJobRequest(spec=spec, accept_batches=True)
-            for name, value in parameters or ():
-                header, chunks = split(name, value, self._chunk_bytes)
-                yield pb.RunJobRequest(parameter=header)
-                for chunk in chunks:
-                    yield pb.RunJobRequest(parameter_chunk=chunk)
+            for field, message in parameter_parts(parameters, self._chunk_bytes):
+                yield pb.RunJobRequest(**{field: message})
             if parameters is not None:
                 yield pb.RunJobRequest(stored=pb.InputsStored())  # the parameters end here
             while (message := outbox.get()) is not _END:
                 yield message
 
         before = dict(self.objects.moved_bytes)
-        events, folded, job, placed = [], TensorCollector("result"), None, None
-        call = stub.RunJob(requests(), timeout=timeout)
+        placed: list = []
+
+        def on_part(part: str, response) -> None:
+            if part == "put_inputs":
+                shards = list(response.put_inputs.shards)
+                self.objects.put(shards, arrays)
+                outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=[s.shard_index for s in shards])))
+            elif part == "outputs":
+                placed.extend(response.outputs.shards)
+
         try:
-            for response in unbatched(call):
-                part = response.WhichOneof("part")
-                if part == "event":
-                    events.append(response.event)
-                    if on_event is not None:
-                        on_event(response.event)
-                elif part == "put_inputs":
-                    shards = list(response.put_inputs.shards)
-                    self.objects.put(shards, arrays)
-                    outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=[s.shard_index
-                                                                                      for s in shards])))
-                elif part == "outputs":
-                    placed = list(response.outputs.shards)
-                elif part == "tensor":
-                    folded.header(response.tensor)
-                elif part == "chunk":
-                    folded.chunk(response.chunk)
-                else:
-                    job = response.job
-        except KeyboardInterrupt:
-            if on_interrupt is not None:
-                on_interrupt()
-            raise
+            events, folded, job = follow(stub.RunJob(requests(), timeout=timeout), on_event=on_event,
+                                         on_interrupt=on_interrupt, on_part=on_part)
         finally:
             outbox.put(_END)
-            call.cancel()
         outputs = folded.results()
         if placed:
             try:

@@ -35,6 +35,7 @@ from accelmesh.worker.v1 import worker_service_pb2_grpc
 
 SHARED, STREAMED = "shared memory", "gRPC stream"
 _SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 CALL_TIMEOUT_S = 600.0  # one put or fetch of a worker's share of a job
 
 
@@ -209,9 +210,11 @@ def _each(items: list, run: Callable) -> None:
 
 
 def _mapped(path: str, nbytes: int, writable: bool) -> mmap.mmap:
+    """The segment mapped with MAP_POPULATE (where there is one): its pages mapped in one go, not
+    a fault per 4 KiB page as the copy first touches each (a third of the copy's time here)."""
     fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     finally:
         os.close(fd)
 

@@ -2,21 +2,20 @@
 
 Tensor bytes no longer pass through the dispatcher: a client puts a job's inputs on the worker
 that runs its shards, the shards run on views of them, and their outputs wait here until the
-client fetches them or the job ends. Each object is one segment file under `root` (/dev/shm),
-mapped once: a client on the same host (and uid) maps the one file it is handed, which gives it
-that object and no other; the servicer `write`s what clients on other hosts stream. A name holds
-the creating pid and 128 random bits: unguessable, and `sweep_stale` tells a killed worker's
-leftovers from a live worker's. A segment is allocated in full when made (posix_fallocate):
-writing into a sparse tmpfs file that has no room left kills the process with SIGBUS.
+client fetches them or the job ends. Each object is one segment file under `root` (/dev/shm;
+segments.py), mapped once: a client on the same host (and uid) maps the one file it is handed,
+which gives it that object and no other; the servicer `write`s what clients on other hosts
+stream. A freed object's segment is unlinked, or, from 1 MiB, pooled for the next object of the
+same owner (segments.py says why and what that keeps apart).
 
 An object is written, sealed, then only read (`get` answers sealed ones), so no shard sees half an
-input; what a same-host client does to its own mapping after the seal changes its own job only.
-Everything is bounded: live objects' bytes by `limit_bytes` (a create that does not fit waits up
-to `wait_s` for releases, then is refused), their number by `max_objects` (each holds a mapping
-and, before Python 3.13, a file descriptor), ids by MAX_KEY_CHARS. A client may vanish without
-ending its job, so a scope none of whose objects was created, sealed or got for `ttl_s` goes
-whole, as held_tensors' idle jobs do. A freed object's file is unlinked at once and its bytes
-leave the bound; a view still in use keeps its pages until it is collected.
+input; what a same-host client does to its own mapping after the seal changes its owner's jobs
+only. Everything is bounded: live and pooled segments' bytes by `limit_bytes` (a create that does
+not fit waits up to `wait_s` for releases, then is refused), live objects' number by
+`max_objects` (each holds a mapping and, before Python 3.13, a file descriptor), ids by
+MAX_KEY_CHARS. A client may vanish without ending its job, so a scope none of whose objects was
+created, sealed or got for `ttl_s` goes whole, as held_tensors' idle jobs do. A view still in use
+when its object is freed keeps its pages until it is collected (its segment is not pooled).
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ import math
 import mmap
 import operator
 import os
-import re
-import secrets
-import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,17 +36,13 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.runtime.tensors import check_array_shape
 from worker_svc.held_tensors import MAX_KEY_CHARS
+from worker_svc.segments import POOL_MIN_BYTES, SegmentPool, make_segment, map_segment, unlink
 
 BYTES_ENV = "ACCELMESH_WORKER_STORE_BYTES"  # limit_bytes
 TTL_ENV = "ACCELMESH_WORKER_STORE_TTL_S"  # ttl_s
 OBJECTS_ENV = "ACCELMESH_WORKER_STORE_OBJECTS"  # max_objects
 MAX_OBJECTS = 65536
 MAX_DIMS = 32  # numpy 1.x's limit; a view of more dimensions cannot be made everywhere
-SEGMENT_PREFIX = "accelmesh-obj-"
-_SEGMENT = re.compile(rf"^{SEGMENT_PREFIX}(\d+)-[0-9a-f]{{32}}$")
-_FLAGS = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-# From 3.13 a mapping need not keep a duplicate of its file descriptor.
-_MMAP_OPTIONS = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 _NO_ROOM = {errno.ENOSPC: "its filesystem is full (a container's /dev/shm is sized by e.g. --shm-size)",
             errno.ENOMEM: "the host is out of memory",
             errno.EMFILE: "the worker has as many files open as its limit allows (ulimit -n)",
@@ -61,9 +52,10 @@ _NO_ROOM = {errno.ENOSPC: "its filesystem is full (a container's /dev/shm is siz
 @dataclass(frozen=True)
 class StoreStats:
     objects: int  # live now, sealed or not
-    used_bytes: int  # their bytes
+    used_bytes: int  # their segments' bytes
     limit_bytes: int
     waiting: int  # creates waiting for room now
+    pooled_bytes: int = 0  # freed segments kept for reuse (within limit_bytes with used_bytes)
 
 
 class StoredObject:
@@ -72,6 +64,7 @@ class StoredObject:
     def __init__(self, scope: str, object_id: str, dtype: np.dtype, shape: tuple[int, ...], nbytes: int):
         self.scope, self.object_id, self.dtype, self.shape, self.nbytes = scope, object_id, dtype, shape, nbytes
         self.path = ""  # the segment file's absolute path; "" for a 0-byte object
+        self.capacity = nbytes  # the segment's bytes: more than nbytes when a pooled one was reused
         self._mmap: mmap.mmap | None = None
         self._ready = self._sealed = self._freed = False
         self._lock = threading.Lock()  # a seal waits for the writes in progress
@@ -120,15 +113,16 @@ class StoredObject:
     def _name(self) -> str:
         return f"{errors.quoted(self.object_id)} of scope {errors.quoted(self.scope)}"
 
-    def _free(self) -> None:
+    def _free(self) -> bool:
+        """Unmap; False when a view still exports the mapping (collecting the last one unmaps it)."""
         self._freed = True
         mapping, self._mmap = self._mmap, None
-        if self.path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
         if mapping is not None:
-            with contextlib.suppress(BufferError):  # a view still exports it: collecting the last one unmaps it
+            try:
                 mapping.close()
+            except BufferError:
+                return False
+        return True
 
 
 class ObjectStore:
@@ -143,6 +137,7 @@ class ObjectStore:
         self._scopes: dict[str, dict[str, StoredObject]] = {}  # scope -> object id -> object
         self._last_used: dict[str, float] = {}  # scope -> when one of its objects was last created or got
         self._count = self._used = self._waiting = 0
+        self._pool = SegmentPool()
         self._closed = False
 
     def create(self, scope: str, object_id: str, dtype, shape, *, wait_s: float | None = None) -> StoredObject:
@@ -167,11 +162,15 @@ class ObjectStore:
                 self._expire(self._clock())
                 self._check_new(obj)
             self._scopes.setdefault(scope, {})[object_id] = obj  # held while its segment is made: ids stay unique
+            pooled = (self._pool.take(_owner(scope), obj.nbytes, self.limit_bytes - self._used)
+                      if obj.nbytes >= POOL_MIN_BYTES else None)
+            obj.capacity = pooled.capacity if pooled is not None else obj.nbytes
             self._count += 1
-            self._used += obj.nbytes
+            self._used += obj.capacity
+            self._pool.evict(self._used + self._pool.bytes - self.limit_bytes)  # pooled room the bound needs
             self._last_used[scope] = self._clock()
         try:
-            path, mapping = _make_segment(self.root, obj.nbytes) if obj.nbytes else ("", None)
+            path, mapping = self._segment(obj, pooled)
         except BaseException as exc:
             with self._changed:
                 self._drop(obj)
@@ -184,8 +183,23 @@ class ObjectStore:
             obj.path, obj._mmap, obj._ready = path, mapping, True
             if self._scopes.get(scope, {}).get(object_id) is not obj:  # released or expired meanwhile
                 obj._free()
+                unlink(path)
                 raise errors.NotFound(f"object {obj._name()} was released while it was created", field="object_id")
         return obj
+
+    def _segment(self, obj: StoredObject, pooled) -> tuple[str, mmap.mmap | None]:
+        """The object's segment: the pooled one it took, mapped again, or a new one."""
+        if not obj.nbytes:
+            return "", None
+        if pooled is not None:
+            try:
+                return pooled.path, map_segment(pooled.path, obj.nbytes)
+            except OSError:  # removed under the store (an operator's cleanup): make one
+                unlink(pooled.path)
+                with self._changed:
+                    self._used -= obj.capacity - obj.nbytes
+                    obj.capacity = obj.nbytes
+        return make_segment(self.root, obj.nbytes)
 
     def seal(self, scope: str, object_id: str) -> StoredObject:
         """Mark the object written in full: from now on it is only read (`get`)."""
@@ -248,11 +262,12 @@ class ObjectStore:
     def expire(self) -> int:
         """Free the objects of scopes idle for `ttl_s`; create and get do it too. Objects freed."""
         with self._changed:
+            self._pool.trim(self._clock())
             return self._expire(self._clock())
 
     def stats(self) -> StoreStats:
         with self._changed:
-            return StoreStats(self._count, self._used, self.limit_bytes, self._waiting)
+            return StoreStats(self._count, self._used, self.limit_bytes, self._waiting, self._pool.bytes)
 
     def close(self) -> None:
         """Free every object (the worker stops); creates after this are refused."""
@@ -260,6 +275,7 @@ class ObjectStore:
             self._closed = True
             for obj in [obj for objects in self._scopes.values() for obj in objects.values()]:
                 self._drop(obj)
+            self._pool.clear()
             self._changed.notify_all()  # waiting creates are refused
 
     def _find(self, scope: str, object_id: str) -> StoredObject | None:
@@ -304,49 +320,18 @@ class ObjectStore:
             del self._scopes[obj.scope]
             self._last_used.pop(obj.scope, None)
         self._count -= 1
-        self._used -= obj.nbytes
-        obj._free()
+        self._used -= obj.capacity
+        unmapped = obj._free()
+        if obj.path and not (unmapped and not self._closed
+                             and self._pool.give(_owner(obj.scope), obj.path, obj.capacity, self._clock())):
+            unlink(obj.path)
         self._changed.notify_all()
 
 
-def sweep_stale(root: str = "/dev/shm") -> int:
-    """Remove the segments of workers that are gone (killed before `close`): files of this uid
-    named for a pid that no process has. A reused pid keeps its files until the next sweep after
-    that process ends. The count removed."""
-    removed = 0
-    with os.scandir(root) as entries:
-        for entry in entries:
-            match = _SEGMENT.match(entry.name)
-            if match is None or int(match.group(1)) <= 0:
-                continue
-            try:
-                info = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                    continue
-                os.kill(int(match.group(1)), 0)
-            except ProcessLookupError:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed += 1
-            except (OSError, OverflowError):  # alive under another uid, or gone meanwhile
-                continue
-    return removed
-
-
-def _make_segment(root: str, nbytes: int) -> tuple[str, mmap.mmap]:
-    path = os.path.join(root, f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(16)}")
-    fd = os.open(path, _FLAGS, 0o600)
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:  # a umask may have narrowed it
-            os.fchmod(fd, 0o600)
-        os.ftruncate(fd, nbytes)
-        os.posix_fallocate(fd, 0, nbytes)
-        return path, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, **_MMAP_OPTIONS)
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
+def _owner(scope: str) -> str:
+    """Whose objects a scope holds ("<owner>|<job>"): pooled segments go to that owner's alone."""
+    owner, bar, _ = scope.rpartition("|")
+    return owner if bar else scope
 
 
 def _checked_id(field: str, value: str) -> str:

@@ -22,7 +22,8 @@ from worker_svc.executor import ArtifactSource, ShardExecutor
 from worker_svc.held_tensors import HeldTensors
 from worker_svc.metrics import WorkerMetrics
 from worker_svc.object_methods import ObjectMethods
-from worker_svc.objects import ObjectStore, sweep_stale
+from worker_svc.objects import ObjectStore
+from worker_svc.segments import sweep_stale
 from worker_svc.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ import pytest
 from accelmesh import errors
 from worker_svc import objects
 from worker_svc.held_tensors import MAX_KEY_CHARS
-from worker_svc.objects import ObjectStore, StoreStats, sweep_stale
+from worker_svc.objects import ObjectStore, StoreStats
+from worker_svc.segments import SEGMENT_PREFIX, sweep_stale
 
 JOIN_S = 30.0  # generous: a thread that is still alive after this is stuck
 # Above any pid_max Linux allows (2**22), so no process has it.
@@ -48,7 +49,7 @@ def store(tmp_path, clock):
 
 
 def segments(root) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.name.startswith(objects.SEGMENT_PREFIX))
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(SEGMENT_PREFIX))
 
 
 def run_in_thread(target, name: str = "") -> tuple[threading.Thread, dict]:
@@ -305,14 +306,14 @@ def test_a_segment_that_cannot_be_allocated_is_refused_and_leaves_nothing(store,
 
 
 def test_an_object_released_while_its_segment_is_made_leaves_no_file(store, tmp_path, monkeypatch):
-    make = objects._make_segment
+    make = objects.make_segment
 
     def released_meanwhile(root, nbytes):  # the store's lock is free here, or this release would hang
         made = make(root, nbytes)
         assert store.release("job-1") == (1, nbytes)
         return made
 
-    monkeypatch.setattr(objects, "_make_segment", released_meanwhile)
+    monkeypatch.setattr(objects, "make_segment", released_meanwhile)
     with pytest.raises(errors.NotFound, match="released while it was created"):
         store.create("job-1", "x", np.uint8, (10,))
     assert segments(tmp_path) == [] and store.stats().used_bytes == 0

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from accelmesh.cli.inventory import inventory_stub, list_all_devices
+from accelmesh.cli.job_view import bytes_path
 from accelmesh.cli.tables import format_devices, table
 from accelmesh.client import MeshClient
 from accelmesh.datasets import load_digits, train_test_split
@@ -157,14 +158,6 @@ def inference_demo(client: MeshClient, compile_address: str, samples: int, secur
     print(f"combined logits {result.outputs['logits'].shape} in {wall:.2f} s; max relative error against a "
           f"single-device fp32 run: {error:.2e} ({verdict} the bf16 tolerance {tolerance:g})")
     return error
-
-
-def bytes_path(result) -> str:
-    """Which way a job's tensor bytes went (docs/data-plane.md)."""
-    if result.data_path != "direct":
-        return "bytes: through the dispatcher (relayed on the RunJob stream)"
-    ways = ", ".join(f"{way} {n / 2**20:.1f} MiB" for way, n in sorted(result.moved_bytes.items())) or "none"
-    return f"bytes: direct, client <-> the workers' object stores ({ways}); none through the dispatcher"
 
 
 def training_demo(client: MeshClient, epochs: int) -> float:

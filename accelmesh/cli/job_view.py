@@ -3,7 +3,7 @@ and the progress a running job shows on stderr.
 
 Kept apart from the commands (jobs.py) so the text can change without touching how the
 dispatcher is called, and be read in one place: every line here is built from the Job and
-JobEvent messages alone.
+JobEvent messages alone, or from the JobResult of a run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from accelmesh.cli.tables import table
+from accelmesh.cli.tables import format_size, table
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 
 BAR_WIDTH = 30
@@ -50,6 +50,15 @@ def clock(ts, *, date: bool = True) -> str:
         return "-"
     moment = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC).astimezone()
     return moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S.%f")[: None if date else -3]
+
+
+def bytes_path(result) -> str:
+    """Which way a run's tensor bytes went (docs/data-plane.md), and how many each way on the
+    direct path: `accelmesh run` and `accelmesh demo` say it after a job."""
+    if result.data_path != "direct":
+        return "bytes: through the dispatcher (relayed on the RunJob stream)"
+    ways = ", ".join(f"{way} {format_size(n)}" for way, n in sorted(result.moved_bytes.items())) or "none"
+    return f"bytes: direct, client <-> the workers' object stores ({ways}); none through the dispatcher"
 
 
 def describe(event: job_pb.JobEvent) -> str:

@@ -11,7 +11,7 @@ import argparse
 import re
 
 from accelmesh.cli.jobs import at_least, dispatch_flag
-from accelmesh.cli.tables import table
+from accelmesh.cli.tables import format_size, table
 from accelmesh.client import MeshClient
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 
@@ -29,13 +29,6 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a size; write e.g. 8GiB, 512MiB, 1.5TB or a number of bytes")
     return int(float(match["number"]) * UNITS[unit])
-
-
-def format_size(n: int) -> str:
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        if n >= UNITS[unit.lower()]:
-            return f"{n / UNITS[unit.lower()]:.1f} {unit}"
-    return f"{n} B"
 
 
 def tenant(text: str) -> str:

@@ -14,6 +14,14 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def format_size(n: int) -> str:
+    """Bytes in the largest binary unit they reach: 512 B, 1.5 KiB, 8.0 GiB."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f}"
 

@@ -8,6 +8,13 @@ _TOKEN_FILE, or the folder `accelmesh up` wrote), so a user sees and touches onl
 `run` follows its job through RunJob. Ctrl-C cancels the job with CancelJob before exiting 130:
 a job left running would hold its devices, and the caller would not know what became of it.
 RunJob names the job only at its end, so the job is found by the request id `run` gives it.
+
+`run --data-path direct` puts the rows into the workers' object stores and fetches the results
+from them itself (MeshClient.run's DATA_PATH_DIRECT, docs/data-plane.md). The relay path stays the
+default: it takes every job `run` can send, and a direct one does not (it is for data-parallel
+inference whose outputs are concatenated, without spot checks; it never waits in the queue, so a
+full pool refuses it; and this machine must reach every worker). A direct job is followed to its
+end by the client that holds its rows, so `--detach` (SubmitJob, relay alone) is refused with it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ct
 DEFAULT_LIST_LIMIT = 50
 MAX_PAGE = 1000  # ListJobs reads a larger page_size as this
 SEARCH_PAGES = 5  # Ctrl-C looks this many pages of 100 (newest first) for the job `run` made
+RELAY, DIRECT = "relay", "direct"  # `run --data-path`: MeshClient.run's data_path
 
 
 # --- arguments -------------------------------------------------------------------------------------
@@ -138,11 +146,15 @@ def _interrupted(client: MeshClient, request_id: str, job_id: str) -> int:
 
 
 def cmd_run(args) -> int:
+    if args.detach and args.data_path == DIRECT:
+        raise errors.InvalidArgument("--detach submits the job with SubmitJob, which relays its bytes through the "
+                                     "dispatcher; --data-path direct needs `run` to follow the job to its end, since "
+                                     "it puts the rows and fetches the results itself: drop one of the two flags")
     _output_folder(args)
     inputs = load_inputs(args.input)
     request_id = uuid.uuid4().hex
     options = dict(name=args.name, max_devices=args.max_devices, precision=args.precision, priority=args.priority,
-                   queue_timeout_s=args.queue_timeout, request_id=request_id)
+                   queue_timeout_s=args.queue_timeout, request_id=request_id, data_path=args.data_path)
     with MeshClient(args.dispatch) as client:
         progress = job_view.RunProgress()
         named = ""
@@ -173,6 +185,7 @@ def cmd_run(args) -> int:
     job = result.job
     print(f"job {job.job_id} {job_view.state_name(job.state)}: {len(job.shards)} shard(s), "
           f"measured {job.measured_seconds:.3f} s (predicted {job.plan.predicted_seconds:.3f} s)")
+    print(job_view.bytes_path(result))
     write_results(result.outputs, _folder(args, job.job_id))
     return 0
 
@@ -290,9 +303,10 @@ def _output_flag(parser) -> None:
 
 def add_commands(sub) -> None:
     run = sub.add_parser("run", help="run a program on the mesh with inputs from .npy files; results to .npy files",
-                         description="Run a program on the mesh, show its progress on stderr, and write each "
-                                     "result as DIR/<name>.npy. Exit 0 when it succeeded, 1 when it failed or "
-                                     "was refused, 130 after Ctrl-C (which cancels the job).")
+                         description="Run a program on the mesh, show its progress on stderr, say which way the "
+                                     "job's bytes went, and write each result as DIR/<name>.npy. Exit 0 when it "
+                                     "succeeded, 1 when it failed or was refused, 130 after Ctrl-C (which cancels "
+                                     "the job).")
     run.add_argument("program", help="registered program (`accelmesh programs` lists them and their inputs)")
     run.add_argument("--input", type=input_flag, action="append", default=[], metavar="NAME=FILE.npy",
                      help="one of the program's inputs, in the program's order; repeat for each")
@@ -308,6 +322,12 @@ def add_commands(sub) -> None:
                           "default: each device's compile rules decide")
     run.add_argument("--detach", action="store_true",
                      help="submit and print the job id at once (SubmitJob); follow with `accelmesh jobs watch`")
+    run.add_argument("--data-path", choices=(RELAY, DIRECT), default=RELAY,
+                     help="how the job's tensor bytes travel: relay (default) streams them through the dispatcher; "
+                          "direct puts the rows into the workers' object stores and fetches the results from them "
+                          "(shared memory on the same host, else a gRPC stream to each worker), for data-parallel "
+                          "inference whose outputs are concatenated: such a job never queues (a full pool refuses "
+                          "it, RESOURCE_EXHAUSTED), this machine must reach every worker, and --detach is refused")
     dispatch_flag(run)
     run.set_defaults(func=cmd_run)
 

@@ -2,7 +2,8 @@
 compile service and a one-device worker as processes, the dispatcher in this process with a
 short queue poll), called in-process as `accelmesh.cli.main` and read from stdout and stderr: inputs
 from .npy files and results back to .npy files; a detached job followed and fetched; the job table,
-one job's page and its event log; a queued job cancelled; Ctrl-C on a running `accelmesh run`,
+one job's page and its event log; a job on the direct data path, its results the relay path's;
+a queued job cancelled; Ctrl-C on a running `accelmesh run`,
 which cancels its job; quotas set, listed and removed by an operator and refused to a user.
 
 The pool is made full as test_queue_e2e.py makes it: a reservation of the test's own, taken through
@@ -24,13 +25,16 @@ import numpy as np
 import pytest
 
 from accelmesh.cli import main
-from accelmesh.cli.job_view import RunProgress
+from accelmesh.cli.job_view import RunProgress, bytes_path
+from accelmesh.cli.tables import format_size
 from accelmesh.client import MeshClient
 from accelmesh.common.v1 import common_pb2
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.dispatch.v1 import plan_pb2 as plan_pb
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
+from accelmesh.object_client import SHARED, STREAMED
+from accelmesh.run_stream import JobResult
 from compile_svc.programs.builtin import IDENTITY_WIDTH
 
 from conftest import CREDENTIALS, small_mesh
@@ -134,6 +138,37 @@ def test_run_writes_each_result_under_results_and_the_job_id_and_exits_0(mesh, c
     assert lines[0].split()[1:2] == ["[shards"] and "shards on 1 devices" in lines[0]
     assert any("[shards 1/1]" in line and "shard 0 done on" in line for line in lines)
     assert lines[-1].startswith("100% ") and lines[-1].endswith("done")
+
+
+def test_run_on_the_direct_path_writes_what_the_relay_path_writes_and_says_how_its_bytes_went(mesh, capsys,
+                                                                                              tmp_path):
+    path, x = saved(tmp_path, 7, rows=64)
+    written, said = {}, {}
+    for way, flags in (("relay", []), ("direct", ["--data-path", "direct"])):  # relay: the default
+        code, out, err = cli(mesh, capsys, "run", "identity", "--input", f"x={path}", "--name", f"cli-{way}",
+                             "--precision", "fp32", "--output", str(tmp_path / way), *flags)
+        assert code == 0, err
+        assert wrote(out) == [tmp_path / way / "y.npy"]
+        written[way] = np.load(tmp_path / way / "y.npy")
+        (said[way],) = [line for line in out.splitlines() if line.startswith("bytes: ")]
+    np.testing.assert_array_equal(written["direct"], written["relay"])
+    np.testing.assert_array_equal(written["direct"], x)
+    assert job_named(mesh, "cli-relay").spec.data_path == job_pb.DATA_PATH_RELAY
+    assert job_named(mesh, "cli-direct").spec.data_path == job_pb.DATA_PATH_DIRECT
+    assert said["relay"].startswith("bytes: through the dispatcher")
+    # The worker is on this host: the rows in and the results out, each the size of x, by shared memory.
+    assert said["direct"].startswith("bytes: direct,") and f"({SHARED} {format_size(2 * x.nbytes)})" in said["direct"]
+    assert said["direct"].endswith("none through the dispatcher")
+
+
+def test_detach_on_the_direct_path_is_refused_before_anything_is_sent(capsys, tmp_path):
+    path, _ = saved(tmp_path, 8)
+    # Nothing listens at port 1: a refusal that got as far as the dispatcher would say UNAVAILABLE.
+    code = main(["run", "identity", "--input", f"x={path}", "--detach", "--data-path", "direct",
+                 "--dispatch", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("accelmesh: INVALID_ARGUMENT: --detach submits the job with SubmitJob")
+    assert "--data-path direct" in err and "UNAVAILABLE" not in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("given, code, words", [
@@ -355,6 +390,7 @@ def test_quotas_round_trip_for_an_operator_and_are_refused_to_a_user(mesh, capsy
     (["jobs", "list", "--state", "done"], "argument --state: invalid choice: 'done'"),
     (["jobs", "list", "--all-states", "--state", "queued"], "not allowed with argument --all-states"),
     (["run", "identity", "--queue-timeout", "-1"], "argument --queue-timeout: -1 is below 0"),
+    (["run", "identity", "--data-path", "workers"], "argument --data-path: invalid choice: 'workers'"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(capsys, argv, words):
     with pytest.raises(SystemExit) as exit_info:
@@ -426,3 +462,10 @@ def test_a_line_said_on_a_terminal_goes_above_the_bar():
     text = out.getvalue()
     assert text.startswith("job j1\n") and "\r\x1b[Kjob j1 again\n" in text
     assert text.rstrip("\n").rsplit("\r\x1b[K", 1)[1] == f"[{'#' * 30}] 100% [shards 2/2] done"
+
+
+def test_the_bytes_line_says_the_relay_or_each_way_the_direct_path_took_in_the_unit_reached():
+    assert bytes_path(JobResult(job_pb.Job(), {}, [])) == "bytes: through the dispatcher (relayed on the RunJob stream)"
+    direct = bytes_path(JobResult(job_pb.Job(), {}, [], "direct", {STREAMED: 3 * 2**20, SHARED: 512}))
+    assert direct == (f"bytes: direct, client <-> the workers' object stores ({STREAMED} 3.0 MiB, {SHARED} 512 B); "
+                      "none through the dispatcher")

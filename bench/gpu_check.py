@@ -20,19 +20,23 @@ on CPU devices emulating a catalog profile, labelled emulated). Both take the sa
     the worker runs JAX on the CPU (JAX_PLATFORMS=cpu), so the compile service builds the cuda
     rule's portable StableHLO on the CPU host. One Compile for the devices the inventory lists for
     the job and the GPUs of (a): rule, compute dtype, tolerance, build seconds per target type.
-(c) job: transformer_encoder over --rows token sequences through the dispatcher (MeshClient),
-    restricted to the GPU (or the emulated profile), run twice: the first run's shards fetch the
-    artifact and finish compiling it on the worker (load seconds), the second is the warm one.
-    Both are checked against a CPU fp32 run of the same program in this process
-    (accelmesh/reference.py: the default-fp32 rule at highest matmul precision) within the rule's
-    own tolerance (bf16 5e-2, fp32 1e-4: deploy/rules/compile_rules.toml).
+(c) job: transformer_encoder over --rows token sequences planned by the dispatcher (MeshClient),
+    restricted to the GPU (or the emulated profile), on the direct data path (data_path="direct",
+    docs/data-plane.md: this process puts the tokens into the worker's object store and fetches
+    the logits from it, by shared memory since the worker is on this host; no tensor byte passes
+    the dispatcher), run twice: the first run's shards fetch the artifact and finish compiling it
+    on the worker (load seconds), the second is the warm one. Then once more, warm, on the relay
+    path (the bytes through the dispatcher), for comparison. Each run's record says which path its
+    bytes took and how many went each way. All three are checked against a CPU fp32 run of the
+    same program in this process (accelmesh/reference.py: the default-fp32 rule at highest matmul
+    precision) within the rule's own tolerance (bf16 5e-2, fp32 1e-4: deploy/rules/compile_rules.toml).
 (d) baseline (STYLE rule 12): the same artifact, parameters and tokens in a child process in the
     worker's environment (this file, --role device), compiled for the job's first device as the
     worker's executor does (accelmesh.artifacts.compile_portable with the rule's XLA options) and
     timed per call (inputs put on the device, run, outputs back); checked against the reference
     too. The job's rows/s per device (shard records: rows over execute seconds and over shard
-    seconds) and over the job's wall time are set beside it as ratios, so the mesh's cost shows
-    apart from the device's.
+    seconds) and over the job's wall time (the warm direct run's, and the relay run's) are set
+    beside it as ratios, so the mesh's cost shows apart from the device's, on each data path.
 
 `--rows`: token sequences in the job (default 4096; --cpu 64). `--timeout`: seconds the whole check
 may take (default 480, so that it fits a 10-minute command); each call gets what is left of it.
@@ -102,6 +106,7 @@ NODE_IP = "127.0.0.1"  # the worker listens on loopback, so its device ids carry
 # The fake GPUs' node (TEST-NET-1, never dialled): their ids must not meet the emulated device's.
 FAKE_NODE_IP = "192.0.2.1"
 GPU, CPU = "gpu", "cpu"
+DIRECT, RELAY = "direct", "relay"  # MeshClient.run's data paths: the job's, and the one beside it
 DEFAULT_ROWS = {GPU: 4096, CPU: 64}
 # The whole check, so that it fits one 10-minute command on a lent machine with room to spare; each
 # call (Compile, a job, the baseline's child) gets what is left of it.
@@ -248,20 +253,25 @@ def build_record(build) -> dict:
 # -- (c) the job and its reference -----------------------------------------------------------------
 
 
-def run_job(client: MeshClient, tokens: np.ndarray, filter_text: str,
-            timeout_s: float) -> tuple[dict, np.ndarray | None]:
+def run_job(client: MeshClient, tokens: np.ndarray, filter_text: str, timeout_s: float,
+            data_path: str) -> tuple[dict, np.ndarray | None]:
+    """One job on `data_path`; its wall time counts the client's puts and fetches of the direct path."""
     started = time.perf_counter()
     try:
         result = client.run(PROGRAM, {"tokens": tokens}, parameter_seed=PARAMETER_SEED, filter=filter_text,
-                            timeout=timeout_s)
+                            timeout=timeout_s, data_path=data_path)
     except grpc.RpcError as exc:
-        return {"ok": False, "error": f"{exc.code().name}: {exc.details()}"}, None
+        return {"ok": False, "asked_data_path": data_path, "error": f"{exc.code().name}: {exc.details()}"}, None
     wall = time.perf_counter() - started
     job = result.job
     ok = job.state == job_pb2.JOB_STATE_SUCCEEDED and "logits" in result.outputs
     record = {
         "ok": ok, "job_id": job.job_id, "state": job_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower(),
         "error": job.error, "wall_seconds": round(wall, 4), "measured_seconds": round(job.measured_seconds, 4),
+        # Which path the bytes took (JobResult.data_path) and, on the direct one, how many went each
+        # way (object_client.SHARED, .STREAMED), beside the tensors' own sizes.
+        "asked_data_path": data_path, "data_path": result.data_path, "moved_bytes": dict(result.moved_bytes),
+        "input_bytes": tokens.nbytes, "output_bytes": sum(v.nbytes for v in result.outputs.values()),
         "predicted_seconds": round(job.plan.predicted_seconds, 6),
         "targets": [{"target_type": t.target_type, "rule": t.rule, "compute_dtype": t.compute_dtype,
                      "device_ids": list(t.device_ids), "rate_source": t.rate_source} for t in job.plan.targets],
@@ -484,27 +494,30 @@ def check_steps(result: dict, settings: Settings, probed: list[ProbedGpu], mesh:
         data, parameters = fetch_inputs(stub, job_build.portable, settings.left_s())
 
     tokens = np.random.default_rng(0).integers(0, VOCAB, size=(rows, SEQ_LEN), dtype=np.int32)
-    progress(f"(c) {PROGRAM} over {rows} rows through the dispatcher, twice")
+    progress(f"(c) {PROGRAM} over {rows} rows on the direct data path, twice, then once on the relay path")
     with MeshClient(mesh.dispatch.address, security=mesh.client) as client:
-        runs = [run_job(client, tokens, settings.job_filter, settings.left_s()) for _ in range(2)]
-    result["job"] = {"runs": [record for record, _ in runs], "ok": all(record["ok"] for record, _ in runs)}
+        runs = [run_job(client, tokens, settings.job_filter, settings.left_s(), DIRECT) for _ in range(2)]
+        relayed = run_job(client, tokens, settings.job_filter, settings.left_s(), RELAY)
+    result["job"] = {"data_path": DIRECT, "runs": [record for record, _ in runs], "relay_run": relayed[0],
+                     "ok": all(record["ok"] for record, _ in [*runs, relayed])}
     progress("(c) the CPU fp32 reference in this process")
     reference_started = time.perf_counter()
     (reference,) = reference_outputs(mesh.compile.address, PROGRAM, [tokens], parameter_seed=PARAMETER_SEED,
                                      security=mesh.client, chunk_rows=REFERENCE_CHUNK_ROWS)
     tolerance = job_build.rule.build.tolerance
     checked = [compare(outputs, reference, tolerance) if outputs is not None else {"ok": False, "error": "no outputs"}
-               for _, outputs in runs]
+               for _, outputs in [*runs, relayed]]
     result["accuracy"] = {
         "reference": "default-fp32 rule (highest matmul precision) run on this process's CPU (accelmesh/reference.py)",
         "reference_seconds": round(time.perf_counter() - reference_started, 3),
         "rule": job_build.rule.name, "compute_dtype": job_build.rule.build.compute_dtype, "tolerance": tolerance,
-        "runs": checked, "ok": all(c["ok"] for c in checked)}
-    for index, ((record, _), check) in enumerate(zip(runs, checked), start=1):
+        "runs": checked[:-1], "relay_run": checked[-1], "ok": all(c["ok"] for c in checked)}
+    for index, ((record, _), check) in enumerate(zip([*runs, relayed], checked), start=1):
+        name = f"job run {index} ({record['asked_data_path']})"
         if not record["ok"]:
-            failures.append(f"job run {index} failed: {record['error'] or record['state']}")
+            failures.append(f"{name} failed: {record['error'] or record['state']}")
         elif not check["ok"]:
-            failures.append(f"job run {index}: logits outside {job_build.rule.name}'s tolerance {tolerance:g} of "
+            failures.append(f"{name}: logits outside {job_build.rule.name}'s tolerance {tolerance:g} of "
                             "the CPU fp32 reference")
 
     device = listed[0].execution_device
@@ -518,7 +531,7 @@ def check_steps(result: dict, settings: Settings, probed: list[ProbedGpu], mesh:
     if not baseline["ok"]:
         failures.append(f"baseline on {device} failed: "
                         f"{baseline.get('error') or 'outside the tolerance of the CPU fp32 reference'}")
-    result["throughput"] = throughput(result["job"]["runs"][-1], rows, baseline)
+    result["throughput"] = throughput(result["job"]["runs"][-1], result["job"]["relay_run"], rows, baseline)
 
 
 def check_registration(mode: str, probed: list[ProbedGpu], listed: dict, failures: list[str]) -> None:
@@ -537,19 +550,25 @@ def check_registration(mode: str, probed: list[ProbedGpu], listed: dict, failure
                                "capabilities"))
 
 
-def throughput(warm: dict, rows: int, baseline: dict) -> dict:
+def throughput(warm: dict, relayed: dict, rows: int, baseline: dict) -> dict:
+    """The warm direct job's figures beside the bare device's, and the job's rows/s on each data
+    path (the warm direct run's, the relay run's) as ratios to it."""
     if not warm["ok"]:
         return {"note": "the warm job failed: no figures of the mesh",
                 "baseline_rows_per_s": baseline.get("rows_per_s")}
     devices = per_device_throughput(warm)
     base = baseline.get("rows_per_s") or 0
-    job_rows_per_s = rows / warm["wall_seconds"]
+    by_path = {record["asked_data_path"]: {"job_rows_per_s": round(rows / record["wall_seconds"], 1),
+                                           "ratio_job_over_baseline": ratio(rows / record["wall_seconds"], base)}
+               for record in (warm, relayed) if record["ok"]}
     return {
-        "run": "the second (warm) job", "per_device": devices, "job_rows_per_s": round(job_rows_per_s, 1),
-        "baseline_rows_per_s": base or None,
+        "run": "the second (warm) job, on the direct data path", "data_path": warm["data_path"],
+        "moved_bytes": warm["moved_bytes"], "per_device": devices,
+        "job_rows_per_s": by_path[DIRECT]["job_rows_per_s"], "baseline_rows_per_s": base or None,
         "ratio_device_execute_over_baseline": {d: ratio(v["rows_per_s_execute"] or 0, base)
                                                for d, v in devices.items()},
-        "ratio_job_over_baseline": ratio(job_rows_per_s, base),
+        "ratio_job_over_baseline": by_path[DIRECT]["ratio_job_over_baseline"],
+        "by_data_path": by_path,
     }
 
 
@@ -581,11 +600,16 @@ def summary(nvml: dict, result: dict) -> dict:
         "worker_load_seconds_first_run": max((s["load_seconds"] for s in runs[0].get("shards", [])), default=None)
         if runs else None,
         "jobs_succeeded": sum(r["ok"] for r in runs), "jobs_run": len(runs),
+        "relay_job_succeeded": result.get("job", {}).get("relay_run", {}).get("ok"),
         "relative_error_max": max(errors, default=None),
         "within_tolerance": result.get("accuracy", {}).get("ok"),
         "device_rows_per_s_execute": {d: v["rows_per_s_execute"] for d, v in flow.get("per_device", {}).items()},
+        "data_path": flow.get("data_path"), "moved_bytes": flow.get("moved_bytes"),
         "job_rows_per_s": flow.get("job_rows_per_s"),
+        "job_rows_per_s_relay": flow.get("by_data_path", {}).get(RELAY, {}).get("job_rows_per_s"),
         "baseline_rows_per_s": result.get("baseline", {}).get("rows_per_s"),
+        "ratio_job_over_baseline": flow.get("ratio_job_over_baseline"),
+        "ratio_job_over_baseline_relay": flow.get("by_data_path", {}).get(RELAY, {}).get("ratio_job_over_baseline"),
         "baseline_within_tolerance": result.get("baseline", {}).get("ok"),
     }
 

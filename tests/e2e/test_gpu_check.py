@@ -1,8 +1,9 @@
 """bench/gpu_check.py in its CPU-only mode, so the GPU check cannot rot between the runs on a GPU
 machine: the script runs as a child (the mesh's real processes under it) and its JSON is checked.
-The NVML probe reads the repository's fake table, the job runs on a CPU device emulating an H100,
-so nothing here depends on this host's CPU flags, core count or speed. Without a driver the script
-must fail, with a non-zero exit and the reason in its JSON."""
+The NVML probe reads the repository's fake table, the job runs on a CPU device emulating an H100
+(on the direct data path, a relayed run beside it), so nothing here depends on this host's CPU
+flags, core count or speed. Without a driver the script must fail, with a non-zero exit and the
+reason in its JSON."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from accelmesh.object_client import SHARED
+from compile_svc.programs.transformer import SEQ_LEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.fixture_cpu]
 
@@ -113,10 +118,28 @@ def test_both_jobs_succeeded_on_the_emulated_device_with_that_rule(check):
     assert check["summary"]["jobs_succeeded"] == 2
 
 
+def test_the_jobs_ran_on_the_direct_data_path_with_a_relayed_one_beside_them(check):
+    runs = check["job"]["runs"]
+    assert check["job"]["data_path"] == "direct"
+    for run in runs:
+        assert (run["asked_data_path"], run["data_path"]) == ("direct", "direct")
+        # The worker is on this host: the tokens in and the logits out, every byte by shared memory.
+        assert run["input_bytes"] == ROWS * SEQ_LEN * np.dtype(np.int32).itemsize and run["output_bytes"] > 0
+        assert run["moved_bytes"] == {SHARED: run["input_bytes"] + run["output_bytes"]}
+    relayed = check["job"]["relay_run"]
+    assert (relayed["state"], relayed["asked_data_path"], relayed["data_path"], relayed["moved_bytes"]) == (
+        "succeeded", "relay", "relay", {})
+    assert sum(s["rows"] for s in relayed["shards"]) == ROWS
+    summary = check["summary"]
+    assert (summary["data_path"], summary["moved_bytes"]) == ("direct", runs[-1]["moved_bytes"])
+    assert summary["relay_job_succeeded"] is True
+
+
 def test_the_logits_match_the_cpu_fp32_reference_within_the_bf16_tolerance(check):
     accuracy = check["accuracy"]
     assert accuracy["ok"] and accuracy["tolerance"] == BF16_TOLERANCE
-    for compared in [*accuracy["runs"], check["baseline"]["accuracy"]]:
+    assert len(accuracy["runs"]) == 2
+    for compared in [*accuracy["runs"], accuracy["relay_run"], check["baseline"]["accuracy"]]:
         assert compared["ok"] and compared["all_finite"]
         # Above 0: the bf16 build really computed in bf16; within the rule's bound of fp32.
         assert 0 < compared["relative_error"] <= BF16_TOLERANCE
@@ -128,6 +151,12 @@ def test_throughput_is_reported_per_device_beside_the_baseline(check):
     assert device["rows"] == ROWS and device["rows_per_s_execute"] > 0 and device["rows_per_s_shard"] > 0
     assert flow["job_rows_per_s"] > 0 and flow["baseline_rows_per_s"] > 0 and flow["ratio_job_over_baseline"] > 0
     assert check["baseline"]["rows"] == ROWS
+    # The mesh's rows/s on each data path, each as a ratio to the bare device's; the figures above are the direct's.
+    assert flow["data_path"] == "direct" and set(flow["by_data_path"]) == {"direct", "relay"}
+    assert flow["by_data_path"]["direct"] == {"job_rows_per_s": flow["job_rows_per_s"],
+                                              "ratio_job_over_baseline": flow["ratio_job_over_baseline"]}
+    for figures in flow["by_data_path"].values():
+        assert figures["job_rows_per_s"] > 0 and figures["ratio_job_over_baseline"] > 0
 
 
 def test_no_driver_is_a_failure_with_a_non_zero_exit(tmp_path):

@@ -16,6 +16,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
+from _store_clock import clock_fixture  # noqa: F401  (fixture: pytest finds it in this module)
 
 from accelmesh import errors
 from worker_svc import objects
@@ -26,19 +27,6 @@ from worker_svc.segments import SEGMENT_PREFIX, sweep_stale
 JOIN_S = 30.0  # generous: a thread that is still alive after this is stuck
 # Above any pid_max Linux allows (2**22), so no process has it.
 DEAD_PID = 2**22 + 1
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
 
 
 @pytest.fixture

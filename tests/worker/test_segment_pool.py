@@ -7,24 +7,12 @@ import os
 
 import numpy as np
 import pytest
+from _store_clock import clock_fixture  # noqa: F401  (fixture: pytest finds it in this module)
 
 from worker_svc.objects import ObjectStore
 from worker_svc.segments import POOL_IDLE_S, POOL_MIN_BYTES, SEGMENT_PREFIX
 
 MIB = POOL_MIN_BYTES  # the smallest segment the pool keeps
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
 
 
 @pytest.fixture

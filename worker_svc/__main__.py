@@ -25,4 +25,7 @@ def register(config, server) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_service("worker", parse_args, build, after_start=register, host=lambda config: config.node_ip))
+    # glibc's own mmap threshold: XLA's fresh output buffers each call stay in the heap and are
+    # reused, not mapped and faulted in anew (accelmesh/runtime/memory.py).
+    sys.exit(run_service("worker", parse_args, build, after_start=register, host=lambda config: config.node_ip,
+                         fixed_mmap_threshold=False))

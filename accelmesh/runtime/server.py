@@ -269,15 +269,15 @@ def stop_on_signals(server: MeshServer, grace_s: float = DEFAULT_GRACE_S) -> Non
 def run_service(name: str, parse_args: Callable[[list[str] | None], Any], build: Callable[[Any], MeshServer],
                 argv: list[str] | None = None, *, after_start: Callable[[Any, MeshServer], None] | None = None,
                 host: Callable[[Any], str] = lambda config: config.listen.rsplit(":", 1)[0],
-                malloc_arenas: int | None = None) -> int:
+                malloc_arenas: int | None = None, fixed_mmap_threshold: bool = True) -> int:
     """The body of every service's `__main__`: configure, build, announce the port, serve until a signal.
 
     A bad configuration exits with status 2 and one line naming what to fix, not a traceback.
     `after_start` runs before the ready line (a worker registers there, so whoever waits for the
-    line finds its devices listed). `malloc_arenas`: at most that many glibc malloc arenas
-    (memory.py says which services and why).
+    line finds its devices listed). `malloc_arenas`: at most that many glibc malloc arenas;
+    `fixed_mmap_threshold`: large blocks always mapped (memory.py says which services and why).
     """
-    bound_heap(malloc_arenas)  # freed blocks back to the system (memory.py): first, before the threads
+    bound_heap(malloc_arenas, fixed_mmap_threshold)  # memory.py: first, before the threads start
     logging.basicConfig(level=os.environ.get("ACCELMESH_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin and migration lines at every start

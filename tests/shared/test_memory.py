@@ -67,6 +67,8 @@ def rss_mib():
 
 if sys.argv[1] == "bound":
     assert bound_heap()
+elif sys.argv[1] == "worker":  # the threshold left to glibc: a worker's setting
+    assert bound_heap(fixed_threshold=False)
 big = bytearray(8 << 20)  # one big block mapped and freed: glibc's dynamic threshold rises to its size
 del big
 blocks = [bytearray(4 << 20) for _ in range(40)]  # above the bounded threshold, under the risen one
@@ -90,6 +92,7 @@ def test_with_the_heap_bounded_freed_4_mib_blocks_leave_at_once():
 
     assert freed_mib("dynamic") < 50  # what glibc does by itself: the blocks stay in the heap
     assert freed_mib("bound") >= 140  # with the threshold fixed at 2 MiB: mapped, and unmapped when freed
+    assert freed_mib("worker") < 50  # a worker's heap keeps them, for its next execution's outputs
 
 
 ARENA_CHILD = """

@@ -1,14 +1,18 @@
 """MeshClient.run of a DATA_PATH_DIRECT job (docs/data-plane.md): one RunJob call carries the spec,
 the dispatcher's answers say where each shard's rows go, this process puts them there itself
-(accelmesh/object_client.py) and says so on the same call, and at the job's end it fetches the
-outputs from where they lie, in row order, then frees them. No tensor byte passes the dispatcher.
+(accelmesh/object_client.py) and says so on the same call, a group of shards at a time, and it
+fetches each shard's outputs from where they lie as soon as the dispatcher says the shard finished,
+into one array per output in row order, freeing them at the job's end. No tensor byte passes the
+dispatcher.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
+import grpc
 import numpy as np
 
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
@@ -49,27 +53,65 @@ class DirectRuns:
                 yield message
 
         before = dict(self.objects.moved_bytes)
-        placed: list = []
+        call = stub.RunJob(requests(), timeout=timeout)
+        puts = _Puts(self.objects, arrays, call,
+                     lambda indexes: outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=indexes))))
+        fetches = self.objects.fetches(rows)
 
         def on_part(part: str, response) -> None:
             if part == "put_inputs":
-                shards = list(response.put_inputs.shards)
-                self.objects.put(shards, arrays)
-                outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=[s.shard_index for s in shards])))
-            elif part == "outputs":
-                placed.extend(response.outputs.shards)
+                puts.add(list(response.put_inputs.shards))
+            elif part == "outputs":  # fetched at once, while the job's other shards run
+                fetches.add(list(response.outputs.shards))
 
         try:
-            events, folded, job = follow(stub.RunJob(requests(), timeout=timeout), on_event=on_event,
-                                         on_interrupt=on_interrupt, on_part=on_part)
+            try:
+                events, folded, job = follow(call, on_event=on_event, on_interrupt=on_interrupt, on_part=on_part)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.CANCELLED:
+                    puts.raise_failure()  # cancelled because a put failed: that is the error
+                raise
+            puts.raise_failure()
+            outputs = folded.results()
+            if fetches.placed:
+                fetched = fetches.results()
+                outputs.update({name: fetched[name] for name in fetches.placed[0].names if name in fetched})
         finally:
             outbox.put(_END)
-        outputs = folded.results()
-        if placed:
-            try:
-                fetched = self.objects.fetch(placed, rows)
-                outputs.update({name: fetched[name] for name in placed[0].names if name in fetched})
-            finally:
-                self.objects.release(placed)
+            puts.close()
+            fetches.close()
         moved = {way: self.objects.moved_bytes[way] - before[way] for way in before}
         return JobResult(job, outputs, events, "direct", {way: n for way, n in moved.items() if n})
+
+
+class _Puts:
+    """The job's puts, on a thread of their own, so the response stream is read (and outputs
+    fetched) while they go. A put that fails cancels the call; `raise_failure` raises its error."""
+
+    def __init__(self, objects: ObjectClient, arrays: list[np.ndarray], call, stored: Callable[[list[int]], None]):
+        self._objects, self._arrays, self._call, self._stored = objects, arrays, call, stored
+        self._asked: queue.SimpleQueue = queue.SimpleQueue()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="direct-puts", daemon=True)
+        self._thread.start()
+
+    def add(self, shards: list) -> None:
+        self._asked.put(shards)
+
+    def _run(self) -> None:
+        while (shards := self._asked.get()) is not _END:
+            if self._failure is not None:
+                continue
+            try:
+                self._objects.put(shards, self._arrays, self._stored)
+            except Exception as exc:  # noqa: BLE001 - raised on the caller's thread (raise_failure)
+                self._failure = exc
+                self._call.cancel()
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        self._asked.put(_END)
+        self._thread.join()

@@ -10,7 +10,9 @@ they stream over gRPC: PutObjects and FetchObjects, chunks framed from views of 
 way a worker takes is learnt on the first call to it and kept for the client's life.
 
 Every worker of a batch is served at once, on a thread each: a job's puts and fetches take as
-long as the slowest worker's, not their sum.
+long as the slowest worker's, not their sum. A job's put, run and fetch overlap: its inputs go in
+groups, each said to be stored as soon as it is sealed (a shard runs once its own are), and its
+outputs are fetched as its shards finish (RunJobResponse.outputs comes once for each batch of them).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -37,6 +39,10 @@ SHARED, STREAMED = "shared memory", "gRPC stream"
 _SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 CALL_TIMEOUT_S = 600.0  # one put or fetch of a worker's share of a job
+# A worker's shards are put and said to be stored in groups of about this many bytes: the first
+# runs while the next are put, and a job of small shards still takes a call or two a worker.
+PUT_GROUP_BYTES = 8 * 1024 * 1024
+FETCH_THREADS = 4  # a job's fetches going at once, each of a worker's shards that finished together
 
 
 class ObjectClient:
@@ -66,16 +72,25 @@ class ObjectClient:
 
     # --- putting ---------------------------------------------------------------------------
 
-    def put(self, shards: Sequence, inputs: Sequence[np.ndarray]) -> None:
+    def put(self, shards: Sequence, inputs: Sequence[np.ndarray],
+            stored: Callable[[list[int]], None] | None = None) -> None:
         """Each shard's rows of `inputs` (the job's data inputs, in spec order) into the store of
-        the worker its ShardObjects names, under its object ids."""
+        the worker its ShardObjects names, under its object ids. A worker's shards go in row order,
+        in groups of about PUT_GROUP_BYTES, and `stored(indexes)` hears each group as it is sealed
+        (from the worker's thread), so a shard can run while the next ones are still being put."""
         by_worker: dict[tuple[str, bytes], list] = {}
         for shard in shards:
             by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
-        work = [(address, ticket, [(object_id, np.ascontiguousarray(array[s.first_row: s.first_row + s.rows]))
-                                   for s in group for object_id, array in zip(s.object_ids, inputs)])
-                for (address, ticket), group in by_worker.items()]
-        _each(work, lambda item: self._put_one(*item))
+        work = [(address, ticket, group, inputs, stored) for (address, ticket), group in by_worker.items()]
+        _each(work, lambda item: self._put_groups(*item))
+
+    def _put_groups(self, address: str, ticket: bytes, shards: list, inputs: Sequence[np.ndarray],
+                    stored: Callable[[list[int]], None] | None) -> None:
+        for group in _groups(sorted(shards, key=lambda s: s.first_row), inputs):
+            self._put_one(address, ticket, [(object_id, np.ascontiguousarray(array[s.first_row: s.first_row + s.rows]))
+                                            for s in group for object_id, array in zip(s.object_ids, inputs)])
+            if stored is not None:
+                stored([s.shard_index for s in group])
 
     def _put_one(self, address: str, ticket: bytes, objects: list[tuple[str, np.ndarray]]) -> None:
         nbytes = sum(a.nbytes for _, a in objects)
@@ -125,23 +140,9 @@ class ObjectClient:
 
     # --- fetching --------------------------------------------------------------------------
 
-    def fetch(self, shards: Sequence, total_rows: int) -> dict[str, np.ndarray]:
-        """Every output of `shards` (each shard's, in row order, ShardObjects) as one array of
-        `total_rows` rows per output name."""
-        results: dict[str, np.ndarray] = {}
-        lock = threading.Lock()
-
-        def target(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-            with lock:
-                if name not in results:
-                    results[name] = np.empty((total_rows, *shape[1:]), dtype)
-                return results[name]
-
-        by_worker: dict[tuple[str, bytes], list] = {}
-        for shard in shards:
-            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
-        _each(list(by_worker.items()), lambda item: self._fetch_one(item[0][0], item[0][1], item[1], target))
-        return results
+    def fetches(self, total_rows: int) -> Fetches:
+        """Fetches of a job's outputs begun as its shards finish (`add`), gathered at its end."""
+        return Fetches(self, total_rows)
 
     def _fetch_one(self, address: str, ticket: bytes, shards: list, target) -> None:
         places = {object_id: (shard, name) for shard in shards
@@ -207,6 +208,66 @@ def _each(items: list, run: Callable) -> None:
     with ThreadPoolExecutor(max_workers=min(len(items), 16), thread_name_prefix="objects") as pool:
         for future in [pool.submit(run, item) for item in items]:
             future.result()
+
+
+def _groups(shards: list, inputs: Sequence[np.ndarray]) -> Iterator[list]:
+    """Consecutive shards in groups of at least PUT_GROUP_BYTES (or what is left)."""
+    row_bytes = sum(array[:1].nbytes for array in inputs)
+    group, nbytes = [], 0
+    for shard in shards:
+        group.append(shard)
+        nbytes += shard.rows * row_bytes
+        if nbytes >= PUT_GROUP_BYTES:
+            yield group
+            group, nbytes = [], 0
+    if group:
+        yield group
+
+
+class Fetches:
+    """A job's output fetches, each begun at once on a thread of its own (at most FETCH_THREADS),
+    copying into one array of the job's rows per output name. `results` waits for them all and
+    raises the first error; `close` waits for any still going, ignoring their errors (the job
+    failed, say, and its objects went), then frees every fetched shard's objects in the stores."""
+
+    def __init__(self, client: ObjectClient, total_rows: int):
+        self._client, self._rows = client, total_rows
+        self._results: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="fetch")
+        self._futures: list = []
+        self.placed: list = []
+
+    def __enter__(self) -> Fetches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _target(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        with self._lock:
+            if name not in self._results:
+                self._results[name] = np.empty((self._rows, *shape[1:]), dtype)
+            return self._results[name]
+
+    def add(self, shards: Sequence) -> None:
+        by_worker: dict[tuple[str, bytes], list] = {}
+        for shard in shards:
+            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
+        with self._lock:
+            self.placed.extend(shards)
+            self._futures.extend(self._pool.submit(self._client._fetch_one, address, ticket, group, self._target)
+                                 for (address, ticket), group in by_worker.items())
+
+    def results(self) -> dict[str, np.ndarray]:
+        for future in list(self._futures):
+            future.result()
+        return self._results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.placed:
+            self._client.release(self.placed)
 
 
 def _mapped(path: str, nbytes: int, writable: bool) -> mmap.mmap:

@@ -143,11 +143,15 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         queued = queued or event.type == m.QUEUED_EVENT
         if queued:
             continue
-        if live.direct is not None:  # no row comes this way: only where the client is to put its inputs
+        if live.direct is not None:  # no row comes this way: where the client puts inputs and fetches outputs
             if event.type == m.INPUTS_WANTED:
                 wanted = live.direct.take_wanted()
                 if wanted:
                     yield WantedOut(wanted)
+            elif event.type == m.SHARD_FINISHED:
+                finished = live.direct.take_finished()
+                if finished:
+                    yield OutputsOut(finished)
             continue
         if event.type in (m.SHARD_FINISHED, "succeeded"):
             released = live.released_rows
@@ -162,7 +166,9 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         return
     final = book.get(job.job_id)
     if final.state == m.SUCCEEDED and live.direct is not None:
-        yield OutputsOut(live.direct.outputs())
+        finished = live.direct.take_finished()  # any its SHARD_FINISHED events did not bring
+        if finished:
+            yield OutputsOut(finished)
     elif final.state == m.SUCCEEDED:
         for entry in book.results.entries(job.job_id):
             if entry.name not in live.concat_names:

@@ -70,6 +70,7 @@ class DirectJob:
         self._wanted: list[ShardObjects] = []  # asked, not yet taken by the RunJob stream
         self._tickets: dict[tuple[str, str], tuple[bytes, float]] = {}  # (direction, worker) -> (ticket, made)
         self._outputs: dict[int, ShardObjects] = {}  # finished shard -> where its outputs lie
+        self._told: set[int] = set()  # finished shards whose outputs the client was told of
         self._workers: set[str] = set()  # every worker asked to hold anything of the job
         self._stopped: BaseException | None = None
 
@@ -138,10 +139,13 @@ class DirectJob:
         with self._changed:
             self._outputs[index] = done
 
-    def outputs(self) -> list[ShardObjects]:
-        """Every finished shard's outputs, in row order."""
+    def take_finished(self) -> list[ShardObjects]:
+        """Where the outputs of the shards finished since the last call lie, in row order: the
+        RunJob stream tells the client as they finish, so it fetches while the others run."""
         with self._changed:
-            return sorted(self._outputs.values(), key=lambda s: s.first_row)
+            new = [done for index, done in self._outputs.items() if index not in self._told]
+            self._told.update(done.shard_index for done in new)
+        return sorted(new, key=lambda s: s.first_row)
 
     def stop(self, why: BaseException) -> None:
         """The job ended: shards still waiting for their inputs stop."""

@@ -10,10 +10,12 @@ import grpc
 import numpy as np
 import pytest
 
+from accelmesh import object_client
 from accelmesh.client import MeshClient, job_spec
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.object_client import SHARED, STREAMED
+from accelmesh.runtime.batches import unbatched
 
 from conftest import CREDENTIALS, rpc_error, small_mesh
 
@@ -96,3 +98,75 @@ def test_training_and_submit_job_are_refused_the_direct_path_naming_the_field(cl
     inference = job_spec("mlp_classifier", {"x": x}, data_path="direct")
     error = rpc_error(client.stub.SubmitJob, iter([pb.SubmitJobRequest(spec=inference)]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "RunJob" in error.details()
+
+
+class _Recording:
+    """A dispatcher stub whose RunJob calls are recorded: the requests the client sends, and the
+    response parts (batches unpacked) it reads, in order."""
+
+    def __init__(self, stub):
+        self._stub, self.sent, self.parts = stub, [], []
+
+    def RunJob(self, requests, timeout=None):
+        def sent():
+            for request in requests:
+                self.sent.append(request)
+                yield request
+        return _Tapped(self._stub.RunJob(sent(), timeout=timeout), self.parts)
+
+
+class _Tapped:
+    def __init__(self, call, parts):
+        self._call, self._parts = call, parts
+
+    def __iter__(self):
+        for response in unbatched(self._call):
+            self._parts.append(response)
+            yield response
+
+    def cancel(self):
+        self._call.cancel()
+
+
+def _direct_run(client, recording, program, inputs):
+    spec = job_spec(program, inputs, data_path="direct")
+    return client._direct.run(recording, spec, inputs, None)
+
+
+def test_a_shard_s_inputs_are_said_stored_as_put_and_its_outputs_come_as_it_finishes(client, monkeypatch):
+    """With put groups of one shard each, every shard is said stored on its own, and the outputs
+    of the first shard to finish are named before the last shard finishes (each shard once)."""
+    monkeypatch.setattr(object_client, "PUT_GROUP_BYTES", 1)
+    wide = np.random.default_rng(5).standard_normal((64, 1024)).astype(np.float32)  # 8 shards of 32 KiB
+    recording = _Recording(client.stub)
+    result = _direct_run(client, recording, "identity", {"x": wide})
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED and np.array_equal(result.outputs["y"], wide)
+    shards = len(result.job.shards)
+    assert shards == 8
+    stored = [list(r.stored.shard_indexes) for r in recording.sent if r.WhichOneof("part") == "stored"]
+    assert sorted(stored) == [[i] for i in range(shards)]
+
+    kinds = [r.WhichOneof("part") for r in recording.parts]
+    finished = [i for i, r in enumerate(recording.parts)
+                if kinds[i] == "event" and r.event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED]
+    told = [i for i, kind in enumerate(kinds) if kind == "outputs"]
+    assert len(finished) == shards and told and told[0] < finished[-1]
+    named = [s.shard_index for i in told for s in recording.parts[i].outputs.shards]
+    assert sorted(named) == list(range(shards))
+
+
+def test_a_put_that_fails_ends_the_call_and_is_the_error_raised(client, monkeypatch):
+    real = object_client.ObjectClient._put_one
+    calls = []
+
+    def failing(self, address, ticket, objects):
+        calls.append(address)
+        if len(calls) == 2:
+            raise OSError("the disk under the segment went away")
+        return real(self, address, ticket, objects)
+
+    monkeypatch.setattr(object_client, "PUT_GROUP_BYTES", 1)
+    monkeypatch.setattr(object_client.ObjectClient, "_put_one", failing)
+    wide = np.ones((64, 1024), np.float32)
+    with pytest.raises(OSError, match="went away"):
+        client.run("identity", {"x": wide}, data_path="direct")

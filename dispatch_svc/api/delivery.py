@@ -166,7 +166,7 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         return
     final = book.get(job.job_id)
     if final.state == m.SUCCEEDED and live.direct is not None:
-        finished = live.direct.take_finished()  # any its SHARD_FINISHED events did not bring
+        finished = live.direct.take_finished(every=True)  # any its SHARD_FINISHED events did not bring
         if finished:
             yield OutputsOut(finished)
     elif final.state == m.SUCCEEDED:

@@ -18,10 +18,13 @@ of the attempt before it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from accelmesh import errors
 from accelmesh.security.identity import address_host
@@ -30,6 +33,10 @@ from dispatch_svc.jobs import records as m
 INPUT_PREFIX, OUTPUT_PREFIX = "in/", "out/"
 TICKET_S = 3600.0  # how long a job's tickets are good for; a job running longer is asked again with new ones
 WAIT_POLL_S = 0.5  # how often a shard waiting for its inputs looks for its job's stop
+# Finished shards' outputs are named to the client once they cover this many bytes of the job's
+# input rows (the rest at the job's end): a job of big shards is fetched while it runs, and one
+# of small shards still costs the client a fetch or two, not one a shard.
+TELL_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class DirectJob:
         self._tickets: dict[tuple[str, str], tuple[bytes, float]] = {}  # (direction, worker) -> (ticket, made)
         self._outputs: dict[int, ShardObjects] = {}  # finished shard -> where its outputs lie
         self._told: set[int] = set()  # finished shards whose outputs the client was told of
+        row_bytes = sum(math.prod(i.shape[1:]) * np.dtype(i.dtype).itemsize for i in job.spec.inputs)
+        self._tell_rows = max(1, TELL_BYTES // max(1, row_bytes))
         self._workers: set[str] = set()  # every worker asked to hold anything of the job
         self._stopped: BaseException | None = None
 
@@ -139,11 +148,14 @@ class DirectJob:
         with self._changed:
             self._outputs[index] = done
 
-    def take_finished(self) -> list[ShardObjects]:
-        """Where the outputs of the shards finished since the last call lie, in row order: the
-        RunJob stream tells the client as they finish, so it fetches while the others run."""
+    def take_finished(self, every: bool = False) -> list[ShardObjects]:
+        """Where the outputs of the shards finished since the last call lie, in row order, once
+        they cover TELL_BYTES of input rows (or whatever there is, with `every`): the RunJob
+        stream tells the client as they finish, so it fetches while the others run."""
         with self._changed:
             new = [done for index, done in self._outputs.items() if index not in self._told]
+            if not every and sum(done.rows for done in new) < self._tell_rows:
+                return []
             self._told.update(done.shard_index for done in new)
         return sorted(new, key=lambda s: s.first_row)
 

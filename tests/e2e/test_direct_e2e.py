@@ -16,6 +16,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.object_client import SHARED, STREAMED
 from accelmesh.runtime.batches import unbatched
+from dispatch_svc.execution import direct
 
 from conftest import CREDENTIALS, rpc_error, small_mesh
 
@@ -133,10 +134,16 @@ def _direct_run(client, recording, program, inputs):
     return client._direct.run(recording, spec, inputs, None)
 
 
+def _parts(recording, kind: str) -> list[int]:
+    return [i for i, r in enumerate(recording.parts) if r.WhichOneof("part") == kind]
+
+
 def test_a_shard_s_inputs_are_said_stored_as_put_and_its_outputs_come_as_it_finishes(client, monkeypatch):
-    """With put groups of one shard each, every shard is said stored on its own, and the outputs
-    of the first shard to finish are named before the last shard finishes (each shard once)."""
+    """With put groups and output batches of one shard each, every shard is said stored on its
+    own, and the outputs of the first shard to finish are named before the last shard finishes
+    (each shard once)."""
     monkeypatch.setattr(object_client, "PUT_GROUP_BYTES", 1)
+    monkeypatch.setattr(direct, "TELL_BYTES", 1)
     wide = np.random.default_rng(5).standard_normal((64, 1024)).astype(np.float32)  # 8 shards of 32 KiB
     recording = _Recording(client.stub)
     result = _direct_run(client, recording, "identity", {"x": wide})
@@ -146,13 +153,24 @@ def test_a_shard_s_inputs_are_said_stored_as_put_and_its_outputs_come_as_it_fini
     stored = [list(r.stored.shard_indexes) for r in recording.sent if r.WhichOneof("part") == "stored"]
     assert sorted(stored) == [[i] for i in range(shards)]
 
-    kinds = [r.WhichOneof("part") for r in recording.parts]
-    finished = [i for i, r in enumerate(recording.parts)
-                if kinds[i] == "event" and r.event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED]
-    told = [i for i, kind in enumerate(kinds) if kind == "outputs"]
+    finished = [i for i in _parts(recording, "event")
+                if recording.parts[i].event.type == job_pb.JOB_EVENT_TYPE_SHARD_FINISHED]
+    told = _parts(recording, "outputs")
     assert len(finished) == shards and told and told[0] < finished[-1]
     named = [s.shard_index for i in told for s in recording.parts[i].outputs.shards]
     assert sorted(named) == list(range(shards))
+
+
+def test_a_job_of_small_shards_puts_once_and_is_told_its_outputs_once(client):
+    """Under PUT_GROUP_BYTES and TELL_BYTES in all, one `stored` and one `outputs` for the job."""
+    wide = np.random.default_rng(6).standard_normal((64, 1024)).astype(np.float32)
+    recording = _Recording(client.stub)
+    result = _direct_run(client, recording, "identity", {"x": wide})
+    assert np.array_equal(result.outputs["y"], wide) and len(result.job.shards) == 8
+    stored = [list(r.stored.shard_indexes) for r in recording.sent if r.WhichOneof("part") == "stored"]
+    assert stored == [list(range(8))]
+    told = _parts(recording, "outputs")
+    assert len(told) == 1 and [s.shard_index for s in recording.parts[told[0]].outputs.shards] == list(range(8))
 
 
 def test_a_put_that_fails_ends_the_call_and_is_the_error_raised(client, monkeypatch):

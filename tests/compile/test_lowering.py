@@ -152,6 +152,19 @@ def test_executable_round_trips_and_matches():
     assert y.dtype == jnp.float32 and rel_error(y, reference(X8)) < 2e-2
 
 
+def test_an_executable_takes_numpy_arrays_held_arrays_and_other_dtypes_alike(monkeypatch):
+    """Numpy arguments of the input's own dtype take the batched put, the rest device_put: the
+    results are the same either way, and the same as with device_put alone."""
+    run = artifacts.load_executable(lowering.compile_executable(MLP, FP32, batch_size=8))
+    (direct,) = run(*PARAMS, X8)
+    (mixed,) = run(*[jax.device_put(p) for p in PARAMS], X8.astype(np.float64))
+    monkeypatch.setattr(artifacts, "_batched_put", None)
+    (plain,) = run(*PARAMS, X8)
+    assert np.array_equal(np.asarray(direct), np.asarray(plain))
+    assert np.array_equal(np.asarray(mixed), np.asarray(plain))
+    assert rel_error(direct, reference(X8)) < 1e-5
+
+
 def test_executable_from_another_jaxlib_or_schema_is_refused():
     header, payload = artifacts.split_executable(lowering.compile_executable(MLP, FP32, batch_size=2))
     assert header["inputs"] == ([[str(np.dtype(p.dtype)), list(p.shape)] for p in PARAMS]

@@ -17,7 +17,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -250,12 +250,14 @@ class JobBook:
                 continue
         return jobs
 
-    def events(self, job_id: str, from_index: int = 0, *, idle: object = None) -> Iterator[m.Event]:
+    def events(self, job_id: str, from_index: int = 0, *, idle: object = None,
+               idle_s: Callable[[], float] | None = None) -> Iterator[m.Event]:
         """Every event from `from_index` on; blocks for new ones until the job is final. `idle`, if
         given, is yielded before each wait for more: a caller gathering what it sends (a RunJob
-        batch) sends it then, so nothing it gathered waits on the next event."""
+        batch) sends it then, so nothing it gathered waits on the next event. `idle_s`, if given,
+        bounds each wait, after which `idle` comes again (a caller letting parts wait a little)."""
         self.get(job_id)
-        return self.log.read(job_id, from_index, self._final, idle)
+        return self.log.read(job_id, from_index, self._final, idle, idle_s)
 
     def finished_shards(self, job_id: str) -> set[int]:
         return self.log.finished_shards(job_id)

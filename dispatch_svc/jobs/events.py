@@ -157,17 +157,19 @@ class EventLog:
             self._write(self._pending)  # if the database is away, they wait for the next flush
             self._pending, self._pending_count = {}, 0
 
-    def read(self, job_id: str, from_index: int, final: Callable[[str], bool], idle: object = None
-             ) -> Iterator[m.Event]:
+    def read(self, job_id: str, from_index: int, final: Callable[[str], bool], idle: object = None,
+             idle_s: Callable[[], float] | None = None) -> Iterator[m.Event]:
         """Every event of the job from `from_index` on; blocks for new ones until `final(job_id)`
-        says it ended. `idle`, if given, is yielded before each wait for more (JobBook.events).
+        says it ended. `idle`, if given, is yielded before each wait for more (JobBook.events);
+        with `idle_s` too, each wait lasts at most what it says and `idle` comes again after it.
         A database that does not answer is looked at again for FOLLOW_OUTAGE_S before its
         Unavailable is raised: a watcher (RunJob, WatchJob) rides out a restart of a few seconds
         rather than end its call, which, for RunJob, would have stopped the job."""
         index, said_idle, outage_since = from_index, False, None
         while True:
             try:
-                waiting, rows, ended = self._look(job_id, index, final, wait=said_idle or idle is None)
+                waiting, rows, ended = self._look(job_id, index, final, wait=said_idle or idle is None,
+                                                  wait_s=WATCH_POLL_S if idle_s is None else idle_s())
             except errors.Unavailable:
                 outage_since = outage_since or time.monotonic()
                 if time.monotonic() - outage_since >= FOLLOW_OUTAGE_S:
@@ -179,7 +181,9 @@ class EventLog:
             if ended:
                 return
             if not rows and not waiting:
-                if not (said_idle or idle is None):  # about to wait: said outside the lock, then looked at again
+                # About to wait: said outside the lock, then looked at again; with idle_s, said
+                # again after each wait.
+                if idle is not None and (not said_idle or idle_s is not None):
                     said_idle = True
                     yield idle
                 continue
@@ -196,11 +200,11 @@ class EventLog:
                     continue
                 yield event
 
-    def _look(self, job_id: str, index: int, final: Callable[[str], bool], *, wait: bool
-              ) -> tuple[list[m.Event], list, bool]:
+    def _look(self, job_id: str, index: int, final: Callable[[str], bool], *, wait: bool,
+              wait_s: float = WATCH_POLL_S) -> tuple[list[m.Event], list, bool]:
         """The events from `index` on (batched ones from memory, the rest from the database), and
         whether the job ended with none left; with none, not ended and `wait`, it then waits up to
-        WATCH_POLL_S under the same lock as the look, so no write in between goes unnoticed."""
+        `wait_s` under the same lock as the look, so no write in between goes unnoticed."""
         with self.changed:
             # Batched events not written yet come from memory; the database has those before them.
             # An event too long to send (an old plan event of a huge job) comes without its plan.
@@ -220,7 +224,7 @@ class EventLog:
             if wait:
                 # Woken at once by this process's writes; another replica's (a job it runs,
                 # watched through this one) are read at the next look, WATCH_POLL_S on.
-                self.changed.wait(WATCH_POLL_S)
+                self.changed.wait(wait_s)
             return [], [], False
 
     def finished_shards(self, job_id: str) -> set[int]:

@@ -13,6 +13,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.runtime.batches import unbatched
 from accelmesh.runtime.tensors import TensorCollector
+from dispatch_svc.api import delivery
 
 from fakes.ports import BIAS, WAIT_S, X
 from fakes.small_dispatcher import requests, serving
@@ -85,3 +86,37 @@ def test_a_request_id_retried_replays_the_job_in_batches_too(dispatcher):
     assert events == first_events and state == job_pb.JOB_STATE_SUCCEEDED
     for name in ("y", "s"):
         np.testing.assert_array_equal(results[name], first_results[name])
+
+
+def test_shard_events_wait_a_little_for_company_and_never_for_the_jobs_next_step(dispatcher):
+    """With every shard held on its device, their SHARD_STARTED events still reach the client:
+    they waited at most LINGER_S for more to go with them, not for the next event."""
+    dispatcher.mesh.workers.hold = True
+    call = run_stream(dispatcher.stub, X[:192], accept_batches=True)
+    parts = unbatched(call)
+    seen = []
+    try:
+        while job_pb.JOB_EVENT_TYPE_SHARD_STARTED not in seen:
+            part = next(parts)
+            if part.WhichOneof("part") == "event":
+                seen.append(part.event.type)
+        assert not dispatcher.mesh.workers.let_go.is_set()
+    finally:
+        dispatcher.mesh.workers.let_go.set()
+    assert read(list(parts))[2] == job_pb.JOB_STATE_SUCCEEDED
+
+
+def test_shard_events_and_rows_linger_and_anything_else_goes_at_once():
+    now = [100.0]
+    linger = delivery._Linger(lambda: now[0])
+    assert linger.due()  # nothing gathered: an IDLE sends (nothing)
+    linger.added(False)  # a shard event
+    assert not linger.due() and linger.wait_s() == pytest.approx(delivery.LINGER_S)
+    now[0] += delivery.LINGER_S / 4
+    linger.added(False)  # another: the first one's time still counts
+    assert not linger.due() and linger.wait_s() == pytest.approx(delivery.LINGER_S * 3 / 4)
+    now[0] += delivery.LINGER_S
+    assert linger.due() and linger.wait_s() == delivery.WATCH_POLL_S
+    linger.added(False)
+    linger.added(True)  # put_inputs, outputs, the job's end, another event: all of it goes now
+    assert linger.due()

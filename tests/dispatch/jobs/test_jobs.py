@@ -392,6 +392,25 @@ def test_a_watcher_given_an_idle_marker_gets_it_before_each_wait_and_only_then(t
         book.close()
 
 
+def test_a_watcher_given_idle_s_waits_no_longer_than_it_says_and_is_told_idle_again(tmp_path, book_db):
+    """With idle_s the marker comes again after each wait (here of 0 s), though nothing happened:
+    RunJob lets a shard's events wait a little for company, and sends them when that is over."""
+    idle = object()
+    book = JobBook(tmp_path, retention_s=60, database_url=book_db)
+    waits = []
+    try:
+        job = book.create(SPEC)
+        book.emit(job, m.PLANNED, message="1 shard")
+        seen = book.events(job.job_id, idle=idle, idle_s=lambda: waits.append(0.0) or 0.0)
+        assert next(seen).type == m.PLANNED
+        assert [next(seen) for _ in range(3)] == [idle, idle, idle]
+        assert len(waits) >= 2  # each idle after the first came after a wait bounded by idle_s
+        book.finish(job, m.SUCCEEDED)
+        assert [e if e is idle else e.type for e in seen] == ["succeeded"]
+    finally:
+        book.close()
+
+
 def test_an_event_with_every_field_set_reads_back_equal():
     """event_text writes an event's fields out by name (not dataclasses.asdict): none is lost."""
     from dispatch_svc.jobs.codec import event_from, event_text

@@ -77,7 +77,8 @@ class DirectJob:
         self._wanted: list[ShardObjects] = []  # asked, not yet taken by the RunJob stream
         self._tickets: dict[tuple[str, str], tuple[bytes, float]] = {}  # (direction, worker) -> (ticket, made)
         self._outputs: dict[int, ShardObjects] = {}  # finished shard -> where its outputs lie
-        self._told: set[int] = set()  # finished shards whose outputs the client was told of
+        self._untold: dict[int, ShardObjects] = {}  # finished shards the client was not told of yet
+        self._untold_rows = 0
         row_bytes = sum(math.prod(i.shape[1:]) * np.dtype(i.dtype).itemsize for i in job.spec.inputs)
         self._tell_rows = max(1, TELL_BYTES // max(1, row_bytes))
         self._workers: set[str] = set()  # every worker asked to hold anything of the job
@@ -147,16 +148,17 @@ class DirectJob:
         done = ShardObjects(index, first, rows, address, tuple(object_ids), tuple(names), self.ticket("get", address))
         with self._changed:
             self._outputs[index] = done
+            self._untold[index] = done
+            self._untold_rows += rows
 
     def take_finished(self, every: bool = False) -> list[ShardObjects]:
         """Where the outputs of the shards finished since the last call lie, in row order, once
         they cover TELL_BYTES of input rows (or whatever there is, with `every`): the RunJob
         stream tells the client as they finish, so it fetches while the others run."""
         with self._changed:
-            new = [done for index, done in self._outputs.items() if index not in self._told]
-            if not every and sum(done.rows for done in new) < self._tell_rows:
+            if not every and self._untold_rows < self._tell_rows:
                 return []
-            self._told.update(done.shard_index for done in new)
+            new, self._untold, self._untold_rows = list(self._untold.values()), {}, 0
         return sorted(new, key=lambda s: s.first_row)
 
     def stop(self, why: BaseException) -> None:

@@ -7,8 +7,9 @@ that has no room left kills the process with SIGBUS. Mappings are made with MAP_
 kernel maps every page at once instead of taking a fault per 4 KiB page on first touch.
 
 Making a segment costs more than copying into it: the kernel allocates and zeroes its pages
-(4 ms per 16 MiB here), and every first touch of a page through a new mapping faults. A freed
-object's segment of at least POOL_MIN_BYTES therefore goes to a pool instead of being unlinked,
+(4 ms per 16 MiB here), every first touch of a page through a new mapping faults, and even a
+small one takes five system calls. A freed object's segment of at least POOL_MIN_BYTES (a page)
+therefore goes to a pool instead of being unlinked,
 and the next object of about its size (up to half of it unused) *of the same owner* takes it:
 mapped again, its pages are there already. Only an owner's own objects reuse its segments, so
 what a segment held before (a client's mapping of it, bytes a later write does not cover) stays
@@ -18,6 +19,7 @@ unlinks the oldest pooled segments first, and a segment left unused for POOL_IDL
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import mmap
 import os
@@ -28,7 +30,10 @@ import sys
 from dataclasses import dataclass
 
 SEGMENT_PREFIX = "accelmesh-obj-"
-POOL_MIN_BYTES = 1 << 20  # smaller segments are cheap to make: unlinked when freed, as before
+# Smaller segments are unlinked when freed. Even a small one costs more to make than to take
+# again: 65 us to make and 14 us to unlink a 32 KiB segment here, 15 us to map a pooled one, and
+# a job of small direct shards makes two a shard (its input and its output).
+POOL_MIN_BYTES = 4096
 POOL_IDLE_S = 60.0  # a pooled segment unused this long is unlinked
 POOL_MAX_SEGMENTS = 1024  # pooled segments hold no descriptor or mapping; this bounds the lists
 _SEGMENT = re.compile(rf"^{SEGMENT_PREFIX}(\d+)-[0-9a-f]{{32}}$")
@@ -81,57 +86,74 @@ class Pooled:
 
 
 class SegmentPool:
-    """Freed segments by owner. Not thread-safe: the store calls it under its lock."""
+    """Freed segments by owner, and within an owner by capacity (sorted, so a take is a bisection
+    however many are pooled). Not thread-safe: the store calls it under its lock."""
 
     def __init__(self):
-        self._by_owner: dict[str, list[Pooled]] = {}
+        self._by_owner: dict[str, dict[int, list[Pooled]]] = {}  # owner -> capacity -> pooled, oldest first
+        self._capacities: dict[str, list[int]] = {}  # owner -> its pooled capacities, ascending
         self.bytes = self.count = 0
 
     def give(self, owner: str, path: str, capacity: int, now: float) -> bool:
         """Keep a freed segment (its mapping closed) for `owner`; False when it is not kept (the caller unlinks)."""
         if capacity < POOL_MIN_BYTES or self.count >= POOL_MAX_SEGMENTS:
             return False
-        self._by_owner.setdefault(owner, []).append(Pooled(path, capacity, now))
+        sizes = self._by_owner.setdefault(owner, {})
+        if capacity not in sizes:
+            sizes[capacity] = []
+            bisect.insort(self._capacities.setdefault(owner, []), capacity)
+        sizes[capacity].append(Pooled(path, capacity, now))
         self.bytes += capacity
         self.count += 1
         return True
 
     def take(self, owner: str, nbytes: int, room: int) -> Pooled | None:
         """The smallest of `owner`'s segments that holds `nbytes` with at most half of it unused,
-        and no more than `room` bytes (what the store's bound has left)."""
-        pooled = self._by_owner.get(owner, [])
-        fits = [p for p in pooled if nbytes <= p.capacity <= min(2 * nbytes, room)]
-        if not fits:
+        and no more than `room` bytes (what the store's bound has left); of those, the one
+        pooled last (its pages are the likeliest to be in a cache)."""
+        capacities = self._capacities.get(owner)
+        if not capacities:
             return None
-        chosen = min(fits, key=lambda p: p.capacity)
-        self._remove(owner, chosen)
-        return chosen
+        at = bisect.bisect_left(capacities, nbytes)
+        if at == len(capacities) or capacities[at] > min(2 * nbytes, room):
+            return None
+        return self._remove(owner, self._by_owner[owner][capacities[at]][-1], last=True)
+
+    def _all(self):
+        return ((owner, p) for owner, sizes in self._by_owner.items() for ps in sizes.values() for p in ps)
 
     def evict(self, excess: int) -> None:
         """Unlink the oldest pooled segments until at least `excess` bytes of them are gone."""
         while excess > 0 and self.count:
-            owner, oldest = min(((o, p) for o, ps in self._by_owner.items() for p in ps), key=lambda op: op[1].since)
+            owner, oldest = min(self._all(), key=lambda op: op[1].since)
             self._remove(owner, oldest)
             unlink(oldest.path)
             excess -= oldest.capacity
 
     def trim(self, now: float, idle_s: float = POOL_IDLE_S) -> None:
         """Unlink the segments pooled for `idle_s` or longer."""
-        for owner, pooled in list(self._by_owner.items()):
-            for p in [p for p in pooled if now - p.since >= idle_s]:
-                self._remove(owner, p)
-                unlink(p.path)
+        for owner, p in [(o, p) for o, p in self._all() if now - p.since >= idle_s]:
+            self._remove(owner, p)
+            unlink(p.path)
 
     def clear(self) -> None:
         self.evict(self.bytes + 1)
 
-    def _remove(self, owner: str, pooled: Pooled) -> None:
-        entries = self._by_owner[owner]
-        entries.remove(pooled)
+    def _remove(self, owner: str, pooled: Pooled, last: bool = False) -> Pooled:
+        sizes = self._by_owner[owner]
+        entries = sizes[pooled.capacity]
+        if last:  # a take: no search among the segments of its size
+            entries.pop()
+        else:
+            entries.remove(pooled)
         if not entries:
-            del self._by_owner[owner]
+            del sizes[pooled.capacity]
+            self._capacities[owner].remove(pooled.capacity)
+        if not sizes:
+            del self._by_owner[owner], self._capacities[owner]
         self.bytes -= pooled.capacity
         self.count -= 1
+        return pooled
 
 
 def sweep_stale(root: str = "/dev/shm") -> int:

@@ -18,13 +18,10 @@ of the attempt before it.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from accelmesh import errors
 from accelmesh.security.identity import address_host
@@ -79,8 +76,7 @@ class DirectJob:
         self._outputs: dict[int, ShardObjects] = {}  # finished shard -> where its outputs lie
         self._untold: dict[int, ShardObjects] = {}  # finished shards the client was not told of yet
         self._untold_rows = 0
-        row_bytes = sum(math.prod(i.shape[1:]) * np.dtype(i.dtype).itemsize for i in job.spec.inputs)
-        self._tell_rows = max(1, TELL_BYTES // max(1, row_bytes))
+        self._tell_rows = max(1, TELL_BYTES // max(1, job.spec.row_bytes))
         self._workers: set[str] = set()  # every worker asked to hold anything of the job
         self._stopped: BaseException | None = None
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from dispatch_svc.jobs.training_options import TrainingOptions
 from dispatch_svc.planner.placement import LayerCost
@@ -82,6 +85,11 @@ class JobSpec:
     queue_timeout_s: float | None = None  # how long it may wait queued; None: the dispatcher's limit; 0: never
     verify_fraction: float = 0.0  # of its shards run again on another node (never below the dispatcher's floor)
     data_path: str = RELAY  # RELAY or DIRECT (docs/data-plane.md)
+
+    @property
+    def row_bytes(self) -> int:
+        """The bytes of one row of the job's data inputs together: what a shard pays per row to move."""
+        return sum(math.prod(i.shape[1:]) * np.dtype(i.dtype).itemsize for i in self.inputs)
 
 
 @dataclass(frozen=True)

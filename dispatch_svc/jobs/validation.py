@@ -63,8 +63,7 @@ def shards_needed(spec: m.JobSpec, max_shard_bytes: int) -> int:
         return -(-rows // micro) if micro > 0 else 0
     if spec.kind == m.TRAINING or not rows:
         return 0
-    row_bytes = sum(math.prod(i.shape[1:]) * np.dtype(i.dtype).itemsize for i in spec.inputs)
-    return -(-rows // max(1, max_shard_bytes // max(1, row_bytes)))
+    return -(-rows // max(1, max_shard_bytes // max(1, spec.row_bytes)))
 
 
 def check_limits(spec: m.JobSpec, limits: JobLimits, max_shard_bytes: int, *, running: bool) -> None:

@@ -185,8 +185,7 @@ def _split(throughput: ThroughputModel, limits: Limits, program: Program, spec: 
         if d.target_type not in targets:
             targets[d.target_type] = Target(d.target_type, d.spec.performance, builds[d.target_type].compute_dtype)
     rates = throughput.rates(program.ref, list(targets.values()), flops_per_row=flops_per_row(program))
-    row_bytes = sum(int(np.prod(i.shape[1:], dtype=np.int64)) * np.dtype(i.dtype).itemsize for i in spec.inputs)
-    max_rows = None if spec.kind == m.TRAINING else max(1, limits.max_shard_bytes // max(1, row_bytes))
+    max_rows = None if spec.kind == m.TRAINING else max(1, limits.max_shard_bytes // max(1, spec.row_bytes))
     speed = {t: rate.rows_per_second for t, rate in rates.items()}
     fixed = {t: rate.fixed_seconds for t, rate in rates.items()}
     types = [d.target_type for d in devices]

@@ -9,8 +9,8 @@ kernel maps every page at once instead of taking a fault per 4 KiB page on first
 Making a segment costs more than copying into it: the kernel allocates and zeroes its pages
 (4 ms per 16 MiB here), every first touch of a page through a new mapping faults, and even a
 small one takes five system calls. A freed object's segment of at least POOL_MIN_BYTES (a page)
-therefore goes to a pool instead of being unlinked,
-and the next object of about its size (up to half of it unused) *of the same owner* takes it:
+therefore goes to a pool instead of being unlinked, and the next object of about its size (up
+to half of it unused) *of the same owner* takes it:
 mapped again, its pages are there already. Only an owner's own objects reuse its segments, so
 what a segment held before (a client's mapping of it, bytes a later write does not cover) stays
 that tenant's. Pooled bytes count against the store's bound: a create that needs their room

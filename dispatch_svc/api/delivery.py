@@ -183,9 +183,8 @@ def run(runner: JobRunner, job: m.JobRecord, live: LiveJob, feed: InputFeed, sla
         if live.direct is not None:  # no row comes this way: where the client puts inputs and fetches outputs
             if event.type == m.INPUTS_WANTED:
                 wanted = live.direct.take_wanted()
-                if wanted:
+                if wanted:  # INPUTS_WANTED is not a shard event: this goes at the next IDLE already
                     yield WantedOut(wanted)
-                    linger.added(True)
             elif event.type == m.SHARD_FINISHED:
                 finished = live.direct.take_finished()
                 if finished:

@@ -78,10 +78,7 @@ class ObjectClient:
         the worker its ShardObjects names, under its object ids. A worker's shards go in row order,
         in groups of about PUT_GROUP_BYTES, and `stored(indexes)` hears each group as it is sealed
         (from the worker's thread), so a shard can run while the next ones are still being put."""
-        by_worker: dict[tuple[str, bytes], list] = {}
-        for shard in shards:
-            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
-        work = [(address, ticket, group, inputs, stored) for (address, ticket), group in by_worker.items()]
+        work = [(address, ticket, group, inputs, stored) for (address, ticket), group in _by_worker(shards).items()]
         _each(work, lambda item: self._put_groups(*item))
 
     def _put_groups(self, address: str, ticket: bytes, shards: list, inputs: Sequence[np.ndarray],
@@ -192,7 +189,7 @@ class ObjectClient:
 
     def release(self, shards: Iterable) -> None:
         """Free the fetched outputs in the workers' stores (best effort: their idle expiry frees the rest)."""
-        for address, ticket in {(s.worker_address, s.ticket) for s in shards}:
+        for address, ticket in _by_worker(shards):
             try:
                 self._stub(address).ReleaseObjects(pb.ReleaseObjectsRequest(ticket=ticket), timeout=10.0)
             except grpc.RpcError:
@@ -208,6 +205,14 @@ def _each(items: list, run: Callable) -> None:
     with ThreadPoolExecutor(max_workers=min(len(items), 16), thread_name_prefix="objects") as pool:
         for future in [pool.submit(run, item) for item in items]:
             future.result()
+
+
+def _by_worker(shards: Iterable) -> dict[tuple[str, bytes], list]:
+    """Shards by the (worker address, ticket) their objects are put or fetched with."""
+    by_worker: dict[tuple[str, bytes], list] = {}
+    for shard in shards:
+        by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
+    return by_worker
 
 
 def _groups(shards: list, inputs: Sequence[np.ndarray]) -> Iterator[list]:
@@ -238,12 +243,6 @@ class Fetches:
         self._futures: list = []
         self.placed: list = []
 
-    def __enter__(self) -> Fetches:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def _target(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         with self._lock:
             if name not in self._results:
@@ -251,13 +250,10 @@ class Fetches:
             return self._results[name]
 
     def add(self, shards: Sequence) -> None:
-        by_worker: dict[tuple[str, bytes], list] = {}
-        for shard in shards:
-            by_worker.setdefault((shard.worker_address, shard.ticket), []).append(shard)
         with self._lock:
             self.placed.extend(shards)
             self._futures.extend(self._pool.submit(self._client._fetch_one, address, ticket, group, self._target)
-                                 for (address, ticket), group in by_worker.items())
+                                 for (address, ticket), group in _by_worker(shards).items())
 
     def results(self) -> dict[str, np.ndarray]:
         for future in list(self._futures):

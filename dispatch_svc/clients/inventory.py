@@ -11,6 +11,7 @@ from accelmesh import errors
 from accelmesh.common.v1 import common_pb2
 from accelmesh.inventory.v1 import inventory_service_pb2 as inv_pb
 from accelmesh.inventory.v1 import inventory_service_pb2_grpc
+from accelmesh.runtime.beside import beside
 from accelmesh.runtime.channels import ChannelPool
 from accelmesh.runtime.devices import PLATFORM_TO_PROTO, device_from_proto
 from accelmesh.runtime.errors import error_from_rpc
@@ -47,10 +48,11 @@ class GrpcInventory:
         self._channels.close()
 
     def candidate_devices(self, constraints: m.Constraints) -> list[JobDevice]:
+        # A node whose outputs a spot check found wrong gets no job until an operator trusts it again.
+        suspected = beside(self.suspect_nodes)
         devices = self._list_devices(_constraints_filter(constraints))
         platforms = {PLATFORM_TO_PROTO[p] for p in constraints.platforms}
-        # A node whose outputs a spot check found wrong gets no job until an operator trusts it again.
-        suspect = self.suspect_nodes()
+        suspect = suspected.result()
         chosen = [d for d in devices if (not platforms or d.platform in platforms) and d.node_address not in suspect]
         if constraints.max_devices:
             chosen = chosen[: constraints.max_devices]

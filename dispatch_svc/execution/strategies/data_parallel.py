@@ -20,6 +20,7 @@ import numpy as np
 
 from accelmesh import errors
 from accelmesh.programs import Program
+from accelmesh.runtime.beside import beside
 from dispatch_svc.admission.admission import Grant
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.execution.strategies import direct_inference, inference, training
@@ -58,10 +59,18 @@ def plan(inventory: Inventory, compiler: Compiler, throughput: ThroughputModel, 
     """`keep`: the plan a job taken over goes on with; executables are built for its shard sizes.
     `only`: the devices a queue's scheduling round gave the job (None: all its constraints allow);
     when none of them is a candidate any more, all its constraints allow."""
-    program = compiler.describe_program(spec.program, spec.version)
+    # The program's description and the inventory's candidates are asked at once; a fault of the
+    # job itself (its program, its inputs) is still the one raised when both calls fail.
+    described = beside(compiler.describe_program, spec.program, spec.version)
+    try:
+        devices, unlisted = inventory.candidate_devices(spec.constraints), None
+    except Exception as exc:  # noqa: BLE001 - raised below, after the job's own checks
+        devices, unlisted = [], exc
+    program = described.result()
     check_program_kind(program, spec)
     rows = check_inputs(program, spec)
-    devices = inventory.candidate_devices(spec.constraints)
+    if unlisted is not None:
+        raise unlisted
     if only is not None:
         devices = [d for d in devices if d.id in only] or devices
     if not devices:

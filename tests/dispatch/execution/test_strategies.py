@@ -6,6 +6,7 @@ or to hold a shard until the test lets go."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -25,6 +26,7 @@ from fakes.ports import (
     KS,
     LINREG,
     WAIT_S,
+    FakeInventory,
     FakeMesh,
     FakeWorkers,
     Feed,
@@ -212,6 +214,30 @@ def test_no_matching_device_fails_before_anything_is_reserved(tmp_path):
     with pytest.raises(errors.FailedPrecondition, match="no device can run affine@1"):
         runner.run(job, live, Feed([X]))
     assert mesh.inventory.reserved == {} and runner.book.get(job.job_id).state == m.FAILED
+
+
+class UnlistingInventory(FakeInventory):
+    """An inventory that cannot be reached for the candidates."""
+
+    def candidate_devices(self, constraints):
+        raise errors.Unavailable("inventory at 127.0.0.1:1 is not answering")
+
+
+@pytest.mark.parametrize("spec, raised, match", [
+    (lambda: dataclasses.replace(spec_for(AFFINE, [X]), program="nope"), errors.NotFound, "'nope' is not registered"),
+    (lambda: spec_for(AFFINE, [X[:, :3]]), errors.InvalidArgument, "'x'"),
+    (lambda: spec_for(AFFINE, [X]), errors.Unavailable, "inventory at 127.0.0.1:1"),
+], ids=["unknown program", "wrong input shape", "a sound job"])
+def test_planning_asks_program_and_inventory_at_once_and_a_fault_of_the_job_is_still_told_first(
+        tmp_path, spec, raised, match):
+    """The program's description and the candidates are asked side by side (runtime/beside.py);
+    with the inventory away, a job naming no program or the wrong inputs still hears its own fault."""
+    mesh = FakeMesh(AFFINE, inventory=UnlistingInventory)
+    runner = runner_for(mesh, tmp_path)
+    job, live = runner.start(spec())
+    with pytest.raises(raised, match=match):
+        runner.run(job, live, Feed([X]))
+    assert mesh.inventory.reserved == {}
 
 
 def test_training_steps_equal_sgd_on_each_full_mini_batch(tmp_path):

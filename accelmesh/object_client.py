@@ -20,6 +20,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,6 +40,7 @@ SHARED, STREAMED = "shared memory", "gRPC stream"
 _SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 CALL_TIMEOUT_S = 600.0  # one put or fetch of a worker's share of a job
+RELEASE_TIMEOUT_S = 10.0  # a ReleaseObjects call, and close's wait for those not answered yet
 # A worker's shards are put and said to be stored in groups of about this many bytes: the first
 # runs while the next are put, and a job of small shards still takes a call or two a worker.
 PUT_GROUP_BYTES = 8 * 1024 * 1024
@@ -53,9 +55,18 @@ class ObjectClient:
         self._chunk_bytes = min(chunk_bytes, max_message_bytes // 2)
         self._ways: dict[str, str] = {}  # worker address -> SHARED or STREAMED
         self._lock = threading.Lock()
+        self._releasing: list[grpc.Future] = []  # ReleaseObjects calls not answered yet
         self.moved_bytes = {SHARED: 0, STREAMED: 0}  # what went each way, for a person to read
 
     def close(self) -> None:
+        with self._lock:
+            releasing, self._releasing = self._releasing, []
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S
+        for future in releasing:  # closing the channels would cancel them
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except (grpc.RpcError, grpc.FutureTimeoutError):
+                pass  # best effort, as release says
         self._channels.close()
 
     def way(self, address: str) -> str | None:
@@ -188,12 +199,13 @@ class ObjectClient:
         self._learnt(address, STREAMED, nbytes)
 
     def release(self, shards: Iterable) -> None:
-        """Free the fetched outputs in the workers' stores (best effort: their idle expiry frees the rest)."""
-        for address, ticket in _by_worker(shards):
-            try:
-                self._stub(address).ReleaseObjects(pb.ReleaseObjectsRequest(ticket=ticket), timeout=10.0)
-            except grpc.RpcError:
-                pass
+        """Free the fetched outputs in the workers' stores, without waiting for the answers (best
+        effort: their idle expiry frees the rest); `close` waits for any still on their way."""
+        with self._lock:
+            self._releasing = [f for f in self._releasing if not f.done()]
+            for address, ticket in _by_worker(shards):
+                self._releasing.append(self._stub(address).ReleaseObjects.future(
+                    pb.ReleaseObjectsRequest(ticket=ticket), timeout=RELEASE_TIMEOUT_S))
 
 
 def _each(items: list, run: Callable) -> None:

@@ -16,6 +16,7 @@ from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.object_client import SHARED, STREAMED
 from accelmesh.runtime.batches import unbatched
+from accelmesh.worker.v1 import worker_service_pb2 as pb_worker
 from dispatch_svc.execution import direct
 
 from conftest import CREDENTIALS, rpc_error, small_mesh
@@ -171,6 +172,23 @@ def test_a_job_of_small_shards_puts_once_and_is_told_its_outputs_once(client):
     assert stored == [list(range(8))]
     told = _parts(recording, "outputs")
     assert len(told) == 1 and [s.shard_index for s in recording.parts[told[0]].outputs.shards] == list(range(8))
+
+
+def test_fetched_outputs_are_freed_in_the_store_by_the_time_the_client_is_closed(mesh):
+    """The release goes without waiting for the worker's answer; closing the client waits for it."""
+    server, _, _ = mesh
+    wide = np.random.default_rng(7).standard_normal((64, 1024)).astype(np.float32)
+    with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as own:
+        recording = _Recording(own.stub)
+        assert np.array_equal(_direct_run(own, recording, "identity", {"x": wide}).outputs["y"], wide)
+        told = [s for i in _parts(recording, "outputs") for s in recording.parts[i].outputs.shards]
+    assert told
+    with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as other:
+        for shard in told:
+            request = pb_worker.FetchObjectsRequest(ticket=shard.ticket, object_ids=list(shard.object_ids))
+            stub = other._direct.objects._stub(shard.worker_address)
+            error = rpc_error(lambda stub=stub, request=request: list(stub.FetchObjects(request)))
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
 
 
 def test_a_put_that_fails_ends_the_call_and_is_the_error_raised(client, monkeypatch):

@@ -71,6 +71,7 @@ Compare ratios across machines, not milliseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -133,6 +134,7 @@ READY = re.compile(r"bench-dispatch: (?P<role>\w+) listening on (?P<address>\S+)
 RPC_TIMEOUT_S = 300.0
 RELAY_FLOOR_CALLS = 5  # pipelined relay calls of K shards per program and mesh, after one warm-up
 RSS_SAMPLE_S = 0.01
+LARGE_DIRECT_GROWTH_LIMIT = 64 * MIB  # the dispatcher's peak RSS over idle for the large direct job, at most
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -147,12 +149,13 @@ class Plan:
     stream_bytes: int
     stream_reps: int  # timed runs per arm, alternating
     pai_runs: int
+    large_direct_bytes: int = 1024 * MIB  # the one direct job whose dispatcher and store memory is followed
 
 
 FULL = Plan(shards=200, shard_jobs=3, one_shard_jobs=9, local_calls=2000, direct_calls=300, floor_calls=300,
             stream_bytes=256 * MIB, stream_reps=3, pai_runs=25)
 QUICK = Plan(shards=40, shard_jobs=1, one_shard_jobs=3, local_calls=300, direct_calls=40, floor_calls=40,
-             stream_bytes=256 * MIB, stream_reps=1, pai_runs=4)
+             stream_bytes=256 * MIB, stream_reps=1, pai_runs=4, large_direct_bytes=128 * MIB)
 
 
 def progress(message: str) -> None:
@@ -248,6 +251,71 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(RSS_SAMPLE_S):
             self._sample()
+
+
+class StoreSampler(RssSampler):
+    """Largest total of a worker's store segments seen while running (their allocated bytes: the
+    objects' and the pooled ones', which count in the store's bound alike), polled every 10 ms."""
+
+    def __init__(self, pid: int, root: str = "/dev/shm"):
+        super().__init__(pid)
+        from worker_svc.segments import SEGMENT_PREFIX
+
+        self.root, self.prefix, self.peak_bytes = root, f"{SEGMENT_PREFIX}{pid}-", 0
+
+    def _sample(self) -> None:
+        total = 0
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.startswith(self.prefix):
+                    with contextlib.suppress(FileNotFoundError):  # freed while listed
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+        self.peak_bytes = max(self.peak_bytes, total)
+
+
+def bench_large_direct(mesh: Mesh, plan: Plan) -> dict:
+    """DATA_PATH_DIRECT jobs of plan.large_direct_bytes in and out through the default dispatcher,
+    twice (the first takes fresh memory everywhere, the second finds the store's pool and the
+    allocators warm): the dispatcher's peak RSS over idle, and the worker store's peak against its bound."""
+    from accelmesh.client import MeshClient
+    from compile_svc.programs.builtin import IDENTITY_WIDTH
+    from worker_svc.config import WorkerConfig
+
+    rows = plan.large_direct_bytes // (IDENTITY_WIDTH * 4)
+    data = np.random.default_rng(13).standard_normal((rows, IDENTITY_WIDTH), dtype=np.float32)
+    bound = WorkerConfig.store_bytes  # the bench's worker runs with the default (ACCELMESH_WORKER_STORE_BYTES unset)
+    runs = []
+    with MeshClient(mesh.default.address, security=mesh.client, chunk_bytes=CHUNK_BYTES,
+                    max_message_bytes=MAX_MESSAGE_BYTES) as client:
+        client.run(STREAM_PROGRAM, {"x": data[:1024]}, timeout=STREAM_TIMEOUT_S, data_path="direct")  # warm
+        for label in ("first", "again"):
+            progress(f"large direct job ({label}): {data.nbytes // MIB} MiB in and out, the dispatcher's and the "
+                     "store's memory")
+            with StoreSampler(mesh.worker.process.pid) as store:
+                run = mesh_stream(mesh.default, mesh.worker, client, data, timeout_s=10 * STREAM_TIMEOUT_S,
+                                  data_path="direct")
+            runs.append({
+                "run": label, "seconds": round(run["seconds"], 3), "mb_per_s": mbps(data.nbytes, run["seconds"]),
+                "equal": run["equal"], "shards": run["shards"], "devices": run["devices"],
+                "cpu_s": {k: round(v, 3) for k, v in run["cpu_s"].items()},
+                "dispatcher_memory": run["dispatch_memory"], "worker_memory": run["worker_memory"],
+                "worker_store_sampled_peak_bytes": store.peak_bytes})
+    growth = max(r["dispatcher_memory"]["rise_bytes"] for r in runs)
+    store_peak = max(r["worker_store_sampled_peak_bytes"] for r in runs)
+    return {
+        "program": STREAM_PROGRAM, "input_bytes": data.nbytes, "output_bytes": data.nbytes,
+        "mb_per_s_definition": "input bytes / 1e6 / wall seconds of the whole call (the same bytes also come back)",
+        "runs": runs,
+        "equal": all(r["equal"] for r in runs),
+        "bytes_moved_by_the_client_so_far": dict(client._direct.objects.moved_bytes),
+        "dispatcher_max_growth_bytes": growth,
+        "dispatcher_growth_limit_bytes": LARGE_DIRECT_GROWTH_LIMIT,
+        "dispatcher_growth_within_limit": growth < LARGE_DIRECT_GROWTH_LIMIT,
+        "worker_store": {"bound_bytes": bound, "sampled_peak_bytes": store_peak, "within_bound": store_peak <= bound,
+                         "ratio_peak_over_input": ratio(store_peak, data.nbytes),
+                         "sampled": f"segment files {store.prefix}* under {store.root}, allocated bytes, "
+                                    f"every {RSS_SAMPLE_S * 1e3:.0f} ms (a shorter peak may be missed)"},
+    }
 
 
 # -- the bare pipeline: relay and sink processes ---------------------------------------------------
@@ -1287,8 +1355,18 @@ def summary(result: dict) -> dict:
             "dispatcher_peak_rss_bytes": security["streaming"]["dispatcher_peak_rss_bytes"],
         },
         "vs_ray": ray_summary(result["ray"]),
+        "large_direct_job": large_direct_summary(result["large_direct_job"]),
         "verification_cost": verification_summary(result["verification"]),
     }
+
+
+def large_direct_summary(large: dict) -> dict:
+    return {"input_bytes": large["input_bytes"], "mb_per_s": {r["run"]: r["mb_per_s"] for r in large["runs"]},
+            "dispatcher_growth_bytes": large["dispatcher_max_growth_bytes"],
+            "dispatcher_growth_within_64_mib": large["dispatcher_growth_within_limit"],
+            "worker_store_peak_bytes": large["worker_store"]["sampled_peak_bytes"],
+            "worker_store_bound_bytes": large["worker_store"]["bound_bytes"],
+            "worker_store_within_bound": large["worker_store"]["within_bound"]}
 
 
 def verification_summary(verification: dict) -> dict:
@@ -1331,11 +1409,23 @@ def run_benchmark(plan: Plan, mode: str, with_ray: bool) -> dict:
         result["per_shard_overhead"] = overhead[mesh.label]
         result["grpc_message_cost"] = message_cost(result["per_shard_overhead"])
         result["streaming"], ray_runs = bench_streaming(mesh, plain, relay, sink, plan, ray)
+        result["large_direct_job"] = bench_large_direct(mesh, plan)
         result["security"] = security_section(overhead[mesh.label], overhead[plain.label], result["streaming"])
         result["ray"] = ray_section(ray, overhead, result["streaming"], ray_runs) if ray else ray_absent
         result["verification"] = bench_verification(stack, Path(tmp) / "verification", plan)
     result.update(bench_planning(plan))
     result["summary"] = summary(result)
+    result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def run_large_direct_only(plan: Plan, mode: str) -> dict:
+    started = time.perf_counter()
+    result: dict = {"benchmark": "dispatch", "mode": mode, "only": "large-direct", "machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="accelmesh-bench-large-") as tmp, ExitStack() as stack:
+        result["large_direct_job"] = bench_large_direct(start_mesh(stack, Path(tmp)), plan)
+    result["summary"] = {"large_direct_job": large_direct_summary(result["large_direct_job"])}
     result["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
@@ -1357,7 +1447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke run, not a measurement")
     parser.add_argument("--no-ray", action="store_true",
                         help="leave Ray out even when it is installed (it is measured beside the mesh by default)")
-    parser.add_argument("--only", choices=("verification",), default="",
+    parser.add_argument("--only", choices=("verification", "large-direct"), default="",
                         help="run one section alone (its own mesh): the rest of the JSON is left out")
     parser.add_argument("--role", choices=("bench", "relay", "sink"), default="bench",
                         help="internal: the bare pipeline's processes")
@@ -1370,6 +1460,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     if args.only == "verification":
         result = run_verification_only(QUICK if args.quick else FULL, mode)
+    elif args.only == "large-direct":
+        result = run_large_direct_only(QUICK if args.quick else FULL, mode)
     else:
         result = run_benchmark(QUICK if args.quick else FULL, mode, with_ray=not args.no_ray)
     json.dump(result, sys.stdout, indent=2)

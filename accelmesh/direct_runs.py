@@ -60,9 +60,9 @@ class DirectRuns:
 
         def on_part(part: str, response) -> None:
             if part == "put_inputs":
-                puts.add(list(response.put_inputs.shards))
+                puts.add(_ticketed(response.put_inputs))
             elif part == "outputs":  # fetched at once, while the job's other shards run
-                fetches.add(list(response.outputs.shards))
+                fetches.add(_ticketed(response.outputs))
 
         try:
             try:
@@ -115,3 +115,13 @@ class _Puts:
     def close(self) -> None:
         self._asked.put(_END)
         self._thread.join()
+
+
+def _ticketed(message) -> list:
+    """The shards of an InputsWanted or OutputsReady, each with its ticket (a shard's own, else its
+    worker's in the message's `tickets`)."""
+    shards = list(message.shards)
+    for shard in shards:
+        if not shard.ticket:
+            shard.ticket = message.tickets.get(shard.worker_address, b"")
+    return shards

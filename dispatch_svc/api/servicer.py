@@ -193,9 +193,11 @@ class DispatchServicer(dispatch_service_pb2_grpc.DispatchServiceServicer):
             elif isinstance(piece, delivery.TensorOut):
                 yield pb.RunJobResponse(tensor=_header(piece.entry))
             elif isinstance(piece, delivery.WantedOut):
-                yield pb.RunJobResponse(put_inputs=pb.InputsWanted(shards=[_objects(s) for s in piece.shards]))
+                yield pb.RunJobResponse(put_inputs=pb.InputsWanted(shards=_objects(piece.shards),
+                                                                   tickets=_tickets(piece.shards)))
             elif isinstance(piece, delivery.OutputsOut):
-                yield pb.RunJobResponse(outputs=pb.OutputsReady(shards=[_objects(s) for s in piece.shards]))
+                yield pb.RunJobResponse(outputs=pb.OutputsReady(shards=_objects(piece.shards),
+                                                                tickets=_tickets(piece.shards)))
             else:
                 yield from self._chunks(piece, pb.RunJobResponse)
 
@@ -312,10 +314,14 @@ def _header(entry) -> common_pb2.TensorHeader:
     return common_pb2.TensorHeader(name=entry.name, dtype=dtype_code(entry.dtype), shape=entry.shape, total_bytes=size)
 
 
-def _objects(shard) -> pb.ShardObjects:
-    return pb.ShardObjects(shard_index=shard.shard_index, first_row=shard.first_row, rows=shard.rows,
-                           worker_address=shard.worker_address, object_ids=shard.object_ids, names=shard.names,
-                           ticket=shard.ticket)
+def _objects(shards) -> list[pb.ShardObjects]:
+    """The shards' objects, their tickets left to the message's `tickets` (one a worker)."""
+    return [pb.ShardObjects(shard_index=s.shard_index, first_row=s.first_row, rows=s.rows,
+                            worker_address=s.worker_address, object_ids=s.object_ids, names=s.names) for s in shards]
+
+
+def _tickets(shards) -> dict[str, bytes]:
+    return {s.worker_address: s.ticket for s in shards}
 
 
 def _page_token(job: m.JobRecord) -> str:

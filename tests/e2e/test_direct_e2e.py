@@ -123,7 +123,9 @@ class _Tapped:
 
     def __iter__(self):
         for response in unbatched(self._call):
-            self._parts.append(response)
+            kept = type(response)()
+            kept.CopyFrom(response)  # as it came: the client fills in the shards' tickets of its own
+            self._parts.append(kept)
             yield response
 
     def cancel(self):
@@ -172,6 +174,10 @@ def test_a_job_of_small_shards_puts_once_and_is_told_its_outputs_once(client):
     assert stored == [list(range(8))]
     told = _parts(recording, "outputs")
     assert len(told) == 1 and [s.shard_index for s in recording.parts[told[0]].outputs.shards] == list(range(8))
+    # One ticket for each worker in a message, not one a shard (a ticket is about 1 KiB).
+    for message in (recording.parts[told[0]].outputs, recording.parts[_parts(recording, "put_inputs")[0]].put_inputs):
+        assert not any(s.ticket for s in message.shards)
+        assert set(message.tickets) == {s.worker_address for s in message.shards} and all(message.tickets.values())
 
 
 def test_fetched_outputs_are_freed_in_the_store_by_the_time_the_client_is_closed(mesh):
@@ -181,11 +187,12 @@ def test_fetched_outputs_are_freed_in_the_store_by_the_time_the_client_is_closed
     with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as own:
         recording = _Recording(own.stub)
         assert np.array_equal(_direct_run(own, recording, "identity", {"x": wide}).outputs["y"], wide)
-        told = [s for i in _parts(recording, "outputs") for s in recording.parts[i].outputs.shards]
+        told = [(s, recording.parts[i].outputs.tickets[s.worker_address])
+                for i in _parts(recording, "outputs") for s in recording.parts[i].outputs.shards]
     assert told
     with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as other:
-        for shard in told:
-            request = pb_worker.FetchObjectsRequest(ticket=shard.ticket, object_ids=list(shard.object_ids))
+        for shard, ticket in told:
+            request = pb_worker.FetchObjectsRequest(ticket=ticket, object_ids=list(shard.object_ids))
             stub = other._direct.objects._stub(shard.worker_address)
             error = rpc_error(lambda stub=stub, request=request: list(stub.FetchObjects(request)))
             assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()

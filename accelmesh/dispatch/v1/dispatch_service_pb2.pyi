@@ -88,16 +88,34 @@ class ShardObjects(_message.Message):
     def __init__(self, shard_index: _Optional[int] = ..., first_row: _Optional[int] = ..., rows: _Optional[int] = ..., worker_address: _Optional[str] = ..., object_ids: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class InputsWanted(_message.Message):
-    __slots__ = ("shards",)
+    __slots__ = ("shards", "tickets")
+    class TicketsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
     shards: _containers.RepeatedCompositeFieldContainer[ShardObjects]
-    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ...) -> None: ...
+    tickets: _containers.ScalarMap[str, bytes]
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ..., tickets: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class OutputsReady(_message.Message):
-    __slots__ = ("shards",)
+    __slots__ = ("shards", "tickets")
+    class TicketsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
     shards: _containers.RepeatedCompositeFieldContainer[ShardObjects]
-    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ...) -> None: ...
+    tickets: _containers.ScalarMap[str, bytes]
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardObjects, _Mapping]]] = ..., tickets: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class InputsStored(_message.Message):
     __slots__ = ("shard_indexes",)

@@ -1,14 +1,20 @@
-"""What an ended job leaves behind, and what it must not: its error detached from the frames that
-raised it, and the references it held (the pool's closures, the feed, the exception's frames)
-dropped, so that nothing of a job's parameters or inputs outlives it (execution/runner.py)."""
+"""What an ended job leaves behind, and what it must not: what it held on the mesh released before
+its end is recorded, its error detached from the frames that raised it, and the references it held
+(the pool's closures, the feed, the exception's frames) dropped, so that nothing of a job's
+parameters or inputs outlives it (execution/runner.py)."""
 
 from __future__ import annotations
 
+import logging
 import traceback
 
 from accelmesh import errors
+from accelmesh.runtime.beside import beside
 from accelmesh.runtime.errors import bounded
+from dispatch_svc.execution.direct import end_direct
 from dispatch_svc.ports import InputFeed, LiveJob
+
+log = logging.getLogger(__name__)
 
 # What a job that failed on the mesh says: UNAVAILABLE is gRPC's status for a fault that may pass (a
 # worker, a replica or the database restarting; a shard that every device it could go to failed), so
@@ -16,6 +22,20 @@ from dispatch_svc.ports import InputFeed, LiveJob
 # from the status.
 TRANSIENT_ADVICE = ("submit the job again: what stopped it was the mesh (a process, link or device away or "
                     "failing), not the job, and it may well run then")
+
+
+def release_all(inventory, workers, job_id: str, live: LiveJob, exc: BaseException | None) -> None:
+    """What the job holds, let go of before its end is recorded: its reservations, and beside that
+    call what its client put in or did not fetch, its streams and the tensors workers hold for it
+    (each call's round trip not added to the others')."""
+    freed = [beside(end_direct, live, workers, exc), beside(workers.release, job_id)]
+    try:
+        inventory.release(job_id)
+    except errors.AccelmeshError as release_error:  # the lease runs out on its own
+        log.warning("releasing %s failed: %s", job_id, release_error)
+    finally:
+        for future in freed:
+            future.result()
 
 
 def failure_message(exc: BaseException, limit: int) -> str:

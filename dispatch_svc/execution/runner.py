@@ -28,8 +28,8 @@ from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
 from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
-from dispatch_svc.execution.direct import NotQueued, check_signer, direct_job, end_direct
-from dispatch_svc.execution.endings import detached, failure_message, let_go
+from dispatch_svc.execution.direct import NotQueued, check_signer, direct_job
+from dispatch_svc.execution.endings import detached, failure_message, let_go, release_all
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for
 from dispatch_svc.execution.strategies.context import JobContext
 from dispatch_svc.jobs import records as m
@@ -312,13 +312,7 @@ class JobRunner:
         # A replica that took the job over holds its reservations and its stored inputs now.
         ours = self._still_runs(job.job_id)
         if ours:
-            try:
-                self.inventory.release(job.job_id)
-            except errors.AccelmeshError as release_error:  # the lease runs out on its own
-                log.warning("releasing %s failed: %s", job.job_id, release_error)
-            finally:
-                end_direct(live, self.workers, exc)  # what its client put in, or did not fetch, freed
-                self.workers.release(job.job_id)  # its streams, and the tensors workers hold for it
+            release_all(self.inventory, self.workers, job.job_id, live, exc)
         recorded = True
         try:
             self._finish_when_answering(job, live, exc, cancelled)

@@ -78,8 +78,13 @@ def plan(inventory: Inventory, compiler: Compiler, throughput: ThroughputModel, 
             f"no device can run {program.ref}: the inventory has no healthy device matching the job's "
             f"constraints ({_describe_constraints(spec.constraints)})"
         )
-    devices = inventory.refresh(devices)  # real-time status of exactly the candidates (A2)
-    builds = compiler.compile(program, devices, (), spec.constraints.precision)
+    # Real-time status of exactly the candidates (A2), asked beside their builds (a build for a
+    # candidate the refresh drops goes unused); its error first, as when it was asked first.
+    refreshed = beside(inventory.refresh, devices)
+    try:
+        builds = compiler.compile(program, devices, (), spec.constraints.precision)
+    finally:
+        devices = refreshed.result()
     by_type = {b.target_type: b for b in builds}
     type_of = {d: b.target_type for b in builds for d in b.device_ids}
     devices = [JobDevice(d.spec, d.node_address, type_of[d.id]) for d in devices]

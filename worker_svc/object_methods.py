@@ -31,7 +31,7 @@ class ObjectMethods:
     def __init__(self, store: ObjectStore, verifier: TicketVerifier, node_ip: str, chunk_bytes: int):
         self.store, self._verifier, self._node, self._chunk_bytes = store, verifier, node_ip, chunk_bytes
 
-    def _ticket(self, token: bytes, direction: str, object_ids: Iterable[str] = ()) -> Ticket:
+    def _ticket(self, token: bytes, direction: str | None, object_ids: Iterable[str] = ()) -> Ticket:
         if not token:
             raise errors.Unauthenticated("ticket is required: pass the ticket the job's dispatcher gave for these "
                                          "objects (RunJobResponse.put_inputs or .outputs)", field="ticket")
@@ -135,11 +135,14 @@ class ObjectMethods:
         return pb.SealObjectsResponse(sealed=len(ids))
 
     def release(self, request: pb.ReleaseObjectsRequest) -> pb.ReleaseObjectsResponse:
-        try:  # a put ticket frees the job's inputs here, a get ticket its outputs
-            ticket = self._ticket(request.ticket, PUT)
-        except errors.PermissionDenied:
-            ticket = self._ticket(request.ticket, GET)
-        count, nbytes = self.store.release(ticket.scope, ticket.prefix)
+        ids = list(request.object_ids)
+        if len(ids) > MAX_OBJECTS_PER_CALL:
+            raise errors.InvalidArgument(f"object_ids names {len(ids)} objects, more than {MAX_OBJECTS_PER_CALL}: "
+                                         "release them in several calls", field="object_ids")
+        # A put ticket frees the job's inputs here, a get ticket its outputs: those it covers, or those named.
+        ticket = self._ticket(request.ticket, None, ids)
+        count, nbytes = (self.store.release_ids(ticket.scope, ids) if ids
+                         else self.store.release(ticket.scope, ticket.prefix))
         return pb.ReleaseObjectsResponse(released_objects=count, released_bytes=nbytes)
 
     def _local(self, peer: str) -> bool:

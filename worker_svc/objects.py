@@ -28,7 +28,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,6 +248,15 @@ class ObjectStore:
         """Free the scope's objects whose id starts with `prefix`: (objects, bytes) freed."""
         with self._changed:
             chosen = [obj for key, obj in self._scopes.get(scope, {}).items() if key.startswith(prefix)]
+            for obj in chosen:
+                self._drop(obj)
+            return len(chosen), sum(obj.nbytes for obj in chosen)
+
+    def release_ids(self, scope: str, object_ids: Iterable[str]) -> tuple[int, int]:
+        """Free those of the scope's objects that are still there: (objects, bytes) freed."""
+        with self._changed:
+            objects = self._scopes.get(scope, {})
+            chosen = [obj for obj in (objects.get(i) for i in dict.fromkeys(object_ids)) if obj is not None]
             for obj in chosen:
                 self._drop(obj)
             return len(chosen), sum(obj.nbytes for obj in chosen)

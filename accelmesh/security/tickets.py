@@ -176,7 +176,9 @@ class TicketVerifier:
         self._stamp: tuple | None = ()  # () is no file's stamp: the first call reads the CA (None: missing)
         self._trust = _Trust([], {}, {})
 
-    def verify(self, token: bytes | str, *, direction: str, node: str, object_ids: Sequence[str] = ()) -> Ticket:
+    def verify(self, token: bytes | str, *, direction: str | None, node: str, object_ids: Sequence[str] = ()) -> Ticket:
+        """The ticket's claims once its signature, signer, expiry, node and object ids check out;
+        `direction` None takes a put or a get ticket alike (a release frees what either covers)."""
         if isinstance(token, str):
             token = token.encode("ascii", "replace")
         if len(token) > MAX_TICKET_BYTES:
@@ -194,7 +196,7 @@ class TicketVerifier:
                 f"ticket expired {now - ticket.expires:.0f} s ago (at "
                 f"{dt.datetime.fromtimestamp(ticket.expires, dt.UTC):%Y-%m-%dT%H:%M:%SZ}); {_ASK}",
                 reason=errors.TICKET_EXPIRED, field="ticket")
-        if ticket.direction != direction:
+        if direction is not None and ticket.direction != direction:
             raise errors.PermissionDenied(f"a {ticket.direction} ticket cannot {direction}: ask the dispatcher for a "
                                           f"{direction} ticket", field="ticket")
         if ticket.node != node and _host(ticket.node) != _host(node):

@@ -36,7 +36,7 @@ from accelmesh.security.tickets import GET, PUT
 from accelmesh.worker.v1 import worker_service_pb2 as pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
 from compile_svc.programs.builtin import IDENTITY_WIDTH
-from worker_svc.object_methods import ObjectMethods
+from worker_svc.object_methods import MAX_OBJECTS_PER_CALL, ObjectMethods
 from worker_svc.objects import BYTES_ENV
 
 from conftest import CREDENTIALS, mesh_stub, rpc_error
@@ -159,6 +159,11 @@ def wrong_total(stub):
     return stub.PutObjects(iter(messages), timeout=CALL_TIMEOUT_S)
 
 
+def releasing(token, object_ids=()):
+    return lambda stub: stub.ReleaseObjects(pb.ReleaseObjectsRequest(ticket=token(), object_ids=list(object_ids)),
+                                            timeout=CALL_TIMEOUT_S)
+
+
 def creating_and_opening(stub):
     return stub.MapObjects(pb.MapObjectsRequest(ticket=ticket(PUT, JOB), create=[split("in/m", X)[0]], open=["in/x"]),
                            timeout=CALL_TIMEOUT_S)
@@ -195,6 +200,13 @@ REFUSALS = {
     "a map that both creates and opens": (creating_and_opening, INVALID_ARGUMENT, "", ["open"]),
     "a fetch of an id never put": (fetching(lambda: ticket(GET, JOB), ["in/x", "in/unknown"]), NOT_FOUND, "",
                                    ["object_id"]),
+    "a release of an id outside the ticket's prefix": (
+        releasing(lambda: ticket(PUT, JOB, prefix="out/"), ["in/x"]), PERMISSION_DENIED, "", ["ticket"]),
+    "a release with a put ticket for another node": (
+        releasing(lambda: ticket(PUT, JOB, node="10.0.0.9")), PERMISSION_DENIED, "", ["ticket"]),
+    "a release of more ids than a call may name": (
+        releasing(lambda: ticket(PUT, JOB), ["in/x"] * (MAX_OBJECTS_PER_CALL + 1)), INVALID_ARGUMENT, "",
+        ["object_ids"]),
 }
 
 
@@ -260,6 +272,18 @@ def test_a_put_past_the_store_bound_is_refused_naming_its_variable_until_a_relea
             assert_identical(fetched(stub, ticket(GET, "bound"), ["in/b"]), {"in/b": second})
     finally:
         server.stop(0)
+
+
+def test_a_release_naming_objects_frees_those_alone_and_one_freed_already_is_no_error(user):
+    job, objects = "release-some", {f"in/{i}": np.full(64, i, np.float32) for i in range(3)}
+    put(user, ticket(PUT, job), objects)
+    named = pb.ReleaseObjectsRequest(ticket=ticket(GET, job), object_ids=["in/0", "in/2", "in/0"])
+    released = user.ReleaseObjects(named, timeout=CALL_TIMEOUT_S)  # a get ticket frees as a put ticket does
+    assert (released.released_objects, released.released_bytes) == (2, 2 * 256)
+    assert rpc_error(fetched, user, ticket(GET, job), ["in/0"]).code() == NOT_FOUND
+    assert_identical(fetched(user, ticket(GET, job), ["in/1"]), {"in/1": objects["in/1"]})
+    again = user.ReleaseObjects(named, timeout=CALL_TIMEOUT_S)
+    assert (again.released_objects, again.released_bytes) == (0, 0)
 
 
 # -- shards on stored inputs -----------------------------------------------------------------------

@@ -259,10 +259,12 @@ class SealObjectsResponse(_message.Message):
     def __init__(self, sealed: _Optional[int] = ...) -> None: ...
 
 class ReleaseObjectsRequest(_message.Message):
-    __slots__ = ("ticket",)
+    __slots__ = ("ticket", "object_ids")
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
     ticket: bytes
-    def __init__(self, ticket: _Optional[bytes] = ...) -> None: ...
+    object_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ticket: _Optional[bytes] = ..., object_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReleaseObjectsResponse(_message.Message):
     __slots__ = ("released_objects", "released_bytes")

@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 import numpy as np
 
+from accelmesh import object_client
 from accelmesh.dispatch.v1 import dispatch_service_pb2 as pb
 from accelmesh.dispatch.v1 import job_pb2 as job_pb
-from accelmesh.object_client import ObjectClient
+from accelmesh.object_client import ObjectClient, PutWindow
 from accelmesh.run_stream import JobResult, follow, parameter_parts
 from accelmesh.security.config import Security, security_from_env
 from accelmesh.security.identity import Role
@@ -54,15 +55,19 @@ class DirectRuns:
 
         before = dict(self.objects.moved_bytes)
         call = stub.RunJob(requests(), timeout=timeout)
+        window = PutWindow(object_client.PUT_AHEAD_BYTES)
         puts = _Puts(self.objects, arrays, call,
-                     lambda indexes: outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=indexes))))
+                     lambda indexes: outbox.put(pb.RunJobRequest(stored=pb.InputsStored(shard_indexes=indexes))),
+                     window)
         fetches = self.objects.fetches(rows)
 
         def on_part(part: str, response) -> None:
             if part == "put_inputs":
                 puts.add(_ticketed(response.put_inputs))
             elif part == "outputs":  # fetched at once, while the job's other shards run
-                fetches.add(_ticketed(response.outputs))
+                told = _ticketed(response.outputs)
+                window.finished(s.shard_index for s in told)
+                fetches.add(told)
 
         try:
             try:
@@ -78,6 +83,7 @@ class DirectRuns:
                 outputs.update({name: fetched[name] for name in fetches.placed[0].names if name in fetched})
         finally:
             outbox.put(_END)
+            window.close()
             puts.close()
             fetches.close()
         moved = {way: self.objects.moved_bytes[way] - before[way] for way in before}
@@ -88,8 +94,9 @@ class _Puts:
     """The job's puts, on a thread of their own, so the response stream is read (and outputs
     fetched) while they go. A put that fails cancels the call; `raise_failure` raises its error."""
 
-    def __init__(self, objects: ObjectClient, arrays: list[np.ndarray], call, stored: Callable[[list[int]], None]):
-        self._objects, self._arrays, self._call, self._stored = objects, arrays, call, stored
+    def __init__(self, objects: ObjectClient, arrays: list[np.ndarray], call, stored: Callable[[list[int]], None],
+                 window: PutWindow):
+        self._objects, self._arrays, self._call, self._stored, self._window = objects, arrays, call, stored, window
         self._asked: queue.SimpleQueue = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="direct-puts", daemon=True)
@@ -103,7 +110,7 @@ class _Puts:
             if self._failure is not None:
                 continue
             try:
-                self._objects.put(shards, self._arrays, self._stored)
+                self._objects.put(shards, self._arrays, self._stored, self._window)
             except Exception as exc:  # noqa: BLE001 - raised on the caller's thread (raise_failure)
                 self._failure = exc
                 self._call.cancel()

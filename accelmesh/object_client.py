@@ -41,9 +41,13 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 CALL_TIMEOUT_S = 600.0  # one put or fetch of a worker's share of a job
 RELEASE_TIMEOUT_S = 10.0  # a ReleaseObjects call, and close's wait for those not answered yet
+MAX_RELEASE_IDS = 4096  # object ids one ReleaseObjects names (a worker takes up to 65,536)
 # A worker's shards are put and said to be stored in groups of about this many bytes: the first
 # runs while the next are put, and a job of small shards still takes a call or two a worker.
 PUT_GROUP_BYTES = 8 * 1024 * 1024
+# A job's inputs put ahead of its finished shards, at most: the worker has that much to run while
+# the rest waits in the client (and a store smaller than the job can take it).
+PUT_AHEAD_BYTES = 256 * 1024 * 1024
 FETCH_THREADS = 4  # a job's fetches going at once, each of a worker's shards that finished together
 
 
@@ -84,17 +88,22 @@ class ObjectClient:
     # --- putting ---------------------------------------------------------------------------
 
     def put(self, shards: Sequence, inputs: Sequence[np.ndarray],
-            stored: Callable[[list[int]], None] | None = None) -> None:
+            stored: Callable[[list[int]], None] | None = None, window: PutWindow | None = None) -> None:
         """Each shard's rows of `inputs` (the job's data inputs, in spec order) into the store of
         the worker its ShardObjects names, under its object ids. A worker's shards go in row order,
         in groups of about PUT_GROUP_BYTES, and `stored(indexes)` hears each group as it is sealed
-        (from the worker's thread), so a shard can run while the next ones are still being put."""
-        work = [(address, ticket, group, inputs, stored) for (address, ticket), group in _by_worker(shards).items()]
+        (from the worker's thread), so a shard can run while the next ones are still being put;
+        each group waits for room in `window` first."""
+        work = [(address, ticket, group, inputs, stored, window)
+                for (address, ticket), group in _by_worker(shards).items()]
         _each(work, lambda item: self._put_groups(*item))
 
     def _put_groups(self, address: str, ticket: bytes, shards: list, inputs: Sequence[np.ndarray],
-                    stored: Callable[[list[int]], None] | None) -> None:
+                    stored: Callable[[list[int]], None] | None, window: PutWindow | None) -> None:
+        row_bytes = sum(array[:1].nbytes for array in inputs)
         for group in _groups(sorted(shards, key=lambda s: s.first_row), inputs):
+            if window is not None:
+                window.take({s.shard_index: s.rows * row_bytes for s in group})
             self._put_one(address, ticket, [(object_id, np.ascontiguousarray(array[s.first_row: s.first_row + s.rows]))
                                             for s in group for object_id, array in zip(s.object_ids, inputs)])
             if stored is not None:
@@ -198,14 +207,57 @@ class ObjectClient:
                 nbytes += len(chunk.data)
         self._learnt(address, STREAMED, nbytes)
 
-    def release(self, shards: Iterable) -> None:
-        """Free the fetched outputs in the workers' stores, without waiting for the answers (best
-        effort: their idle expiry frees the rest); `close` waits for any still on their way."""
+    def release(self, shards: Iterable, named: bool = False) -> None:
+        """Free the shards' objects in the workers' stores (`named`: those alone; else all that their
+        tickets cover), without waiting for the answers (best effort: the stores' idle expiry frees
+        the rest); `close` waits for any still on their way."""
         with self._lock:
             self._releasing = [f for f in self._releasing if not f.done()]
-            for address, ticket in _by_worker(shards):
-                self._releasing.append(self._stub(address).ReleaseObjects.future(
-                    pb.ReleaseObjectsRequest(ticket=ticket), timeout=RELEASE_TIMEOUT_S))
+            for (address, ticket), group in _by_worker(shards).items():
+                ids = [object_id for shard in group for object_id in shard.object_ids] if named else []
+                for start in range(0, max(1, len(ids)), MAX_RELEASE_IDS):
+                    self._releasing.append(self._stub(address).ReleaseObjects.future(pb.ReleaseObjectsRequest(
+                        ticket=ticket, object_ids=ids[start: start + MAX_RELEASE_IDS]), timeout=RELEASE_TIMEOUT_S))
+
+
+class PutWindow:
+    """A job's input bytes put and not yet said finished, at most `limit` (PUT_AHEAD_BYTES): the
+    puts run ahead of the shards by that much and no more, so a worker's store holds that much of
+    the job's inputs, not all of them (the dispatcher frees a shard's inputs once it finished). A
+    group larger than the window alone still goes, once nothing else is ahead; `close` lets every
+    waiting put go (the job ended)."""
+
+    def __init__(self, limit: int):
+        self._limit, self._ahead = limit, 0
+        self._taken: dict[int, int] = {}  # shard index -> bytes put for it and not yet given back
+        self._changed = threading.Condition()
+        self._closed = False
+        self.waiting = 0  # puts waiting for room now
+
+    def take(self, shards: Mapping[int, int]) -> None:
+        """Wait for room for these shards' bytes (index -> bytes), then count them as ahead."""
+        nbytes = sum(shards.values())
+        with self._changed:
+            while self._ahead and self._ahead + nbytes > self._limit and not self._closed:
+                self.waiting += 1
+                self._changed.notify_all()  # whoever watches `waiting`
+                self._changed.wait()
+                self.waiting -= 1
+            self._ahead += nbytes
+            for index, count in shards.items():
+                self._taken[index] = self._taken.get(index, 0) + count
+
+    def finished(self, indexes: Iterable[int]) -> None:
+        """These shards finished: what was put for them (anywhere) is no longer ahead."""
+        with self._changed:
+            for index in indexes:
+                self._ahead -= self._taken.pop(index, 0)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 def _each(items: list, run: Callable) -> None:
@@ -243,9 +295,10 @@ def _groups(shards: list, inputs: Sequence[np.ndarray]) -> Iterator[list]:
 
 class Fetches:
     """A job's output fetches, each begun at once on a thread of its own (at most FETCH_THREADS),
-    copying into one array of the job's rows per output name. `results` waits for them all and
-    raises the first error; `close` waits for any still going, ignoring their errors (the job
-    failed, say, and its objects went), then frees every fetched shard's objects in the stores."""
+    copying into one array of the job's rows per output name, each batch freed in its store once
+    fetched. `results` waits for them all and raises the first error; `close` waits for any still
+    going, ignoring their errors (the job failed, say, and its objects went), then frees the
+    objects of those that did not end so."""
 
     def __init__(self, client: ObjectClient, total_rows: int):
         self._client, self._rows = client, total_rows
@@ -254,6 +307,7 @@ class Fetches:
         self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="fetch")
         self._futures: list = []
         self.placed: list = []
+        self._freed: list = []  # shards whose objects were fetched and freed
 
     def _target(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         with self._lock:
@@ -264,8 +318,16 @@ class Fetches:
     def add(self, shards: Sequence) -> None:
         with self._lock:
             self.placed.extend(shards)
-            self._futures.extend(self._pool.submit(self._client._fetch_one, address, ticket, group, self._target)
+            self._futures.extend(self._pool.submit(self._fetch_and_free, address, ticket, group)
                                  for (address, ticket), group in _by_worker(shards).items())
+
+    def _fetch_and_free(self, address: str, ticket: bytes, group: list) -> None:
+        """One batch fetched, then freed in the store at once: a job's outputs do not wait there
+        for its end, so the store holds the outputs not fetched yet, not all of them."""
+        self._client._fetch_one(address, ticket, group, self._target)
+        self._client.release(group, named=True)
+        with self._lock:
+            self._freed.extend(group)
 
     def results(self) -> dict[str, np.ndarray]:
         for future in list(self._futures):
@@ -274,8 +336,10 @@ class Fetches:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self.placed:
-            self._client.release(self.placed)
+        freed = {id(shard) for shard in self._freed}
+        left = [shard for shard in self.placed if id(shard) not in freed]  # a fetch failed, or never ran
+        if left:
+            self._client.release(left)
 
 
 def _mapped(path: str, nbytes: int, writable: bool) -> mmap.mmap:

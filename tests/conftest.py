@@ -250,11 +250,12 @@ class DispatchClients:
 
 
 @contextlib.contextmanager
-def small_mesh(root, *, emulate=("v100-32gb",), **dispatch_options):
+def small_mesh(root, *, emulate=("v100-32gb",), worker_env=None, **dispatch_options):
     """An inventory, a compile service and a worker with one CPU device per `emulate` profile, as
-    processes, and a dispatcher in this process (`dispatch_options`: DispatchConfig fields), so a
-    test may reach its runner, status page and metrics. Yields (the dispatch MeshServer, the
-    inventory's address, an InventoryService stub entitled to every method)."""
+    processes (`worker_env`: added to the worker's environment), and a dispatcher in this process
+    (`dispatch_options`: DispatchConfig fields), so a test may reach its runner, status page and
+    metrics. Yields (the dispatch MeshServer, the inventory's address, an InventoryService stub
+    entitled to every method)."""
     from accelmesh.embedded import start_compile, start_inventory, start_worker
     from dispatch_svc.config import DispatchConfig
     from dispatch_svc.server import build_dispatch
@@ -264,7 +265,7 @@ def small_mesh(root, *, emulate=("v100-32gb",), **dispatch_options):
         inventory = processes[0].address
         processes.append(compile_ := start_compile(root, CREDENTIALS))
         processes.append(start_worker(inventory, compile_.address, CREDENTIALS, devices=len(emulate), emulate=emulate,
-                                      nvml=False, artifact_dir=root / "worker-artifacts"))
+                                      nvml=False, artifact_dir=root / "worker-artifacts", env=worker_env))
         server, _ = build_dispatch(DispatchConfig(listen="127.0.0.1:0", inventory=inventory, compile=compile_.address,
                                                   data_dir=str(root / "dispatch"), **dispatch_options))
         server.start()

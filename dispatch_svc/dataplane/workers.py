@@ -92,10 +92,10 @@ class GrpcWorkers:
             log.warning("worker %s did not release the tensors of job %s (%s: %s); its idle expiry will",
                         address, job_id, exc.code().name, self._refusal(address, exc.details()))
 
-    def release_objects(self, address: str, ticket: bytes) -> None:
+    def release_objects(self, address: str, ticket: bytes, object_ids: Sequence[str] = ()) -> None:
         try:
-            self._worker(address).ReleaseObjects(worker_pb.ReleaseObjectsRequest(ticket=ticket),
-                                                 timeout=RELEASE_TIMEOUT_S)
+            self._worker(address).ReleaseObjects(worker_pb.ReleaseObjectsRequest(
+                ticket=ticket, object_ids=list(object_ids)), timeout=RELEASE_TIMEOUT_S)
         except grpc.RpcError as exc:
             log.warning("worker %s did not release a job's objects (%s: %s); its store's idle expiry will",
                         address, exc.code().name, self._refusal(address, exc.details()))

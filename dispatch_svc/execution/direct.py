@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from accelmesh import errors
+from accelmesh.runtime.beside import beside
 from accelmesh.security.identity import address_host
 from dispatch_svc.jobs import records as m
 
@@ -62,8 +63,10 @@ class DirectJob:
     what the client stored. `sign(direction, host, prefix, ttl_s)` makes a ticket for this job."""
 
     def __init__(self, job: m.JobRecord, sign: Callable[[str, str, str, float], bytes],
-                 emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
-        self.job, self._sign, self._emit, self._clock = job, sign, emit, clock
+                 emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 free: Callable[[str, bytes, list[str]], None] = lambda address, ticket, ids: None):
+        """`free(address, put ticket, input ids)` frees finished shards' inputs at a worker."""
+        self.job, self._sign, self._emit, self._clock, self._free = job, sign, emit, clock, free
         self.scope = f"{job.owner}|{job.job_id}"
         self._names = tuple(i.name for i in job.spec.inputs)
         self._changed = threading.Condition()
@@ -155,6 +158,13 @@ class DirectJob:
             if not every and self._untold_rows < self._tell_rows:
                 return []
             new, self._untold, self._untold_rows = list(self._untold.values()), {}, 0
+        # Their inputs are done with (a finished shard is never run again): freed now, not at the
+        # job's end, so a worker's store holds the rows still to run and the outputs not fetched.
+        spent: dict[str, list[str]] = {}
+        for shard in new:
+            spent.setdefault(shard.worker_address, []).extend(input_ids(shard.shard_index, len(self._names)))
+        for address, ids in spent.items():
+            self._free(address, self.ticket("put", address), ids)
         return sorted(new, key=lambda s: s.first_row)
 
     def stop(self, why: BaseException) -> None:
@@ -212,12 +222,16 @@ def check_signer(spec: m.JobSpec, sign_ticket: Callable[..., bytes] | None) -> N
                                         "send the job with DATA_PATH_RELAY", field="spec.data_path")
 
 
-def direct_job(job: m.JobRecord, book, sign_ticket: Callable[..., bytes]) -> DirectJob:
-    """The DirectJob of a new job; `sign_ticket(owner, job_id, direction, host, prefix, ttl_s)`."""
+def direct_job(job: m.JobRecord, book, sign_ticket: Callable[..., bytes], workers) -> DirectJob:
+    """The DirectJob of a new job; `sign_ticket(owner, job_id, direction, host, prefix, ttl_s)`.
+    Finished shards' inputs are freed through `workers` (the Workers port), beside the caller."""
 
     def sign(direction: str, host: str, prefix: str, ttl_s: float) -> bytes:
         return sign_ticket(job.owner, job.job_id, direction, host, prefix, ttl_s)
-    return DirectJob(job, sign, lambda message: book.emit(job, m.INPUTS_WANTED, message=message))
+
+    def free(address: str, ticket: bytes, ids: list[str]) -> None:
+        beside(workers.release_objects, address, ticket, ids)
+    return DirectJob(job, sign, lambda message: book.emit(job, m.INPUTS_WANTED, message=message), free=free)
 
 
 def end_direct(live, workers, exc: BaseException | None) -> None:

@@ -124,7 +124,7 @@ class JobRunner:
         job = self.book.create(spec, owner)
         live = self.live_jobs.add(job.job_id)
         if spec.data_path == m.DIRECT:
-            live.direct = direct_job(job, self.book, self._sign_ticket)
+            live.direct = direct_job(job, self.book, self._sign_ticket, self.workers)
         return job, live
 
     def run(self, job: m.JobRecord, live: LiveJob, feed: InputFeed, *, background: bool = True,

@@ -198,6 +198,33 @@ def test_fetched_outputs_are_freed_in_the_store_by_the_time_the_client_is_closed
             assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
 
 
+STORE_BYTES = 512 * 1024
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    """A mesh whose worker's store holds a quarter of the job below."""
+    env = {"ACCELMESH_WORKER_STORE_BYTES": str(STORE_BYTES), "ACCELMESH_WORKER_STORE_WAIT_S": "10"}
+    with small_mesh(tmp_path_factory.mktemp("small-store"), max_shard_bytes=SHARD_BYTES, worker_env=env) as mesh:
+        yield mesh
+
+
+def test_a_job_four_times_the_worker_store_runs_as_puts_wait_for_finished_shards(small_store, monkeypatch):
+    """The client puts at most PUT_AHEAD_BYTES ahead of the shards said finished, the dispatcher
+    frees a finished shard's inputs, the client each fetched batch's outputs: the store holds a
+    window of the job, never all of it (without those, the puts fill it and are refused)."""
+    monkeypatch.setattr(object_client, "PUT_GROUP_BYTES", 64 * 1024)
+    monkeypatch.setattr(object_client, "PUT_AHEAD_BYTES", 128 * 1024)
+    monkeypatch.setattr(direct, "TELL_BYTES", 64 * 1024)
+    server, _, _ = small_store
+    x = np.random.default_rng(8).standard_normal((512, 1024)).astype(np.float32)
+    assert x.nbytes == 4 * STORE_BYTES
+    with MeshClient(f"127.0.0.1:{server.port}", security=CREDENTIALS.client()) as own:
+        result = own.run("identity", {"x": x}, data_path="direct")
+    assert result.job.state == job_pb.JOB_STATE_SUCCEEDED, result.job.error
+    assert np.array_equal(result.outputs["y"], x) and len(result.job.shards) == 64
+
+
 def test_a_put_that_fails_ends_the_call_and_is_the_error_raised(client, monkeypatch):
     real = object_client.ObjectClient._put_one
     calls = []

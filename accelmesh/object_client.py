@@ -203,8 +203,9 @@ class ObjectClient:
                 chunk = message.chunk
                 if chunk.name != current:
                     raise ValueError(f"worker {address} sent a chunk of {chunk.name!r} inside {current!r}")
-                view[chunk.offset: chunk.offset + len(chunk.data)] = chunk.data
-                nbytes += len(chunk.data)
+                data = chunk.data  # each read of a bytes field copies it (upb): once a chunk
+                view[chunk.offset: chunk.offset + len(data)] = data
+                nbytes += len(data)
         self._learnt(address, STREAMED, nbytes)
 
     def release(self, shards: Iterable, named: bool = False) -> None:

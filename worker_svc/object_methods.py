@@ -62,8 +62,9 @@ class ObjectMethods:
                             f"chunk of {errors.quoted(current.object_id)} at offset {chunk.offset}, but "
                             f"{written} bytes of it came so far: send each object's chunks in order",
                             field="chunk.offset")
-                    current.write(chunk.offset, chunk.data)
-                    written += len(chunk.data)
+                    data = chunk.data  # each read of a bytes field copies it (upb): once a chunk
+                    current.write(chunk.offset, data)
+                    written += len(data)
                     if written == current.nbytes:
                         self.store.seal(ticket.scope, current.object_id)
                         count, total, current = count + 1, total + written, None

@@ -42,6 +42,7 @@ BYTES_ENV = "ACCELMESH_WORKER_STORE_BYTES"  # limit_bytes
 TTL_ENV = "ACCELMESH_WORKER_STORE_TTL_S"  # ttl_s
 OBJECTS_ENV = "ACCELMESH_WORKER_STORE_OBJECTS"  # max_objects
 MAX_OBJECTS = 65536
+MAX_DRAINING = 256  # freed objects at most waiting for their views to go before their segments are pooled
 MAX_DIMS = 32  # numpy 1.x's limit; a view of more dimensions cannot be made everywhere
 _NO_ROOM = {errno.ENOSPC: "its filesystem is full (a container's /dev/shm is sized by e.g. --shm-size)",
             errno.ENOMEM: "the host is out of memory",
@@ -114,14 +115,15 @@ class StoredObject:
         return f"{errors.quoted(self.object_id)} of scope {errors.quoted(self.scope)}"
 
     def _free(self) -> bool:
-        """Unmap; False when a view still exports the mapping (collecting the last one unmaps it)."""
+        """Unmap; False when a view still exports the mapping (kept then: a later try may unmap it,
+        or collecting the last view does)."""
         self._freed = True
-        mapping, self._mmap = self._mmap, None
-        if mapping is not None:
+        if self._mmap is not None:
             try:
-                mapping.close()
+                self._mmap.close()
             except BufferError:
                 return False
+            self._mmap = None
         return True
 
 
@@ -138,6 +140,9 @@ class ObjectStore:
         self._last_used: dict[str, float] = {}  # scope -> when one of its objects was last created or got
         self._count = self._used = self._waiting = 0
         self._pool = SegmentPool()
+        # Freed objects whose views were still in use (a shard's outputs may be views of its
+        # inputs): pooled once the views are gone, looked at again at each create and expiry.
+        self._draining: list[StoredObject] = []
         self._closed = False
 
     def create(self, scope: str, object_id: str, dtype, shape, *, wait_s: float | None = None) -> StoredObject:
@@ -146,6 +151,7 @@ class ObjectStore:
         wait_s = self.wait_s if wait_s is None else wait_s
         deadline = time.monotonic() + wait_s
         with self._changed:
+            self._drain()
             self._expire(self._clock())
             self._check_new(obj)
             if obj.nbytes > self.limit_bytes:
@@ -271,6 +277,7 @@ class ObjectStore:
     def expire(self) -> int:
         """Free the objects of scopes idle for `ttl_s`; create and get do it too. Objects freed."""
         with self._changed:
+            self._drain()
             self._pool.trim(self._clock())
             return self._expire(self._clock())
 
@@ -284,6 +291,7 @@ class ObjectStore:
             self._closed = True
             for obj in [obj for objects in self._scopes.values() for obj in objects.values()]:
                 self._drop(obj)
+            self._drain()  # closed: what is still in use goes unpooled, its file unlinked
             self._pool.clear()
             self._changed.notify_all()  # waiting creates are refused
 
@@ -330,11 +338,26 @@ class ObjectStore:
             self._last_used.pop(obj.scope, None)
         self._count -= 1
         self._used -= obj.capacity
-        unmapped = obj._free()
-        if obj.path and not (unmapped and not self._closed
+        drains = not self._closed and obj.capacity >= POOL_MIN_BYTES and len(self._draining) < MAX_DRAINING
+        if not obj._free() and drains:
+            self._draining.append(obj)
+        else:
+            self._pooled_or_unlinked(obj)
+        self._changed.notify_all()
+
+    def _pooled_or_unlinked(self, obj: StoredObject) -> None:
+        if obj.path and not (obj._mmap is None and not self._closed
                              and self._pool.give(_owner(obj.scope), obj.path, obj.capacity, self._clock())):
             unlink(obj.path)
-        self._changed.notify_all()
+
+    def _drain(self) -> None:
+        """Pool the draining objects' segments whose views are gone now (the lock is held)."""
+        draining, self._draining = self._draining, []
+        for obj in draining:
+            if obj._free() or self._closed:
+                self._pooled_or_unlinked(obj)
+            else:
+                self._draining.append(obj)
 
 
 def _owner(scope: str) -> str:

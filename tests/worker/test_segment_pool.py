@@ -51,12 +51,27 @@ def test_a_segment_much_larger_than_the_object_is_not_taken(store):
     assert small.path != big.path and small.capacity == SMALLEST
 
 
-def test_a_segment_whose_view_is_still_used_is_not_pooled(store):
+def test_a_segment_whose_view_is_still_used_is_pooled_only_once_the_view_is_gone(store):
     obj = store.put_array("user:a|job-1", "x", np.full(SMALLEST, 3, np.uint8))
     view = store.get("user:a|job-1", "x").array()
     store.release("user:a|job-1")
-    assert not os.path.exists(obj.path) and store.stats().pooled_bytes == 0
-    assert int(view[0]) == 3  # the view keeps its pages until it is collected
+    assert store.stats().pooled_bytes == 0 and store.stats().used_bytes == 0
+    other = store.put_array("user:a|job-2", "y", np.full(SMALLEST, 5, np.uint8))
+    assert other.path != obj.path  # not handed out while the view may still read it
+    assert int(view[0]) == 3  # the view keeps its pages, and its bytes
+    del view
+    store.expire()  # the view is gone: its segment goes to the pool now
+    assert store.stats().pooled_bytes == SMALLEST
+    again = store.put_array("user:a|job-3", "z", np.full(SMALLEST, 9, np.uint8))
+    assert again.path == obj.path and int(again.array()[0]) == 9
+
+
+def test_a_segment_still_viewed_when_the_store_closes_is_unlinked(store, tmp_path):
+    obj = store.put_array("user:a|job-1", "x", np.full(SMALLEST, 3, np.uint8))
+    view = store.get("user:a|job-1", "x").array()
+    store.release("user:a|job-1")
+    store.close()
+    assert not os.path.exists(obj.path) and int(view[0]) == 3
 
 
 def test_pooled_bytes_count_in_the_bound_and_give_way_to_a_create(store, tmp_path):

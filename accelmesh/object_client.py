@@ -29,6 +29,7 @@ import numpy as np
 
 from accelmesh.common.v1 import common_pb2
 from accelmesh.runtime.channels import ChannelPool
+from accelmesh.runtime.chunk_frames import chunk_of
 from accelmesh.runtime.config import DEFAULT_MAX_MESSAGE_BYTES
 from accelmesh.runtime.tensors import DEFAULT_CHUNK_BYTES, dtype_code, numpy_dtype, serialized_or, split_frames
 from accelmesh.security.config import Security
@@ -185,13 +186,19 @@ class ObjectClient:
                     raise
         self._fetch_streamed(address, ticket, places, target)
 
+    def _fetch_frames(self, address: str):
+        """The worker's FetchObjects, answering each message's bytes as they came (chunk_frames)."""
+        return self._channels.get(address).unary_stream(
+            f"/{_SERVICE}/FetchObjects", request_serializer=pb.FetchObjectsRequest.SerializeToString,
+            response_deserializer=None)
+
     def _fetch_streamed(self, address: str, ticket: bytes, places: Mapping, target) -> None:
-        stub = self._stub(address)
         nbytes, current, view = 0, None, None
-        for message in stub.FetchObjects(pb.FetchObjectsRequest(ticket=ticket, object_ids=list(places)),
-                                         timeout=CALL_TIMEOUT_S):
-            if message.WhichOneof("part") == "object":
-                header = message.object
+        for frame in self._fetch_frames(address)(pb.FetchObjectsRequest(ticket=ticket, object_ids=list(places)),
+                                                  timeout=CALL_TIMEOUT_S):
+            chunk = chunk_of(frame, pb.FetchObjectsResponse)  # its data a view of the frame: copied once, below
+            if chunk is None:
+                header = pb.FetchObjectsResponse.FromString(frame).object
                 shard, name = places[header.name]
                 dtype, shape = numpy_dtype(header.dtype), tuple(header.shape)
                 out = target(name, dtype, shape)
@@ -199,13 +206,14 @@ class ObjectClient:
                 if rows.shape != shape:
                     raise ValueError(f"worker {address} sent {header.name} of shape {shape}, not {rows.shape}")
                 current, view = header.name, memoryview(rows.reshape(-1).view(np.uint8))
-            else:
-                chunk = message.chunk
-                if chunk.name != current:
-                    raise ValueError(f"worker {address} sent a chunk of {chunk.name!r} inside {current!r}")
-                data = chunk.data  # each read of a bytes field copies it (upb): once a chunk
-                view[chunk.offset: chunk.offset + len(data)] = data
-                nbytes += len(data)
+                continue
+            if chunk.name != current:
+                raise ValueError(f"worker {address} sent a chunk of {chunk.name!r} inside {current!r}")
+            if chunk.offset < 0 or chunk.offset + len(chunk.data) > len(view):
+                raise ValueError(f"worker {address} sent {len(chunk.data)} bytes of {current!r} at offset "
+                                 f"{chunk.offset}, outside its {len(view)}")
+            view[chunk.offset: chunk.offset + len(chunk.data)] = chunk.data
+            nbytes += len(chunk.data)
         self._learnt(address, STREAMED, nbytes)
 
     def release(self, shards: Iterable, named: bool = False) -> None:

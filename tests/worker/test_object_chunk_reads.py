@@ -1,18 +1,19 @@
-"""The streamed path's chunks read once: protobuf's Python messages (upb) copy a bytes field at
-every read, so `chunk.data` read twice is a second 1 MiB copy of each chunk. The worker's
-PutObjects (ObjectMethods.put into a store in a test folder) and the client's FetchObjects
-(ObjectClient._fetch_streamed, from a stub that answers messages made here) each read a chunk's
-data once and still place every byte. No server, no network, nothing timed."""
+"""The streamed path's chunks copied as few times as may be: protobuf's Python messages (upb) copy
+a bytes field at every read, so the worker's PutObjects (ObjectMethods.put into a store in a
+test folder) reads a chunk's data once; the client's FetchObjects (ObjectClient._fetch_streamed,
+from a call that answers frames made here) reads each chunk straight from its frame. Both place
+every byte. No server, no network, nothing timed."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from _object_helpers import NODE, TENANT, ticket
 
 from accelmesh.object_client import STREAMED, ObjectClient
-from accelmesh.runtime.tensors import split
+from accelmesh.runtime.tensors import split, split_frames
 from accelmesh.security.config import INSECURE
 from accelmesh.security.identity import Role
 from accelmesh.security.tickets import GET, PUT, TicketVerifier
@@ -73,18 +74,33 @@ def test_the_worker_reads_each_put_chunks_data_once(tmp_path):
     store.close()
 
 
-def test_the_client_reads_each_fetched_chunks_data_once():
+def test_the_client_places_each_fetched_chunk_read_straight_from_its_frame():
+    """The client's fetch takes the worker's frames as bytes (runtime/chunk_frames.py): the data is
+    copied once, from the frame into the job's output, and never parsed into a message."""
     array = np.random.default_rng(2).standard_normal((ROWS, WIDTH)).astype(np.float32)
-    reads: list[int] = []
-    head = pb.FetchObjectsResponse(object=split("out/3.1/0", array, CHUNK_BYTES)[0])
-    messages = stream(pb.FetchObjectsResponse, head, "out/3.1/0", array, reads)[1:]  # no ticket in a fetch
+    header, chunks = split_frames("out/3.1/0", array, CHUNK_BYTES, pb.FetchObjectsResponse)
+    frames = [pb.FetchObjectsResponse(object=header).SerializeToString(), *chunks]
     objects = ObjectClient(INSECURE)
-    objects._stub = lambda address: SimpleNamespace(FetchObjects=lambda request, timeout: iter(messages))
+    objects._fetch_frames = lambda address: lambda request, timeout: iter(frames)
     out = np.zeros((2 * ROWS, WIDTH), np.float32)  # the job's rows; this shard is the second half
     shard = SimpleNamespace(first_row=ROWS, rows=ROWS)
     objects._fetch_streamed("10.0.0.2:1", ticket(GET, "job-1"), {"out/3.1/0": (shard, "y")},
                             lambda name, dtype, shape: out)
-    assert len(reads) == array.nbytes // CHUNK_BYTES
     assert out[ROWS:].tobytes() == array.tobytes() and not out[:ROWS].any()
-    assert objects.moved_bytes[STREAMED] == array.nbytes
+    assert objects.moved_bytes[STREAMED] == array.nbytes and len(frames) == 1 + array.nbytes // CHUNK_BYTES
+    objects.close()
+
+
+def test_a_fetched_chunk_outside_its_object_is_refused_naming_it():
+    array = np.ones((ROWS, WIDTH), np.float32)
+    header, _ = split_frames("out/0.1/0", array, CHUNK_BYTES, pb.FetchObjectsResponse)
+    _, beyond = split_frames("out/0.1/0", array, CHUNK_BYTES, pb.FetchObjectsResponse, base_offset=array.nbytes)
+    frames = [pb.FetchObjectsResponse(object=header).SerializeToString(), next(beyond)]
+    objects = ObjectClient(INSECURE)
+    objects._fetch_frames = lambda address: lambda request, timeout: iter(frames)
+    out = np.zeros((ROWS, WIDTH), np.float32)
+    with pytest.raises(ValueError, match=r"'out/0.1/0' at offset 16384, outside its 16384"):
+        objects._fetch_streamed("10.0.0.2:1", ticket(GET, "job-1"),
+                                {"out/0.1/0": (SimpleNamespace(first_row=0, rows=ROWS), "y")},
+                                lambda name, dtype, shape: out)
     objects.close()

@@ -102,7 +102,7 @@ class ObjectClient:
     def _put_groups(self, address: str, ticket: bytes, shards: list, inputs: Sequence[np.ndarray],
                     stored: Callable[[list[int]], None] | None, window: PutWindow | None) -> None:
         row_bytes = sum(array[:1].nbytes for array in inputs)
-        for group in _groups(sorted(shards, key=lambda s: s.first_row), inputs):
+        for group in _groups(sorted(shards, key=lambda s: s.first_row), row_bytes):
             if window is not None:
                 window.take({s.shard_index: s.rows * row_bytes for s in group})
             self._put_one(address, ticket, [(object_id, np.ascontiguousarray(array[s.first_row: s.first_row + s.rows]))
@@ -288,9 +288,8 @@ def _by_worker(shards: Iterable) -> dict[tuple[str, bytes], list]:
     return by_worker
 
 
-def _groups(shards: list, inputs: Sequence[np.ndarray]) -> Iterator[list]:
-    """Consecutive shards in groups of at least PUT_GROUP_BYTES (or what is left)."""
-    row_bytes = sum(array[:1].nbytes for array in inputs)
+def _groups(shards: list, row_bytes: int) -> Iterator[list]:
+    """Consecutive shards in groups of at least PUT_GROUP_BYTES (or what is left), of `row_bytes` a row."""
     group, nbytes = [], 0
     for shard in shards:
         group.append(shard)

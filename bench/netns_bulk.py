@@ -286,14 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="32 MiB: a smoke run, not a measurement")
     parser.add_argument("--reps", type=int, default=3, help="timed rounds of every arm (medians over them)")
     args = parser.parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # so every finally: runs
-        signal.signal(signum, spike.stop_on_signal)
     nbytes = (32 if args.quick else args.mib) * MIB
-    command = " ".join(["bench/netns_bulk.py", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        result = run_benchmark(nbytes, args.reps, command)
-    except KeyboardInterrupt as stop:
-        progress(f"stopped by {stop}; mesh, servers, namespaces and links removed")
+    command = spike.command_line("bench/netns_bulk.py", argv)
+    result = spike.interruptible(lambda: run_benchmark(nbytes, args.reps, command),
+                                 "mesh, servers, namespaces and links")
+    if result is None:
         return 130
     json.dump(result, sys.stdout, indent=2)
     print()

@@ -67,6 +67,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -623,6 +624,23 @@ def stop_on_signal(signum, _frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def interruptible(run: Callable[[], dict], removed: str) -> dict | None:
+    """`run()` with SIGINT, SIGTERM and SIGHUP raising KeyboardInterrupt, so every `finally:` on
+    the way out runs (namespaces, links, processes removed); None if it was stopped so."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop_on_signal)
+    try:
+        return run()
+    except KeyboardInterrupt as stop:
+        progress(f"stopped by {stop}; {removed} removed")
+        return None
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """How this run was started, for the JSON."""
+    return " ".join([script, *(sys.argv[1:] if argv is None else argv)])
+
+
 def run_benchmark(where: str, nbytes: int, reps: int, command: str) -> dict:
     started, accounts = time.perf_counter(), cpu_accounts()
     result = {"benchmark": "transfer_spike", "command": command, "date": datetime.date.today().isoformat(),
@@ -661,14 +679,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "client":
         result = measure(args.host, json.loads(args.ports), Path(args.credentials), args.bytes, args.reps)
     else:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # so every finally: runs
-            signal.signal(signum, stop_on_signal)
         nbytes = (32 if args.quick else args.mib) * MIB
-        command = " ".join(["bench/transfer_spike.py", *(sys.argv[1:] if argv is None else argv)])
-        try:
-            result = run_benchmark(args.where, nbytes, args.reps, command)
-        except KeyboardInterrupt as stop:
-            progress(f"stopped by {stop}; servers, namespaces and links removed")
+        command = command_line("bench/transfer_spike.py", argv)
+        result = interruptible(lambda: run_benchmark(args.where, nbytes, args.reps, command),
+                               "servers, namespaces and links")
+        if result is None:
             return 130
     json.dump(result, sys.stdout, indent=2)
     print()

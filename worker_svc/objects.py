@@ -140,8 +140,9 @@ class ObjectStore:
         self._last_used: dict[str, float] = {}  # scope -> when one of its objects was last created or got
         self._count = self._used = self._waiting = 0
         self._pool = SegmentPool()
-        # Freed objects whose views were still in use (a shard's outputs may be views of its
-        # inputs): pooled once the views are gone, looked at again at each create and expiry.
+        # Freed objects whose views were still in use (most often the worker's own, of a shard's
+        # inputs freed as it finished): pooled once the views are gone, looked at again at each
+        # create and expiry.
         self._draining: list[StoredObject] = []
         self._closed = False
 
@@ -253,19 +254,13 @@ class ObjectStore:
     def release(self, scope: str, prefix: str = "") -> tuple[int, int]:
         """Free the scope's objects whose id starts with `prefix`: (objects, bytes) freed."""
         with self._changed:
-            chosen = [obj for key, obj in self._scopes.get(scope, {}).items() if key.startswith(prefix)]
-            for obj in chosen:
-                self._drop(obj)
-            return len(chosen), sum(obj.nbytes for obj in chosen)
+            return self._dropped([obj for key, obj in self._scopes.get(scope, {}).items() if key.startswith(prefix)])
 
     def release_ids(self, scope: str, object_ids: Iterable[str]) -> tuple[int, int]:
         """Free those of the scope's objects that are still there: (objects, bytes) freed."""
         with self._changed:
             objects = self._scopes.get(scope, {})
-            chosen = [obj for obj in (objects.get(i) for i in dict.fromkeys(object_ids)) if obj is not None]
-            for obj in chosen:
-                self._drop(obj)
-            return len(chosen), sum(obj.nbytes for obj in chosen)
+            return self._dropped([obj for obj in map(objects.get, dict.fromkeys(object_ids)) if obj is not None])
 
     def discard(self, scope: str, object_id: str) -> None:
         """Free one object, sealed or not (a put that failed half way); nothing there is not an error."""
@@ -326,6 +321,12 @@ class ObjectStore:
         for obj in freed:
             self._drop(obj)
         return len(freed)
+
+    def _dropped(self, chosen: list[StoredObject]) -> tuple[int, int]:
+        """Free `chosen` (the lock is held): (objects, bytes) freed."""
+        for obj in chosen:
+            self._drop(obj)
+        return len(chosen), sum(obj.nbytes for obj in chosen)
 
     def _drop(self, obj: StoredObject) -> None:
         """Free `obj` if it is still the store's (the lock is held)."""

@@ -1,6 +1,6 @@
 """Dispatch benchmark: what the mesh adds per shard and per byte, and what its planner buys and costs.
 
-    .venv/bin/python bench/dispatch.py [--quick] [--no-ray] [--only verification]
+    .venv/bin/python bench/dispatch.py [--quick] [--no-ray] [--only verification|large-direct]
 
 Prints one JSON document on stdout (progress on stderr). Every figure comes from this run, and
 each is set beside a baseline measured in the same run (STYLE rule 12):
@@ -65,6 +65,14 @@ each is set beside a baseline measured in the same run (STYLE rule 12):
     128 rows at fractions 0, 0.05 and 0.2, rotated so each fraction runs as often after each other;
     job wall per shard, the shards verified (from the record), and throughput as a ratio to
     fraction 0 measured in the same rotation. `--only verification` runs this section alone.
+(i) large_direct_job: a DATA_PATH_DIRECT `identity` job of 1 GiB in and out (`--quick`: 128 MiB)
+    through the default dispatcher, twice (the first on fresh memory everywhere). The
+    dispatcher's peak RSS over idle (VmHWM, as in (b)) is set against the issue's 64 MiB, and the
+    worker store's peak, sampled every 10 ms as the allocated bytes of its segment files, against
+    the store's bound. `--only large-direct` runs this section alone.
+The per-shard jobs of (a) and the streaming job of (b) also run with DATA_PATH_DIRECT (the
+`tls-direct` arms: the client puts to and fetches from the worker's store, the dispatcher sends
+descriptors), beside the relayed ones and Ray in the same rotation.
 Compare ratios across machines, not milliseconds.
 """
 

@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import itertools
 import threading
 import time
 import traceback
@@ -175,13 +176,41 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def ExecuteMany(self, request_iterator, context):
         """Execute's shards one after another on one stream; a shard that fails to run is answered
         with its ShardFailure and the stream goes on (the proto says the rest). A request may batch
-        parts (accelmesh.runtime.batches); a shard whose header accepts batches is answered so."""
-        request_iterator = unbatched(request_iterator)
+        parts (accelmesh.runtime.batches); a shard whose header accepts batches is answered so, and
+        a small answer (outputs kept in the store, a failure) waits while the shards after it in the
+        same batch run, so a caller that sent a batch of shards hears of them in one message."""
+        reader = unbatched(request_iterator)
+        held: list = []  # small answers waiting for the rest of their batch's shards
+
+        def sent(*parts) -> list:
+            return list(batched(itertools.chain(*parts), pb.ExecuteManyResponse, self._chunk_bytes))
+        try:
+            for accepts, answer, small in self._answers(reader, context):
+                if not accepts:
+                    yield from held
+                    yield from answer
+                elif small and reader.buffered:
+                    held.extend(answer)
+                    continue
+                else:
+                    yield from batched(itertools.chain(held, answer), pb.ExecuteManyResponse, self._chunk_bytes)
+                held = []
+        except Exception:
+            # Whatever ends the call (a shard's inputs that cannot be read) answers the shard after
+            # these: they are answered first, so the caller takes that status for the right shard.
+            answered, held = sent(held), []
+            yield from answered
+            raise
+        yield from sent(held)
+
+    def _answers(self, reader, context):
+        """(header.accept_batches, the shard's answer parts, whether they are few and small) for
+        each shard on the stream."""
         while True:
             call = self.inputs.open()
             try:
                 try:
-                    first = next(request_iterator, None)
+                    first = next(reader, None)
                     if first is None:
                         return  # the caller has no more shards
                     started = time.perf_counter()  # from its header on: not the wait for it
@@ -195,7 +224,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     span = self._tracer.start_span("worker.shard", context=_PROPAGATOR.extract(
                         {"traceparent": first.header.traceparent}) if first.header.traceparent else None)
                     with trace.use_span(span, end_on_exit=True):
-                        shard, inputs, kept = self._receive(first.header, request_iterator, context, call, more=True)
+                        shard, inputs, kept = self._receive(first.header, reader, context, call, more=True)
                         span.set_attribute(attr.SHARD_INDEX, shard.shard_index)
                         try:
                             with self._undone_on_failure(kept):
@@ -215,16 +244,16 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     if context.is_active():
                         raise
                     return
+                accepts, stored = first.header.accept_batches, bool(first.header.output_prefix)
                 if isinstance(result, pb.ShardFailure):
-                    yield pb.ExecuteManyResponse(failure=result)
+                    yield accepts, [pb.ExecuteManyResponse(failure=result)], True
                     continue
                 try:
                     answer = self._results(result, pb.ExecuteManyResponse, first.header)
                 except errors.AccelmeshError as exc:  # no room in the store, say: this shard's answer
-                    yield pb.ExecuteManyResponse(failure=tr.failure_to_proto(exc))
+                    yield accepts, [pb.ExecuteManyResponse(failure=tr.failure_to_proto(exc))], True
                     continue
-                yield from (batched(answer, pb.ExecuteManyResponse, self._chunk_bytes)
-                            if first.header.accept_batches else answer)
+                yield accepts, (list(answer) if stored else answer), stored
             except BaseException as exc:
                 traceback.clear_frames(exc.__traceback__)  # as Execute: no frame keeps what arrived
                 raise

@@ -13,6 +13,7 @@ part too large to share a message is sent as it is, not copied at all.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 from google.protobuf.message import Message
@@ -57,15 +58,36 @@ def batched(parts: Iterable[Message | bytes | object], into: type[Message], limi
         yield sent()
 
 
-def unbatched(messages: Iterable[Message]) -> Iterator[Message]:
+def unbatched(messages: Iterable[Message]) -> Unbatched:
     """Every part of `messages` in order: a batch's parts one by one, any other message as it is.
     InvalidArgument for a batch inside a batch."""
-    for message in messages:
-        if message.WhichOneof("part") != "batch":
-            yield message
-            continue
-        for index, part in enumerate(message.batch.parts):
-            if part.WhichOneof("part") == "batch":
-                raise errors.InvalidArgument(f"batch.parts[{index}] is a batch itself; batches do not nest: "
-                                             "send its parts in the outer batch")
-            yield part
+    return Unbatched(messages)
+
+
+class Unbatched:
+    """`unbatched`'s iterator; `buffered` says how many parts of the batch being read are still
+    to come, already received: a reader may hold its answers while it has more to read at once."""
+
+    def __init__(self, messages: Iterable[Message]):
+        self._messages = iter(messages)
+        self._parts: deque[tuple[int, Message]] = deque()
+
+    def __iter__(self) -> Unbatched:
+        return self
+
+    def __next__(self) -> Message:
+        while not self._parts:
+            message = next(self._messages)
+            if message.WhichOneof("part") != "batch":
+                return message
+            self._parts.extend(enumerate(message.batch.parts))
+        index, part = self._parts.popleft()
+        if part.WhichOneof("part") == "batch":
+            self._parts.clear()
+            raise errors.InvalidArgument(f"batch.parts[{index}] is a batch itself; batches do not nest: "
+                                         "send its parts in the outer batch")
+        return part
+
+    @property
+    def buffered(self) -> int:
+        return len(self._parts)

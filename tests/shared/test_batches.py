@@ -77,3 +77,11 @@ def test_answers_batch_the_same_way():
     answer = pb.ExecuteManyResponse.FromString(sent)
     assert [p.WhichOneof("part") for p in unbatched([answer])] == ["tensor", "chunk", "timings"]
     assert list(unbatched([answer]))[1] == pb.ExecuteManyResponse.FromString(parts[1])
+
+
+def test_the_reader_says_how_many_parts_of_the_batch_it_reads_are_already_here():
+    parts = [parsed(part) for part in shard_parts(rows=1)]  # header, held reference, tensor header, one chunk
+    batch = pb.ExecuteManyRequest.FromString(next(batched(parts, pb.ExecuteManyRequest, 64 * KIB)))
+    read = unbatched([batch, parts[0]])
+    assert [(next(read).WhichOneof("part"), read.buffered) for _ in range(5)] == [
+        ("header", 3), ("held", 2), ("tensor", 1), ("chunk", 0), ("header", 0)]

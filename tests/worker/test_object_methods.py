@@ -332,6 +332,49 @@ def test_a_shard_whose_stored_input_is_missing_fails_alone_and_the_stream_goes_o
     assert rpc_error(fetched, user, ticket(GET, "missing-input"), ["out/0.1/0"]).code() == NOT_FOUND
 
 
+def batch(shards: list[pb.ExecuteManyRequest]) -> pb.ExecuteManyRequest:
+    return pb.ExecuteManyRequest(batch=pb.ExecuteManyRequestBatch(parts=shards))
+
+
+def accepting(shard: pb.ExecuteManyRequest) -> pb.ExecuteManyRequest:
+    shard.header.accept_batches = True
+    return shard
+
+
+def test_a_batch_of_stored_shards_is_answered_in_one_message_once_all_ran(worker, user, identity):
+    """A caller that sends shards as one batch hears of them as one: each answer (outputs kept in
+    the store, or a failure) waits while the shards after it in the batch run; a shard sent alone
+    after the batch is answered on its own."""
+    xs = [RNG.normal(size=(ROWS, IDENTITY_WIDTH)).astype(np.float32) for _ in range(3)]
+    put(user, ticket(PUT, "batched-run", prefix="in/"), {f"in/{k}": x for k, x in enumerate(xs)})
+    shards = [accepting(stored_shard(identity, "batched-run", 1, "in/0")),
+              accepting(stored_shard(identity, "batched-run", 2, "in/absent")),
+              accepting(stored_shard(identity, "batched-run", 3, "in/1"))]
+    answer = run_many(worker, [batch(shards), accepting(stored_shard(identity, "batched-run", 4, "in/2"))])
+    assert [part.WhichOneof("part") for part in answer] == ["batch", "batch"]
+    parts = [[p.WhichOneof("part") for p in message.batch.parts] for message in answer]
+    assert parts == [["tensor", "timings", "failure", "tensor", "timings"], ["tensor", "timings"]]
+    assert answer[0].batch.parts[2].failure.code == grpc.StatusCode.NOT_FOUND.value[0]
+    got = fetched(user, ticket(GET, "batched-run", prefix="out/"), ["out/0.1/0", "out/0.3/0", "out/0.4/0"])
+    assert_identical(got, {"out/0.1/0": xs[0], "out/0.3/0": xs[1], "out/0.4/0": xs[2]})
+
+
+def test_answers_held_for_a_batch_go_before_the_status_a_later_shard_of_it_ends_the_call_with(
+        worker, user, identity):
+    """A shard whose header cannot be taken ends the call; the shards before it in the batch ran,
+    and their answers reach the caller ahead of the status, so it takes the status for that shard."""
+    put(user, ticket(PUT, "batched-end", prefix="in/"), {"in/0": np.ones((ROWS, IDENTITY_WIDTH), np.float32)})
+    stray = pb.ExecuteManyRequest(held=pb.TensorRef(name="x", key="k"))  # where a header belongs
+    with stub_for(worker, CREDENTIALS.service(Role.DISPATCH)) as dispatcher:
+        call = dispatcher.ExecuteMany(iter([batch([accepting(stored_shard(identity, "batched-end", 1, "in/0")),
+                                                    stray])]), timeout=CALL_TIMEOUT_S)
+        first = next(call)
+        with pytest.raises(grpc.RpcError) as ended:
+            next(call)
+    assert [p.WhichOneof("part") for p in first.batch.parts] == ["tensor", "timings"]
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ShardHeader" in ended.value.details()
+
+
 # -- who is on this node ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("peer, local", [

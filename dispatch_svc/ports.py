@@ -15,13 +15,13 @@ import numpy as np
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime.tensors import PlaceTensor
-from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput, StoredRefs
+from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardCall, ShardOutput, StoredRefs
 from dispatch_svc.dataplane.device_queues import CancelScope, DevicePool
 from dispatch_svc.jobs import records as m
 from dispatch_svc.jobs.stored_inputs import InputFeed
 
 __all__ = ["ArtifactRef", "Build", "Compiler", "InputFeed", "Inventory", "JobDevice", "LiveJob", "LiveJobs",
-           "RuleChoice", "ScoredStatus", "Scoring", "ShardOutput", "ShardWork", "StoredRefs", "Workers"]
+           "RuleChoice", "ScoredStatus", "Scoring", "ShardCall", "ShardOutput", "ShardWork", "StoredRefs", "Workers"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,10 @@ class Workers(Protocol):
                 artifact: ArtifactRef, arrays: Sequence[tuple[str, np.ndarray]], rows: int,
                 scope: CancelScope, held_keys: Mapping[str, str] | None = None,
                 place_outputs: PlaceTensor | None = None, stored: StoredRefs | None = None) -> ShardOutput: ...
+    # Shards of one job for one device sent together (one message each way where the worker takes
+    # batches): for each call, in order, its outputs or the ShardFailed of its attempt, returned.
+    # Optional: a strategy groups a job's shards only where its Workers have it.
+    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> list[ShardOutput | Exception]: ...
     # DATA_PATH_DIRECT: frees the objects `ticket` covers in the store of the worker at `address`,
     # or those of them in `object_ids` (best effort: the store's idle expiry frees what this does not).
     def release_objects(self, address: str, ticket: bytes, object_ids: Sequence[str] = ()) -> None: ...

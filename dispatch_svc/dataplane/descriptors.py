@@ -4,12 +4,13 @@ shared by the clients that produce them (inventory, compiler) and the data plane
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from accelmesh.runtime.tensors import Placed
+from accelmesh.runtime.tensors import Placed, PlaceTensor
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,22 @@ class StoredRefs:
     scope: str  # "<owner>|<job id>": whose objects
     inputs: tuple[tuple[str, str], ...]  # (input name, object id), after the tensors sent with the shard
     output_prefix: str  # the outputs are kept as "<prefix><output index>"
+
+
+@dataclass(frozen=True)
+class ShardCall:
+    """One shard attempt as the `Workers` port sends it (Workers.execute's arguments, but the scope):
+    for a group of them sent together (Workers.execute_group)."""
+
+    job_id: str
+    shard_index: int
+    attempt: int
+    device: JobDevice
+    build: Build
+    artifact: ArtifactRef
+    arrays: Sequence[tuple[str, np.ndarray]]
+    rows: int
+    held_keys: Mapping[str, str] | None = None
+    place_outputs: PlaceTensor | None = None
+    stored: StoredRefs | None = None
+    span: Any = None  # the shard's span, whose place in the trace the worker's span joins; None: the current one

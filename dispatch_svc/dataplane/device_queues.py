@@ -30,6 +30,10 @@ MAX_ATTEMPTS = 3
 # answer before sending more (200 shards of 32 KiB: two, 5.9-6.6 ms a shard; four, 4.5-5.0;
 # eight, no better; bench/README.md). The worker still runs them one at a time.
 SHARDS_IN_FLIGHT_PER_DEVICE = 4
+# With a pool's `run_group`, a device thread takes the shards queued for its device by then, up to
+# this many, as one group: one call to the worker each way and one wake-up for them all (200
+# direct shards of 32 KiB: bench/README.md, "Shards in groups").
+SHARDS_PER_GROUP = 16
 RETRY_BACKOFF_S = 0.05  # doubled per attempt; long enough to skip a node's brief hiccup
 BUDGET_CHECK_S = 0.5  # how often wait_all looks for a cancel of the job
 
@@ -142,12 +146,27 @@ def cancels_calls(scope: CancelScope) -> Iterator[None]:
         _CALL_SCOPE.reset(token)
 
 
+class _DeviceQueue(queue.Queue):
+    """A device's queue of shards (None: a thread's stop); `take_ready` takes from its head, at
+    once, those that can go now."""
+
+    def take_ready(self, most: int, ready: Callable[[Any], bool]) -> list:
+        with self.mutex:  # Queue's own lock over its deque, as its _get and _put use them
+            taken = []
+            while self.queue and len(taken) < most and self.queue[0] is not None and ready(self.queue[0]):
+                taken.append(self.queue.popleft())
+            return taken
+
+
 def _closed(attempt: Attempt) -> None:
     raise Cancelled("the job's devices were closed")
 
 
 class DevicePool:
-    """Runs shards on a job's devices. `run(attempt)` does the work and raises ShardFailed."""
+    """Runs shards on a job's devices. `run(attempt)` does the work and raises ShardFailed;
+    `run_group(attempts)`, if given, runs attempts for one device together and returns, for each,
+    what `run` would have returned or raised (the exception, not raised): a shard queued behind
+    the one a device thread takes joins it if `ready(shard, device)` says it can go at once."""
 
     def __init__(
         self,
@@ -157,9 +176,11 @@ class DevicePool:
         *,
         on_retry: Callable[[Attempt, str], None] = lambda attempt, cause: None,
         max_attempts: int = MAX_ATTEMPTS,
+        run_group: Callable[[list[Attempt]], list[Any]] | None = None,
+        ready: Callable[[Any, Any], bool] = lambda shard, device: True,
     ):
         self._devices = {d.spec.id: d for d in devices}
-        self._run = run
+        self._run, self._run_group, self._ready = run, run_group, ready
         self._scope = scope
         self._on_retry = on_retry
         self._max_attempts = max_attempts
@@ -168,7 +189,7 @@ class DevicePool:
         self._watched: set[int] = set()  # ids of the shards wait_all still waits for
         self._failed: dict[str, tuple[str, str]] = {}  # device -> (code, cause) of the failure that took it out
         self._load: dict[str, int] = {d: 0 for d in self._devices}
-        self._queues: dict[str, queue.Queue] = {d: queue.Queue() for d in self._devices}
+        self._queues: dict[str, _DeviceQueue] = {d: _DeviceQueue() for d in self._devices}
         self._threads = [
             threading.Thread(target=self._serve, args=(d,), name=f"shards-{d}", daemon=True)
             for d in self._devices for _ in range(SHARDS_IN_FLIGHT_PER_DEVICE)
@@ -217,7 +238,7 @@ class DevicePool:
         # The threads refer to this pool and `run` to the job (its parameters among what it closes
         # over): dropped now, so they go with the job instead of waiting for the cycle collector.
         self._threads = []
-        self._run, self._on_retry = _closed, lambda attempt, cause: None
+        self._run, self._run_group, self._on_retry = _closed, None, lambda attempt, cause: None
 
     def lose(self, device_id: str, cause: str) -> bool:
         """Take a device out of the job: no shard goes to it from now on (one queued for it moves
@@ -235,23 +256,66 @@ class DevicePool:
         self._queues[device_id].put(pending)
 
     def _serve(self, device_id: str) -> None:
-        while (pending := self._queues[device_id].get()) is not None:
+        queued, device = self._queues[device_id], self._devices[device_id]
+
+        def ready(pending: _Pending) -> bool:
+            return self._ready(pending.shard, device)
+        while (pending := queued.get()) is not None:
+            group = [pending]
+            if self._run_group is not None:  # the shards behind it that can go now go with it
+                group += queued.take_ready(SHARDS_PER_GROUP - 1, ready)
             with self._lock:
-                self._load[device_id] -= 1
-            self._attempt(pending, device_id)
+                self._load[device_id] -= len(group)
+            if len(group) == 1:
+                self._attempt(pending, device_id)
+            else:
+                self._attempt_group(group, device_id)
 
     def _attempt(self, pending: _Pending, device_id: str) -> None:
-        if self._scope.cancelled.is_set():
-            self._fail(pending, Cancelled())
+        attempt = self._begin(pending, device_id)
+        if attempt is None:
             return
-        if device_id in self._failed:  # queued here before the device failed: move on
-            self._reroute(pending, device_id, None)
-            return
-        attempt = Attempt(pending.shard, self._devices[device_id], len(pending.tried) + 1)
-        pending.tried.append(device_id)
         context = pending.context.copy()
         try:
-            pending.result = context.run(self._run, attempt)
+            result = context.run(self._run, attempt)
+        except BaseException as exc:  # noqa: BLE001 - settled below, as the shard's failure
+            self._settle(pending, device_id, context, None, exc)
+            return
+        self._settle(pending, device_id, context, result, None)
+
+    def _attempt_group(self, group: list[_Pending], device_id: str) -> None:
+        """Shards for one device as one call of `run_group`, in the first one's context (a job's
+        shards are submitted from one); each then succeeds, fails or is retried on its own."""
+        begun = [(pending, attempt) for pending in group if (attempt := self._begin(pending, device_id)) is not None]
+        if not begun:
+            return
+        try:
+            results = begun[0][0].context.copy().run(self._run_group, [attempt for _, attempt in begun])
+        except BaseException as exc:  # noqa: BLE001 - the group's call failed: each shard with it
+            results = [exc] * len(begun)
+        for (pending, _), result in zip(begun, results):
+            failed = isinstance(result, BaseException)
+            self._settle(pending, device_id, pending.context.copy(), None if failed else result,
+                         result if failed else None)
+
+    def _begin(self, pending: _Pending, device_id: str) -> Attempt | None:
+        """The shard's next attempt on the device; None if it ended or moved on instead."""
+        if self._scope.cancelled.is_set():
+            self._fail(pending, Cancelled())
+            return None
+        if device_id in self._failed:  # queued here before the device failed: move on
+            self._reroute(pending, device_id, None)
+            return None
+        pending.tried.append(device_id)
+        return Attempt(pending.shard, self._devices[device_id], len(pending.tried))
+
+    def _settle(self, pending: _Pending, device_id: str, context: contextvars.Context, result: Any,
+                error: BaseException | None) -> None:
+        """An attempt ended with `result`, or `error`: the shard succeeds, is retried or fails."""
+        try:
+            if error is not None:
+                raise error
+            pending.result = result
             if pending.on_done is not None:  # in the submitter's context too: what it submits stays in the trace
                 context.run(pending.on_done, pending.result)
                 pending.result = None  # taken: holding every shard's outputs would grow with the job
@@ -275,6 +339,8 @@ class DevicePool:
             traceback.clear_frames(exc.__traceback__)
             self._fail(pending, exc.with_traceback(None))
             return
+        finally:
+            del error
         self._end(pending)
 
     def _fail(self, pending: _Pending, error: BaseException) -> None:

@@ -7,6 +7,8 @@ sides. A `ShardStream` is one open call: the device threads of the job's pool wr
 shards' messages into it in turn (a shard's messages are written together, and lazily, so a
 shard's bytes are framed only as gRPC sends them), and one reader thread matches the worker's
 answers to the shards in the order they were written, which is the order the worker runs them in.
+Shards written together (`send` of several, a group) may go as one batch, which a worker answers
+in one message once they all ran: a message costs more than a small shard's descriptor.
 
 A stream closes itself once no shard of it is waiting (the worker's thread is not held by an
 idle job); the next shard opens another. A stream that breaks (the worker went away, the call
@@ -18,11 +20,12 @@ shards behind it were never read, and go again on a fresh stream (`Unanswered`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -85,10 +88,24 @@ class StreamClosed(Exception):
 
 
 @dataclass(eq=False)
+class _Sending:
+    """What is left to send of the shards written together (one, or a group whose parts may go as
+    one batch); None once they were all answered or the stream failed (their inputs go)."""
+
+    messages: Iterator | None
+    unanswered: int
+
+
+# A shard as written to a stream: its messages, its keyed inputs' plan (None: none), whether it
+# refers to held tensors, where its outputs go (PlaceTensor) and whether the worker stores them.
+Shard = tuple[Iterable, Transfer | None, bool, PlaceTensor | None, bool]
+
+
+@dataclass(eq=False)
 class _Waiting:
     """A shard written to the stream, waiting for its answer."""
 
-    messages: Iterator | None  # what is left to send of it; None once the stream failed (its inputs go)
+    sending: _Sending
     transfer: Transfer | None  # its keyed inputs' plan (None: none)
     referred: bool  # it sent references to held tensors
     outputs: TensorCollector | StoredOutputs
@@ -99,49 +116,53 @@ class _Waiting:
 
 class ShardStream:
     def __init__(self, open_call: Callable[[Iterator], grpc.Call], scope: CancelScope, held: HeldKeys,
-                 on_unavailable: Callable[[str], str],
-                 first: tuple[Iterable, Transfer | None, bool, PlaceTensor | None, bool],
-                 on_batches: Callable[[], None] = lambda: None):
-        """Opens the call with the shard `first` (`send`'s arguments) written: its answer is `self.first`.
-        `on_batches` is called once the worker's first batched answer arrives (it reads batches too).
-        `on_unavailable` is given an UNAVAILABLE's details and returns what to report of them."""
+                 on_unavailable: Callable[[str], str], first: Sequence[Shard],
+                 join: Callable[[Iterator], Iterator] | None = None, on_batches: Callable[[], None] = lambda: None):
+        """Opens the call with the shards `first` written (`send`'s arguments): their answers are
+        `self.first`. `on_batches` is called once the worker's first batched answer arrives (it
+        reads batches too). `on_unavailable` is given an UNAVAILABLE's details and returns what to
+        report of them."""
         self._held, self._on_unavailable, self._on_batches = held, on_unavailable, on_batches
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting: deque[_Waiting] = deque()
         self.closed = False
-        self.first = self.send(*first)  # before the call opens: whatever becomes of the call answers it
+        self.first = self.send(first, join)  # before the call opens: whatever becomes of the call answers them
         self._call = open_call(self._messages())
         self._unregister = scope.register(self._call.cancel)
         threading.Thread(target=self._read, name="shard-stream", daemon=True).start()
 
-    def send(self, messages: Iterable, transfer: Transfer | None, referred: bool,
-             place: PlaceTensor | None = None, stored: bool = False) -> _Waiting:
-        """Write one shard (its header, then its inputs); raises StreamClosed if the stream ended.
-        Its outputs go where `place` says as they arrive (TensorCollector), the others to memory;
-        `stored`: the worker keeps them in its object store and answers their headers alone."""
-        outputs = StoredOutputs() if stored else TensorCollector("output", place)
-        waiting = _Waiting(iter(messages), transfer, referred, outputs)
+    def send(self, shards: Sequence[Shard], join: Callable[[Iterator], Iterator] | None = None) -> list[_Waiting]:
+        """Write shards (each its header, then its inputs), in order; raises StreamClosed if the
+        stream ended. `join` takes all their messages in order and gives what goes on the stream
+        (a batch of them); none: each as it is. A shard's outputs go where its `place` says as
+        they arrive (TensorCollector), the others to memory; `stored`: the worker keeps them in
+        its object store and answers their headers alone."""
+        messages = itertools.chain.from_iterable(shard[0] for shard in shards)
+        sending = _Sending(join(messages) if join is not None else messages, len(shards))
+        waiting = [_Waiting(sending, transfer, referred,
+                            StoredOutputs() if stored else TensorCollector("output", place))
+                   for _, transfer, referred, place, stored in shards]
         with self._lock:
             if self.closed:
                 raise StreamClosed()
-            self._waiting.append(waiting)
-            self._requests.put(waiting)
+            self._waiting.extend(waiting)
+            self._requests.put(sending)
         return waiting
 
     def cancel(self) -> None:
         self._call.cancel()
 
     def _messages(self) -> Iterator:
-        # Not `yield from`: a failed stream's call keeps this generator, suspended; the shard it
-        # was sending lets go of its inputs when `_fail_all` drops its messages.
-        while (shard := self._requests.get()) is not _END:
-            while shard.messages is not None:
-                message = next(shard.messages, _END)
+        # Not `yield from`: a failed stream's call keeps this generator, suspended; the shards it
+        # was sending let go of their inputs when `_fail_all` drops their messages.
+        while (sending := self._requests.get()) is not _END:
+            while sending.messages is not None:
+                message = next(sending.messages, _END)
                 if message is _END:
                     break
                 yield message
-            del shard
+            del sending
 
     def _answers(self) -> Iterator:
         """The call's messages; the first batch among them says the worker takes batches."""
@@ -205,7 +226,9 @@ class ShardStream:
         """The shard at the head has its answer; an idle stream closes (the next shard opens another)."""
         with self._lock:
             waiting = self._waiting.popleft()
-            waiting.messages = None  # sent in full: nothing is left of it but its (exhausted) iterator
+            waiting.sending.unanswered -= 1
+            if not waiting.sending.unanswered:  # sent in full: nothing is left but the (exhausted) iterator
+                waiting.sending.messages = None
             if not self._waiting and not self.closed:
                 self.closed = True
                 self._requests.put(_END)
@@ -218,6 +241,6 @@ class ShardStream:
                 self._requests.put(_END)
             failed, self._waiting = list(self._waiting), deque()
         for waiting in failed:
-            waiting.messages = None
+            waiting.sending.messages = None
             waiting.error = error(waiting)
             waiting.done.set()

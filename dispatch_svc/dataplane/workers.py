@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 import numpy as np
+from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from accelmesh import errors
@@ -21,10 +22,10 @@ from accelmesh.security.config import Security
 from accelmesh.security.identity import Role
 from accelmesh.worker.v1 import worker_service_pb2 as worker_pb
 from accelmesh.worker.v1 import worker_service_pb2_grpc
-from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardOutput, StoredRefs
+from dispatch_svc.dataplane.descriptors import ArtifactRef, Build, JobDevice, ShardCall, ShardOutput, StoredRefs
 from dispatch_svc.dataplane.device_queues import CancelScope, ShardFailed
 from dispatch_svc.dataplane.held_keys import HeldKeys, Transfer
-from dispatch_svc.dataplane.shard_streams import NotHeld, ShardStream, StreamClosed, Unanswered
+from dispatch_svc.dataplane.shard_streams import NotHeld, Shard, ShardStream, StreamClosed, Unanswered
 
 SHARD_TIMEOUT_S = 600.0
 # A shard left unread on a stream that another shard's inputs ended is sent again on a fresh one
@@ -133,19 +134,50 @@ class GrpcWorkers:
         to the copy the worker keeps (dispatch_svc.dataplane.held_keys); a worker that lost one gets all in full.
         `place_outputs` says where outputs go as their chunks arrive (the others are returned).
         `stored`: inputs in the worker's object store, and outputs kept there (returned as `Placed`)."""
-        header = worker_pb.ShardHeader(
-            job_id=job_id, shard_index=shard_index, attempt=attempt, device_id=device.id,
-            target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
-            artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule,
-            input_count=len(arrays), batch_size=rows, traceparent=_traceparent(), accept_batches=True)
-        if stored is not None:
-            header.object_scope, header.output_prefix = stored.scope, stored.output_prefix
-            header.stored_inputs.extend(worker_pb.StoredInput(name=n, object_id=i) for n, i in stored.inputs)
-        address = device.node_address
-        keys = {name: held_keys[name] for name, _ in arrays if held_keys and held_keys.get(name)}
+        return self._execute_one(ShardCall(job_id, shard_index, attempt, device, build, artifact, arrays, rows,
+                                           held_keys, place_outputs, stored), scope)
+
+    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> list[ShardOutput | ShardFailed]:
+        """Shards of one job for one device, sent together: as one message to a worker that reads
+        batches, which answers them in one (worker_svc ExecuteMany), so a group of small shards
+        costs a message each way, not one a shard. Each answers for itself, in order: its outputs,
+        or the ShardFailed of its attempt. A shard that sends keyed inputs in full closes its group
+        (those after it refer to them once they arrived); a shard whose worker did not hold what it
+        referred to, or that another shard's inputs left unread, goes again alone."""
+        out: list[ShardOutput | ShardFailed | None] = [None] * len(calls)
+        left = list(range(len(calls)))
+        while left:
+            group: list[tuple[int, worker_pb.ShardHeader, dict[str, str], Transfer | None]] = []
+            while left:
+                index = left.pop(0)
+                call = calls[index]
+                keys = _keys(call)
+                transfer = self.held.plan(call.device.node_address, call.job_id, keys.values(),
+                                          scope.cancelled.is_set) if keys else None
+                if keys and transfer is None:
+                    out[index] = ShardFailed(CANCELLED_WAITING)
+                    continue
+                group.append((index, self._header(call), keys, transfer))
+                if transfer is not None and transfer.keep and transfer.full:
+                    break
+            if not group:
+                break
+            for (index, *_), outcome in zip(group, self._together(calls, group, scope)):
+                if isinstance(outcome, (NotHeld, Unanswered)):
+                    if isinstance(outcome, NotHeld):
+                        self.held.missed(calls[index].device.node_address, calls[index].job_id)
+                    try:  # alone, sent in full if need be (execute's own resends)
+                        outcome = self._execute_one(calls[index], scope)
+                    except ShardFailed as exc:
+                        outcome = exc
+                out[index] = outcome
+        return out
+
+    def _execute_one(self, call: ShardCall, scope: CancelScope) -> ShardOutput:
+        header, keys = self._header(call), _keys(call)
         for left in range(UNANSWERED_RESENDS, -1, -1):
             try:
-                return self._execute_keyed(address, job_id, header, arrays, keys, scope, place_outputs)
+                return self._execute_keyed(header, call, keys, scope)
             except Unanswered as exc:
                 # Another shard's inputs ended the stream before this one was read: not this
                 # shard's fault, nor the device's, so it goes again on a fresh stream.
@@ -153,31 +185,78 @@ class GrpcWorkers:
                     raise ShardFailed(exc.cause, exc.code) from None
         raise AssertionError("unreachable: the last try returns or raises")
 
-    def _execute_keyed(self, address: str, job_id: str, header: worker_pb.ShardHeader,
-                       arrays: Sequence[tuple[str, np.ndarray]], keys: Mapping[str, str],
-                       scope: CancelScope, place: PlaceTensor | None) -> ShardOutput:
+    @staticmethod
+    def _header(call: ShardCall) -> worker_pb.ShardHeader:
+        artifact, build = call.artifact, call.build
+        header = worker_pb.ShardHeader(
+            job_id=call.job_id, shard_index=call.shard_index, attempt=call.attempt, device_id=call.device.id,
+            target_type=build.target_type, artifact_key=artifact.key, artifact_digest=artifact.digest,
+            artifact_format=FORMAT_TO_PROTO[artifact.format], rule=build.rule, input_count=len(call.arrays),
+            batch_size=call.rows, traceparent=_traceparent(call.span), accept_batches=True)
+        if call.stored is not None:
+            header.object_scope, header.output_prefix = call.stored.scope, call.stored.output_prefix
+            header.stored_inputs.extend(worker_pb.StoredInput(name=n, object_id=i) for n, i in call.stored.inputs)
+        return header
+
+    def _execute_keyed(self, header: worker_pb.ShardHeader, call: ShardCall, keys: Mapping[str, str],
+                       scope: CancelScope) -> ShardOutput:
         """One try of `execute`: keyed inputs as the held keys say, all in full once more if the
         worker did not hold one."""
+        address = call.device.node_address
         if not keys:
-            return self._execute_call(address, header, arrays, {}, None, scope, place)
+            return self._execute_call(address, header, call, {}, None, scope)
         for resend in (False, True):
-            transfer = self.held.plan(address, job_id, keys.values(), scope.cancelled.is_set, resend=resend)
+            transfer = self.held.plan(address, call.job_id, keys.values(), scope.cancelled.is_set, resend=resend)
             if transfer is None:
-                raise ShardFailed("CANCELLED: the job was cancelled while the shard waited for its parameters "
-                                  "to reach the worker")
+                raise ShardFailed(CANCELLED_WAITING)
             try:
-                return self._execute_call(address, header, arrays, keys, transfer, scope, place)
+                return self._execute_call(address, header, call, keys, transfer, scope)
             except NotHeld as exc:
                 if resend:  # nothing was referred to this time: the worker broke the contract
                     raise ShardFailed(exc.cause) from None
-                self.held.missed(address, job_id)
+                self.held.missed(address, call.job_id)
         raise AssertionError("unreachable: the resend returns or raises")
 
-    def _execute_call(self, address: str, header: worker_pb.ShardHeader, arrays: Sequence[tuple[str, np.ndarray]],
-                      keys: Mapping[str, str], transfer: Transfer | None, scope: CancelScope,
-                      place: PlaceTensor | None) -> ShardOutput:
+    def _execute_call(self, address: str, header: worker_pb.ShardHeader, call: ShardCall, keys: Mapping[str, str],
+                      transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
         """One shard on the job's stream to the worker (shard_streams.py); keyed inputs travel as
         `transfer` says, the others in full."""
+        (outcome,) = self._together([call], [(0, header, keys, transfer)], scope)
+        if isinstance(outcome, Exception):
+            try:
+                raise outcome
+            finally:
+                del outcome  # no cycle through this frame's traceback
+        return outcome
+
+    def _together(self, calls: Sequence[ShardCall], group: Sequence[tuple], scope: CancelScope) -> list:
+        """The shards of `group` ((index in `calls`, header, keys, transfer) each) written to their
+        stream together; each one's ShardOutput, or its ShardFailed (NotHeld, Unanswered among them)."""
+        first = calls[group[0][0]]
+        address = first.device.node_address
+        written = [self._written(header, calls[index], keys, transfer) for index, header, keys, transfer in group]
+        join = ((lambda messages: batched(messages, worker_pb.ExecuteManyRequest, self._chunk_bytes))
+                if address in self._batching else None)
+        try:
+            stream, waiting = self._send(address, first.job_id, first.device.id, written, join, scope)
+            outcomes = []
+            for shard, header in zip(waiting, (header for _, header, _, _ in group)):
+                try:
+                    outcomes.append(self._answer(stream, shard, address, header, scope))
+                except (ShardFailed, NotHeld) as exc:  # without its frames, which hold the shards' inputs
+                    outcomes.append(exc.with_traceback(None))
+            return outcomes
+        except ShardFailed as exc:  # the device was lost before they were written
+            return [exc.with_traceback(None)] * len(group)
+        finally:
+            for _, _, _, transfer in group:
+                if transfer is not None:
+                    self.held.abandoned(transfer)
+
+    def _written(self, header: worker_pb.ShardHeader, call: ShardCall, keys: Mapping[str, str],
+                 transfer: Transfer | None) -> Shard:
+        """The shard as its stream takes it: its messages (keyed inputs by reference where the
+        worker holds them), and what its answer is read with."""
         refs = {name: key for name, key in keys.items() if key in transfer.refs} if transfer else {}
         keep = [worker_pb.TensorRef(name=name, key=key) for name, key in keys.items()
                 if transfer and transfer.keep and key in transfer.full]
@@ -186,56 +265,52 @@ class GrpcWorkers:
             header.CopyFrom(base)
             header.keep_tensors.extend(keep)
         if transfer is not None:
-            self.held.count(transfer, sum(value.nbytes for name, value in arrays if name in keys and name not in refs))
+            self.held.count(transfer, sum(value.nbytes for name, value in call.arrays
+                                          if name in keys and name not in refs))
 
         def parts():
             yield worker_pb.ExecuteManyRequest(header=header)
-            for name, value in arrays:
+            for name, value in call.arrays:
                 if name in refs:
                     yield worker_pb.ExecuteManyRequest(held=worker_pb.TensorRef(name=name, key=refs[name]))
                     continue
                 tensor, chunks = split_frames(name, value, self._chunk_bytes, worker_pb.ExecuteManyRequest)
                 yield worker_pb.ExecuteManyRequest(tensor=tensor)
                 yield from chunks
+        return parts(), transfer, bool(refs), call.place_outputs, bool(header.output_prefix)
 
-        requests = (batched(parts(), worker_pb.ExecuteManyRequest, self._chunk_bytes) if address in self._batching
-                    else parts())
+    def _answer(self, stream: ShardStream, waiting, address: str, header: worker_pb.ShardHeader,
+                scope: CancelScope) -> ShardOutput:
+        """The shard's outputs once its answer came; raises its failure."""
+        if not waiting.done.wait(SHARD_TIMEOUT_S):
+            stream.cancel()  # fails every shard on it, this one too
+            waiting.done.wait()
+            if not scope.cancelled.is_set():
+                raise ShardFailed(f"DEADLINE_EXCEEDED: worker {address} did not answer the shard within "
+                                  f"{SHARD_TIMEOUT_S:.0f} s", "DEADLINE_EXCEEDED")
+        failure = waiting.error
+        lost = self._lost_cause(header.job_id, header.device_id) if failure is not None else None
+        if lost is not None:
+            raise ShardFailed(lost, "UNAVAILABLE") from None
+        # Raised afresh, not as made by the reader: raised here, its traceback holds this frame,
+        # which holds `waiting`, which holds it: a cycle that would keep the inputs until a full
+        # garbage collection.
+        if isinstance(failure, NotHeld):
+            raise NotHeld(failure.cause) from None
+        if isinstance(failure, Unanswered):
+            raise Unanswered(failure.cause, failure.code) from None
+        if failure is not None:
+            raise ShardFailed(failure.cause, failure.code) from None
         try:
-            stream, waiting = self._send(address, header.job_id, header.device_id,
-                                         (requests, transfer, bool(refs), place, bool(header.output_prefix)),
-                                         scope)
-            if not waiting.done.wait(SHARD_TIMEOUT_S):
-                stream.cancel()  # fails every shard on it, this one too
-                waiting.done.wait()
-                if not scope.cancelled.is_set():
-                    raise ShardFailed(f"DEADLINE_EXCEEDED: worker {address} did not answer the shard within "
-                                      f"{SHARD_TIMEOUT_S:.0f} s", "DEADLINE_EXCEEDED")
-            failure = waiting.error
-            lost = self._lost_cause(header.job_id, header.device_id) if failure is not None else None
-            if lost is not None:
-                raise ShardFailed(lost, "UNAVAILABLE") from None
-            # Raised afresh, not as made by the reader: raised here, its traceback holds this frame,
-            # which holds `waiting`, which holds it: a cycle that would keep the inputs until a full
-            # garbage collection.
-            if isinstance(failure, NotHeld):
-                raise NotHeld(failure.cause) from None
-            if isinstance(failure, Unanswered):
-                raise Unanswered(failure.cause, failure.code) from None
-            if failure is not None:
-                raise ShardFailed(failure.cause, failure.code) from None
-            try:
-                results = list(waiting.outputs.results().values())  # a tensor cut short fails this attempt, not the job
-            except errors.InvalidArgument as exc:
-                raise ShardFailed(f"worker sent a malformed result: {exc}") from None
-        finally:
-            if transfer is not None:
-                self.held.abandoned(transfer)
+            results = list(waiting.outputs.results().values())  # a tensor cut short fails this attempt, not the job
+        except errors.InvalidArgument as exc:
+            raise ShardFailed(f"worker sent a malformed result: {exc}") from None
         timings = waiting.timings
         return ShardOutput(results, timings.queue_seconds, timings.load_seconds,
                            timings.execute_seconds, timings.load_kind)
 
-    def _send(self, address: str, job_id: str, device_id: str, shard: tuple, scope: CancelScope):
-        """Write a shard to the job's open stream for the device (at its worker, `address`), opening
+    def _send(self, address: str, job_id: str, device_id: str, shards: Sequence[Shard], join, scope: CancelScope):
+        """Write shards to the job's open stream for the device (at its worker, `address`), opening
         one if it has none (or the one it had closed). One a device, not a worker: the worker runs a
         stream's shards one after another, and the devices of a node run at the same time."""
         with self._streams_lock:
@@ -245,21 +320,31 @@ class GrpcWorkers:
             stream = self._streams.get((job_id, device_id))
             if stream is not None:
                 try:
-                    return stream, stream.send(*shard)
+                    return stream, stream.send(shards, join)
                 except StreamClosed:
                     pass
             stream = ShardStream(self._execute_many(address), scope, self.held,
                                  lambda details: self._unavailable(address, details),
-                                 shard, on_batches=lambda: self._batching.add(address))
+                                 shards, join, on_batches=lambda: self._batching.add(address))
             self._streams[(job_id, device_id)] = stream
             return stream, stream.first
+
+
+CANCELLED_WAITING = "CANCELLED: the job was cancelled while the shard waited for its parameters to reach the worker"
+
+
+def _keys(call: ShardCall) -> dict[str, str]:
+    """The call's keyed inputs: name -> key."""
+    held = call.held_keys
+    return {name: held[name] for name, _ in call.arrays if held and held.get(name)}
 
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def _traceparent() -> str:
-    """The current span's place in its trace (W3C), for the worker's span of the shard; "" untraced."""
+def _traceparent(span=None) -> str:
+    """The span's (None: the current span's) place in its trace (W3C), for the worker's span of
+    the shard; "" untraced."""
     carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
+    _PROPAGATOR.inject(carrier, context=None if span is None else trace.set_span_in_context(span))
     return carrier.get("traceparent", "")

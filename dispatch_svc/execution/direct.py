@@ -126,6 +126,11 @@ class DirectJob:
                 self._held.setdefault(index, set()).add(address)
             self._changed.notify_all()
 
+    def holds(self, index: int, address: str) -> bool:
+        """Whether the client said the shard's inputs lie at the worker."""
+        with self._changed:
+            return address in self._held.get(index, ())
+
     def inputs_at(self, index: int, address: str, check: Callable[[], None]) -> tuple[str, ...]:
         """The shard's input ids once they lie at the worker: asked for there if they were not, then
         waited for (`check` raises when the job must stop)."""

@@ -17,6 +17,7 @@ from accelmesh.dispatch.v1 import job_pb2 as job_pb
 from accelmesh.object_client import SHARED, STREAMED
 from accelmesh.runtime.batches import unbatched
 from accelmesh.worker.v1 import worker_service_pb2 as pb_worker
+from dispatch_svc.dataplane.workers import GrpcWorkers
 from dispatch_svc.execution import direct
 
 from conftest import CREDENTIALS, rpc_error, small_mesh
@@ -60,6 +61,25 @@ def test_a_direct_job_equals_the_relayed_one_and_its_bytes_go_through_shared_mem
     assert direct.moved_bytes == {SHARED: x.nbytes + direct.outputs["logits"].nbytes}
     wanted = [e for e in direct.events if e.type == job_pb.JOB_EVENT_TYPE_INPUTS_WANTED]
     assert len(wanted) == 1 and f"{len(direct.job.shards)} shards" in wanted[0].message
+
+
+def test_a_direct_job_s_shards_go_to_their_device_in_groups_and_equal_the_relayed_ones(client, monkeypatch):
+    """32 shards on one device: those queued behind the ones running go to the worker in groups
+    (one message each way), parameters held by key, and the outputs equal the relay path's."""
+    sizes: list[int] = []
+    real = GrpcWorkers.execute_group
+
+    def recording(self, calls, scope):
+        sizes.append(len(calls))
+        return real(self, calls, scope)
+    monkeypatch.setattr(GrpcWorkers, "execute_group", recording)
+    x = np.random.default_rng(9).standard_normal((32 * 128, 64)).astype(np.float32)
+    relayed = client.run("mlp_classifier", {"x": x}, precision="fp32", max_devices=1)
+    grouped = client.run("mlp_classifier", {"x": x}, precision="fp32", max_devices=1, data_path="direct")
+    assert grouped.job.state == job_pb.JOB_STATE_SUCCEEDED, grouped.job.error
+    assert len(grouped.job.shards) == 32 and all(s.attempts == 1 for s in grouped.job.shards)
+    assert np.array_equal(grouped.outputs["logits"], relayed.outputs["logits"])
+    assert max(sizes) > 1 and sum(sizes) <= 32
 
 
 def test_a_direct_job_streams_to_a_worker_that_shares_no_memory_with_it(client, x):

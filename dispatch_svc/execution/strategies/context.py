@@ -11,6 +11,7 @@ reserved what the job's plan claims before the strategy starts (admission/admiss
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -24,7 +25,7 @@ from opentelemetry import trace
 from accelmesh import errors
 from accelmesh.programs import Program
 from accelmesh.runtime import attributes as attr
-from dispatch_svc.dataplane.device_queues import Attempt, DevicePool
+from dispatch_svc.dataplane.device_queues import Attempt, DevicePool, ShardFailed
 from dispatch_svc.execution.device_watch import watch_devices
 from dispatch_svc.execution.direct import stored_refs
 from dispatch_svc.execution.output_checks import check_shard_outputs
@@ -41,6 +42,7 @@ from dispatch_svc.ports import (
     Inventory,
     JobDevice,
     LiveJob,
+    ShardCall,
     ShardOutput,
     ShardWork,
     StoredRefs,
@@ -130,10 +132,15 @@ class JobContext:
         values = self.compiler.fetch_parameters(program, self.spec.parameter_seed)
         return [(p.name, v) for p, v in zip(program.parameters, values)]
 
-    def open_pool(self, devices: Sequence[JobDevice], run) -> DevicePool:
-        """The job's device pool; every retry is recorded on the shard and as an event, and a
-        device the inventory calls lost leaves it at once (device_watch.py)."""
-        self.live.pool = DevicePool(list(devices), run, self.live.scope, on_retry=self.retried)
+    def open_pool(self, devices: Sequence[JobDevice], run, run_group=None) -> DevicePool:
+        """The job's device pool (`run_group`: DevicePool's; a direct job's shard goes in a group
+        once its inputs are at its worker); every retry is recorded on the shard and as an event,
+        and a device the inventory calls lost leaves it at once (device_watch.py)."""
+        direct = self.live.direct
+        ready = ((lambda shard, device: direct.holds(shard.index, device.node_address)) if direct is not None
+                 else (lambda shard, device: True))
+        self.live.pool = DevicePool(list(devices), run, self.live.scope, on_retry=self.retried, run_group=run_group,
+                                    ready=ready)
         watch_devices(self.inventory, self.workers, self.live.pool, self.job.job_id, devices, self.live,
                       self.limits.device_watch_s)
         return self.live.pool
@@ -144,19 +151,73 @@ class JobContext:
         `held` prefixes the keys its parameters are held under on workers (None: sent in full).
         The outputs are checked against `program` (the stage's, for a pipeline stage): a mismatch
         raises ShardFailed, so the shard is retried on another device."""
+        call, attributes = self._call(program, builds, params, attempt, held, span_attributes)
+        started = time.perf_counter()
+        self._started(started)
+        try:
+            with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
+                out = self.workers.execute(call.job_id, call.shard_index, call.attempt, call.device, call.build,
+                                           call.artifact, call.arrays, call.rows, self.live.scope,
+                                           held_keys=call.held_keys, place_outputs=call.place_outputs,
+                                           stored=call.stored)
+                # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
+                check_shard_outputs(program, out.outputs, call.shard_index, call.device.id, call.rows)
+        except BaseException:
+            self._ended(started, None)
+            raise
+        finished = time.perf_counter()
+        return self._done(program, attempt, call, out, finished - started, started, finished)
+
+    def execute_group(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
+                      attempts: Sequence[Attempt], held: str | None = None) -> list[ShardOutput | BaseException]:
+        """`execute` for attempts on one device, sent to its worker together (Workers.execute_group):
+        for each, its outputs or its ShardFailed, returned, not raised (DevicePool's `run_group`)."""
+        prepared = [self._call(program, builds, params, attempt, held, None) for attempt in attempts]
+        spans = [self.tracer.start_span("dispatch.shard", attributes=attributes) for _, attributes in prepared]
+        calls = [dataclasses.replace(call, span=span) for (call, _), span in zip(prepared, spans)]
+        started = time.perf_counter()
+        for _ in calls:
+            self._started(started)
+        try:
+            outs = self.workers.execute_group(calls, self.live.scope)
+        except BaseException:
+            for span in spans:
+                self._ended(started, None)
+                span.end()
+            raise
+        # The group's wall time, shared alike: a shard's own time, as the throughput fit needs it.
+        finished = time.perf_counter()
+        each = (finished - started) / len(calls)
+        results: list[ShardOutput | BaseException] = []
+        for attempt, call, span, out in zip(attempts, calls, spans, outs):
+            try:
+                if isinstance(out, BaseException):
+                    raise out
+                check_shard_outputs(program, out.outputs, call.shard_index, call.device.id, call.rows)
+                results.append(self._done(program, attempt, call, out, each, started, finished))
+            except ShardFailed as exc:
+                self._ended(started, None)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, exc.cause))
+                results.append(exc.with_traceback(None))
+            finally:
+                span.end()
+        return results
+
+    def _call(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
+              attempt: Attempt, held: str | None, span_attributes: dict | None) -> tuple[ShardCall, dict]:
+        """The attempt as the worker is sent it, once its inputs are at its worker (DATA_PATH_DIRECT:
+        the client puts them, so its time is the shard's own from there on, as the throughput fit
+        needs), its SHARD_STARTED told; and its span's attributes."""
         shard: ShardWork = attempt.shard
         device: JobDevice = attempt.device
         build = next(b for b in builds if b.target_type == device.target_type)
         artifact = build.executables.get(shard.rows, build.portable)
-        # DATA_PATH_DIRECT: the shard's inputs at its worker first (the client puts them), so its
-        # time is the shard's own from there on, as the throughput fit needs.
         direct = self.live.direct
         stored = None if direct is None else StoredRefs(*stored_refs(
             direct, [i.name for i in program.inputs], shard.index, attempt.number, device.node_address,
             self.live.check))
         self.book.emit(self.job, m.SHARD_STARTED, shard=self.record(shard, device, build, attempt.number),
                        message=f"shard {shard.index} on {device.id}")
-        started = time.perf_counter()
         shard_params = params if shard.params is None else shard.params
         arrays = [*shard_params, *zip((i.name for i in program.inputs), shard.inputs)]
         held_keys = {name: f"{held}:{name}" for name, _ in shard_params} if held else None
@@ -165,29 +226,26 @@ class JobContext:
             attr.DEVICE_ID: device.id, attr.TARGET_TYPE: device.target_type, attr.RULE: build.rule_name,
             attr.ARTIFACT_KEY: artifact.key, attr.SHARD_ROWS: shard.rows,
             attr.SHARD_BYTES: sum(a.nbytes for _, a in arrays), **(span_attributes or {})}
-        self._started(started)
-        try:
-            with self.tracer.start_as_current_span("dispatch.shard", attributes=attributes):
-                out = self.workers.execute(self.job.job_id, shard.index, attempt.number, device, build, artifact,
-                                           arrays, shard.rows, self.live.scope, held_keys=held_keys,
-                                           place_outputs=shard.place_outputs, stored=stored)
-                # Before any strategy combines them: a worker's wrong outputs fail this attempt only.
-                check_shard_outputs(program, out.outputs, shard.index, device.id, shard.rows)
-        except BaseException:
-            self._ended(started, None)
-            raise
+        return ShardCall(self.job.job_id, shard.index, attempt.number, device, build, artifact, arrays, shard.rows,
+                         held_keys, shard.place_outputs, stored), attributes
+
+    def _done(self, program: Program, attempt: Attempt, call: ShardCall, out: ShardOutput, seconds: float,
+              started: float, finished: float) -> ShardOutput:
+        """A shard attempt that succeeded, its own time `seconds` (its call ran from `started` to
+        `finished`): where its outputs lie, its record, metrics and throughput."""
+        direct = self.live.direct
         if direct is not None:
-            direct.finished(shard.index, device.node_address, [o.name for o in out.outputs],
+            direct.finished(call.shard_index, call.device.node_address, [o.name for o in out.outputs],
                             [o.name for o in program.outputs])
-        finished = time.perf_counter()
-        record = self.record(shard, device, build, attempt.number)
+        shard, device = attempt.shard, attempt.device
+        record = self.record(shard, device, call.build, attempt.number)
         record.queue_seconds, record.load_seconds = out.queue_seconds, out.load_seconds
-        record.execute_seconds, record.total_seconds = out.execute_seconds, finished - started
+        record.execute_seconds, record.total_seconds = out.execute_seconds, seconds
         self.metrics.shard(device.target_type, record.total_seconds)
         # What of the shard's own time was not the device's execution (sending, loading the
         # executable) is the part a shard pays whatever its rows.
         own = record.own_seconds
-        if out.execute_seconds > 0 and self.throughput.warm(device.id, artifact.key):
+        if out.execute_seconds > 0 and self.throughput.warm(device.id, call.artifact.key):
             self.throughput.record(program.ref, device.target_type, shard.rows, own,
                                    fixed_seconds=own - out.execute_seconds, device_type=device.spec.type)
         self._ended(started, finished)

@@ -12,6 +12,7 @@ import pytest
 from accelmesh import errors
 from dispatch_svc.dataplane.device_queues import (
     SHARDS_IN_FLIGHT_PER_DEVICE,
+    SHARDS_PER_GROUP,
     Cancelled,
     CancelScope,
     DevicePool,
@@ -123,3 +124,86 @@ def test_a_shard_left_without_devices_by_the_same_refusal_on_other_shards_says_r
     assert re.fullmatch(r"shard \d+ failed the same way on every device tried \(d[01], d[01]\): FAILED_PRECONDITION: "
                         r"the artifact did not load; retrying will not help", str(queued.error)), queued.error
     assert all(isinstance(p.error, errors.FailedPrecondition) for p in pending)
+
+
+# -- shards in groups (run_group) -------------------------------------------------------------------
+
+class Held:
+    """A pool's first attempts held until `go`: the device's threads all busy, so what is
+    submitted meanwhile waits in its queue and goes in groups once they are free."""
+
+    def __init__(self, count: int):
+        self.count, self.go = count, threading.Event()
+        self._started = threading.Condition()
+        self.started = 0
+
+    def run(self, attempt):
+        with self._started:
+            self.started += 1
+            self._started.notify_all()
+        assert self.go.wait(GUARD_S)
+        return attempt.shard.index
+
+    def busy(self, pool: DevicePool, device: str, on_done=None) -> list:
+        """The first `count` shards, submitted one at a time, each once the one before started
+        (else they would go as a group): every thread of the device then holds one."""
+        pending = []
+        for index in range(self.count):
+            pending.append(pool.submit(Shard(index), device, on_done=on_done))
+            with self._started:
+                assert self._started.wait_for(lambda count=index + 1: self.started == count, GUARD_S)
+        return pending
+
+
+def grouped_pool(held: Held, groups: list, *, fail: set[tuple[str, int]] = frozenset(),
+                 ready=lambda shard, device: True) -> DevicePool:
+    def run_group(attempts):
+        groups.append([(a.device.spec.id, a.shard.index) for a in attempts])
+        return [ShardFailed("UNAVAILABLE: gone", "UNAVAILABLE") if (a.device.spec.id, a.shard.index) in fail
+                else a.shard.index for a in attempts]
+    return DevicePool(DEVICES, held.run, CancelScope(), run_group=run_group, ready=ready)
+
+
+def test_shards_queued_for_a_busy_device_go_in_groups_each_run_once():
+    held, groups, done = Held(SHARDS_IN_FLIGHT_PER_DEVICE), [], []
+    pool = grouped_pool(held, groups)
+    try:
+        first = held.busy(pool, "d0", done.append)
+        rest = [pool.submit(Shard(i), "d0", on_done=done.append) for i in range(len(first), len(first) + 40)]
+        held.go.set()
+        pool.wait_all(first + rest)
+    finally:
+        pool.close()
+    assert sorted(done) == list(range(len(first) + 40))
+    grouped = [index for group in groups for _, index in group]
+    alone = len(first + rest) - len(grouped)  # run by `run` (a group of one), the held first ones among them
+    assert len(grouped) == len(set(grouped)) and alone >= len(first)
+    assert groups and all(1 < len(group) <= SHARDS_PER_GROUP for group in groups)
+
+
+def test_a_shard_whose_inputs_are_not_ready_never_joins_a_group_behind_another():
+    held, groups = Held(SHARDS_IN_FLIGHT_PER_DEVICE), []
+    pool = grouped_pool(held, groups, ready=lambda shard, device: shard.index % 3 != 0)
+    try:
+        first = held.busy(pool, "d0")
+        rest = [pool.submit(Shard(i), "d0") for i in range(100, 130)]
+        held.go.set()
+        pool.wait_all(first + rest)
+    finally:
+        pool.close()
+    assert groups and all(index % 3 for group in groups for _, index in group[1:])
+
+
+def test_a_shard_failing_in_a_group_is_retried_on_another_device_and_the_others_succeed():
+    held, groups, done = Held(SHARDS_IN_FLIGHT_PER_DEVICE), [], []
+    pool = grouped_pool(held, groups, fail={("d0", 7)})
+    try:
+        first = held.busy(pool, "d0", done.append)
+        rest = [pool.submit(Shard(i), "d0", on_done=done.append) for i in range(len(first), 20)]
+        held.go.set()
+        pool.wait_all(first + rest)
+    finally:
+        pool.close()
+    assert sorted(done) == list(range(20))
+    assert ("d0", 7) in [pair for group in groups for pair in group]
+    assert rest[7 - len(first)].tried[-1] == "d1"  # where the retry went: the failed device is out of the job

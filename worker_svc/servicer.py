@@ -206,6 +206,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     def _answers(self, reader, context):
         """(header.accept_batches, the shard's answer parts, whether they are few and small) for
         each shard on the stream."""
+        owner = self._auth.principal(context).key  # one caller a call: its certificate parsed once
         while True:
             call = self.inputs.open()
             try:
@@ -224,7 +225,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     span = self._tracer.start_span("worker.shard", context=_PROPAGATOR.extract(
                         {"traceparent": first.header.traceparent}) if first.header.traceparent else None)
                     with trace.use_span(span, end_on_exit=True):
-                        shard, inputs, kept = self._receive(first.header, reader, context, call, more=True)
+                        shard, inputs, kept = self._receive(first.header, reader, context, call, more=True, owner=owner)
                         span.set_attribute(attr.SHARD_INDEX, shard.shard_index)
                         try:
                             with self._undone_on_failure(kept):
@@ -261,15 +262,16 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 call.close()
 
     def _receive(self, head: pb.ShardHeader, request_iterator, context, call: CallInputs,
-                 more: bool = False) -> tuple[ex.Shard, list, Kept]:
-        """The shard the header names, admitted here, its inputs and what of them it held anew."""
+                 more: bool = False, owner: str | None = None) -> tuple[ex.Shard, list, Kept]:
+        """The shard the header names, admitted here, its inputs and what of them it held anew.
+        `owner`: the caller's principal key, if known already (a stream's shards share it)."""
         shard = tr.shard_from_proto(head)
         span = trace.get_current_span()
         span.set_attribute(attr.JOB_ID, shard.job_id)
         span.set_attribute(attr.DEVICE_ID, shard.device_id)
         self.executor.admit(shard)  # refuse before megabytes of inputs arrive
         inputs, kept = read_inputs(request_iterator, head, self.held, self._max_input_bytes,
-                                   self._auth.principal(context).key, max_inputs=self._max_inputs,
+                                   owner or self._auth.principal(context).key, max_inputs=self._max_inputs,
                                    received=call.received, more=more)
         return shard, inputs, kept
 

@@ -5,7 +5,9 @@ a job's end lets every waiting put go."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
+from accelmesh import object_client
 from accelmesh.object_client import PutWindow
 
 WAIT_S = 30.0  # a bound on a thread's end, not a synchronisation: it fails the test if reached
@@ -49,3 +51,12 @@ def test_a_group_larger_than_the_window_goes_alone_and_close_lets_every_put_go()
     window.close()  # the job ended
     waiting.join(WAIT_S)
     assert not waiting.is_alive()
+
+
+def test_a_worker_s_shards_are_put_in_groups_that_start_small_and_double_up_to_the_group_size(monkeypatch):
+    """The first group is FIRST_PUT_BYTES, so the worker starts soon; each next twice the last, up
+    to PUT_GROUP_BYTES, so a large job still takes few calls."""
+    monkeypatch.setattr(object_client, "FIRST_PUT_BYTES", 2)
+    monkeypatch.setattr(object_client, "PUT_GROUP_BYTES", 8)
+    shards = [SimpleNamespace(rows=1) for _ in range(30)]  # a byte a row, a row a shard
+    assert [len(group) for group in object_client._groups(shards, row_bytes=1)] == [2, 4, 8, 8, 8]

@@ -47,7 +47,7 @@ MAX_RELEASE_IDS = 4096  # object ids one ReleaseObjects names (a worker takes up
 # runs while the next are put, and a job of small shards still takes a call or two a worker. The
 # first group is of FIRST_PUT_BYTES and each next one twice the last, up to PUT_GROUP_BYTES, so
 # the worker starts soon (200 shards of 32 KiB waited 15 ms for all of them to be put first).
-FIRST_PUT_BYTES = 1024 * 1024
+FIRST_PUT_BYTES = 256 * 1024
 PUT_GROUP_BYTES = 8 * 1024 * 1024
 # A job's inputs put ahead of its finished shards, at most: the worker has that much to run while
 # the rest waits in the client (and a store smaller than the job can take it).

@@ -161,9 +161,12 @@ class DirectJob:
 
     def take_finished(self, every: bool = False) -> list[ShardObjects]:
         """Where the outputs of the shards finished since the last call lie, in row order, once
-        they cover TELL_BYTES of input rows (or whatever there is, with `every`): the RunJob
+        they cover the next batch's bytes of input rows (FIRST_TELL_BYTES, doubling up to
+        TELL_BYTES), or whatever there is once every shard finished or with `every`: the RunJob
         stream tells the client as they finish, so it fetches while the others run."""
         with self._changed:
+            # Every shard asked for has finished: the rest go now, not after the job's end is recorded.
+            every = every or len(self._outputs) == len(self._rows)
             if not every and self._untold_rows < self._tell_rows:
                 return []
             if not every:

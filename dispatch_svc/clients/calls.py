@@ -1,6 +1,6 @@
 """One call to a control-plane service, its error as the domain's: what every client here shares.
 A call to a service that may run as replicas is retried on another one (`replicated`, `asked`). A
-call made while a job plans is cancelled with the job (dispatch_svc.dataplane.device_queues.cancels_calls)."""
+call made while a job plans is cancelled with the job (dispatch_svc.dataplane.call_scope.cancels_calls)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import TypeVar
 import grpc
 
 from accelmesh.runtime.errors import error_from_rpc
-from dispatch_svc.dataplane.device_queues import Cancelled, CancelScope, call_scope
+from dispatch_svc.dataplane.call_scope import call_scope
+from dispatch_svc.dataplane.device_queues import Cancelled, CancelScope
 
 CALL_TIMEOUT_S = 120.0
 # A call to replicas that every replica failed (gRPC retried it already) is asked again up to this
@@ -59,7 +60,7 @@ def asked(what: str, attempt: Callable[[], T], *, attempts: int = REPLICA_ATTEMP
 
 def _cancellable(method, request, timeout_s: float, scope: CancelScope):
     """`method(request)` as a future that `scope`'s cancel cancels: a job's planning stopped while
-    the compile service builds for it (device_queues.cancels_calls) ends now, not once the build is
+    the compile service builds for it (call_scope.cancels_calls) ends now, not once the build is
     done, and a scope cancelled already makes no call at all."""
     scope.check()
     future = method.future(request, timeout=timeout_s)

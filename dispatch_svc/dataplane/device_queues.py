@@ -9,14 +9,13 @@ attempts, with every cause named.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,29 +122,6 @@ class CancelScope:
             raise Cancelled(self.reason)
 
 
-# The scope whose cancel stops the control-plane calls made in this context (clients/calls.py): a job's
-# planning runs under its own (`cancels_calls`), so a job stopped while the compile service builds for it
-# (CancelJob, its client gone, its input refused) ends then, not once the build is done.
-_CALL_SCOPE: contextvars.ContextVar[CancelScope | None] = contextvars.ContextVar("call_scope", default=None)
-
-
-def call_scope() -> CancelScope | None:
-    """The scope the control-plane calls made now are cancelled with, if any (`cancels_calls`)."""
-    return _CALL_SCOPE.get()
-
-
-@contextlib.contextmanager
-def cancels_calls(scope: CancelScope) -> Iterator[None]:
-    """Within the block, `scope`'s cancel cancels the control-plane call in flight and refuses the
-    next ones (clients/calls.py). Only around a job's planning: its end's own calls (the release of its
-    reservations, after its scope was cancelled) must still go out."""
-    token = _CALL_SCOPE.set(scope)
-    try:
-        yield
-    finally:
-        _CALL_SCOPE.reset(token)
-
-
 class _DeviceQueue(queue.Queue):
     """A device's queue of shards (None: a thread's stop); `take_ready` takes from its head, at
     once, those that can go now."""
@@ -164,9 +140,10 @@ def _closed(attempt: Attempt) -> None:
 
 class DevicePool:
     """Runs shards on a job's devices. `run(attempt)` does the work and raises ShardFailed;
-    `run_group(attempts)`, if given, runs attempts for one device together and returns, for each,
-    what `run` would have returned or raised (the exception, not raised): a shard queued behind
-    the one a device thread takes joins it if `ready(shard, device)` says it can go at once."""
+    `run_group(attempts)`, if given, runs attempts for one device together and gives, for each in
+    order as it ends (a list or an iterator), what `run` would have returned or raised (the
+    exception, not raised): a shard queued behind the one a device thread takes joins it if
+    `ready(shard, device)` says it can go at once."""
 
     def __init__(
         self,
@@ -176,7 +153,7 @@ class DevicePool:
         *,
         on_retry: Callable[[Attempt, str], None] = lambda attempt, cause: None,
         max_attempts: int = MAX_ATTEMPTS,
-        run_group: Callable[[list[Attempt]], list[Any]] | None = None,
+        run_group: Callable[[list[Attempt]], Iterable[Any]] | None = None,
         ready: Callable[[Any, Any], bool] = lambda shard, device: True,
     ):
         self._devices = {d.spec.id: d for d in devices}
@@ -285,18 +262,29 @@ class DevicePool:
 
     def _attempt_group(self, group: list[_Pending], device_id: str) -> None:
         """Shards for one device as one call of `run_group`, in the first one's context (a job's
-        shards are submitted from one); each then succeeds, fails or is retried on its own."""
+        shards are submitted from one); each succeeds, fails or is retried on its own as its result
+        comes."""
         begun = [(pending, attempt) for pending in group if (attempt := self._begin(pending, device_id)) is not None]
         if not begun:
             return
+        settled, results = 0, ()
         try:
             results = begun[0][0].context.copy().run(self._run_group, [attempt for _, attempt in begun])
-        except BaseException as exc:  # noqa: BLE001 - the group's call failed: each shard with it
-            results = [exc] * len(begun)
-        for (pending, _), result in zip(begun, results):
-            failed = isinstance(result, BaseException)
-            self._settle(pending, device_id, pending.context.copy(), None if failed else result,
-                         result if failed else None)
+            for result in results:
+                pending = begun[settled][0]
+                failed = isinstance(result, BaseException)
+                settled += 1
+                self._settle(pending, device_id, pending.context.copy(), None if failed else result,
+                             result if failed else None)
+            if settled < len(begun):
+                raise RuntimeError(f"run_group gave {settled} results for {len(begun)} shards")
+        except BaseException as exc:  # noqa: BLE001 - the group's call failed: each shard not settled with it
+            for pending, _ in begun[settled:]:
+                self._settle(pending, device_id, pending.context.copy(), None, exc)
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()
 
     def _begin(self, pending: _Pending, device_id: str) -> Attempt | None:
         """The shard's next attempt on the device; None if it ended or moved on instead."""

@@ -27,7 +27,8 @@ from accelmesh.runtime.errors import bounded
 from dispatch_svc.admission.admission import AdmissionGate, NoCapacityNow, Wait
 from dispatch_svc.admission.queue import QueueSignals
 from dispatch_svc.admission.scheduling.rounds import Narrowing
-from dispatch_svc.dataplane.device_queues import DevicePool, cancels_calls
+from dispatch_svc.dataplane.call_scope import cancels_calls
+from dispatch_svc.dataplane.device_queues import DevicePool
 from dispatch_svc.execution.direct import NotQueued, check_signer, direct_job
 from dispatch_svc.execution.endings import detached, failure_message, let_go, release_all
 from dispatch_svc.execution.strategies import data_parallel, pipeline, strategy_for

@@ -6,7 +6,7 @@ cross them, and what only the running dispatcher knows of a job (`LiveJob`, `Liv
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,9 +105,8 @@ class Workers(Protocol):
                 scope: CancelScope, held_keys: Mapping[str, str] | None = None,
                 place_outputs: PlaceTensor | None = None, stored: StoredRefs | None = None) -> ShardOutput: ...
     # Shards of one job for one device sent together (one message each way where the worker takes
-    # batches): for each call, in order, its outputs or the ShardFailed of its attempt, returned.
-    # Optional: a strategy groups a job's shards only where its Workers have it.
-    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> list[ShardOutput | Exception]: ...
+    # batches): for each call, in order as it ends, its outputs or the ShardFailed of its attempt.
+    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> Iterator[ShardOutput | Exception]: ...
     # DATA_PATH_DIRECT: frees the objects `ticket` covers in the store of the worker at `address`,
     # or those of them in `object_ids` (best effort: the store's idle expiry frees what this does not).
     def release_objects(self, address: str, ticket: bytes, object_ids: Sequence[str] = ()) -> None: ...

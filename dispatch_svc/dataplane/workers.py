@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -137,41 +137,42 @@ class GrpcWorkers:
         return self._execute_one(ShardCall(job_id, shard_index, attempt, device, build, artifact, arrays, rows,
                                            held_keys, place_outputs, stored), scope)
 
-    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> list[ShardOutput | ShardFailed]:
+    def execute_group(self, calls: Sequence[ShardCall], scope: CancelScope) -> Iterator[ShardOutput | ShardFailed]:
         """Shards of one job for one device, sent together: as one message to a worker that reads
         batches, which answers them in one (worker_svc ExecuteMany), so a group of small shards
-        costs a message each way, not one a shard. Each answers for itself, in order: its outputs,
-        or the ShardFailed of its attempt. A shard that sends keyed inputs in full closes its group
-        (those after it refer to them once they arrived); a shard whose worker did not hold what it
-        referred to, or that another shard's inputs left unread, goes again alone."""
-        out: list[ShardOutput | ShardFailed | None] = [None] * len(calls)
-        left = list(range(len(calls)))
-        while left:
+        costs a message each way, not one a shard. Each answers for itself, in order, as its answer
+        comes: its outputs, or the ShardFailed of its attempt. A shard that sends keyed inputs in
+        full closes its group (those after it refer to them once they arrived); a shard whose
+        worker did not hold what it referred to, or that another shard's inputs left unread, goes
+        again alone."""
+        index = 0
+        while index < len(calls):
             group: list[tuple[int, worker_pb.ShardHeader, dict[str, str], Transfer | None]] = []
-            while left:
-                index = left.pop(0)
+            cancelled = False
+            while index < len(calls) and not cancelled:
                 call = calls[index]
                 keys = _keys(call)
                 transfer = self.held.plan(call.device.node_address, call.job_id, keys.values(),
                                           scope.cancelled.is_set) if keys else None
-                if keys and transfer is None:
-                    out[index] = ShardFailed(CANCELLED_WAITING)
-                    continue
-                group.append((index, self._header(call), keys, transfer))
-                if transfer is not None and transfer.keep and transfer.full:
-                    break
-            if not group:
-                break
-            for (index, *_), outcome in zip(group, self._together(calls, group, scope)):
+                cancelled = bool(keys) and transfer is None
+                if not cancelled:
+                    group.append((index, self._header(call), keys, transfer))
+                    index += 1
+                    if transfer is not None and transfer.keep and transfer.full:
+                        break
+            for (at, *_), outcome in zip(group, self._together(calls, group, scope)) if group else ():
                 if isinstance(outcome, (NotHeld, Unanswered)):
                     if isinstance(outcome, NotHeld):
-                        self.held.missed(calls[index].device.node_address, calls[index].job_id)
+                        self.held.missed(calls[at].device.node_address, calls[at].job_id)
                     try:  # alone, sent in full if need be (execute's own resends)
-                        outcome = self._execute_one(calls[index], scope)
+                        outcome = self._execute_one(calls[at], scope)
                     except ShardFailed as exc:
-                        outcome = exc
-                out[index] = outcome
-        return out
+                        outcome = exc.with_traceback(None)
+                yield outcome
+            if cancelled:  # the job stopped while a shard waited for its parameters: the rest with it
+                for _ in range(index, len(calls)):
+                    yield ShardFailed(CANCELLED_WAITING)
+                return
 
     def _execute_one(self, call: ShardCall, scope: CancelScope) -> ShardOutput:
         header, keys = self._header(call), _keys(call)
@@ -221,7 +222,7 @@ class GrpcWorkers:
                       transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
         """One shard on the job's stream to the worker (shard_streams.py); keyed inputs travel as
         `transfer` says, the others in full."""
-        (outcome,) = self._together([call], [(0, header, keys, transfer)], scope)
+        (outcome,) = self._together([call], [(0, header, keys, transfer)], scope)  # run to its end: settled
         if isinstance(outcome, Exception):
             try:
                 raise outcome
@@ -229,25 +230,30 @@ class GrpcWorkers:
                 del outcome  # no cycle through this frame's traceback
         return outcome
 
-    def _together(self, calls: Sequence[ShardCall], group: Sequence[tuple], scope: CancelScope) -> list:
+    def _together(self, calls: Sequence[ShardCall], group: Sequence[tuple], scope: CancelScope) -> Iterator:
         """The shards of `group` ((index in `calls`, header, keys, transfer) each) written to their
-        stream together; each one's ShardOutput, or its ShardFailed (NotHeld, Unanswered among them)."""
+        stream together; each one's ShardOutput, or its ShardFailed (NotHeld, Unanswered among
+        them), in order as its answer comes."""
         first = calls[group[0][0]]
         address = first.device.node_address
         written = [self._written(header, calls[index], keys, transfer) for index, header, keys, transfer in group]
         join = ((lambda messages: batched(messages, worker_pb.ExecuteManyRequest, self._chunk_bytes))
                 if address in self._batching else None)
         try:
-            stream, waiting = self._send(address, first.job_id, first.device.id, written, join, scope)
-            outcomes = []
+            try:
+                stream, waiting = self._send(address, first.job_id, first.device.id, written, join, scope)
+            except ShardFailed as exc:  # the device was lost before they were written
+                failed = exc.with_traceback(None)
+                for _ in group:
+                    yield failed
+                return
+            del written
             for shard, header in zip(waiting, (header for _, header, _, _ in group)):
                 try:
-                    outcomes.append(self._answer(stream, shard, address, header, scope))
+                    outcome = self._answer(stream, shard, address, header, scope)
                 except (ShardFailed, NotHeld) as exc:  # without its frames, which hold the shards' inputs
-                    outcomes.append(exc.with_traceback(None))
-            return outcomes
-        except ShardFailed as exc:  # the device was lost before they were written
-            return [exc.with_traceback(None)] * len(group)
+                    outcome = exc.with_traceback(None)
+                yield outcome
         finally:
             for _, _, _, transfer in group:
                 if transfer is not None:

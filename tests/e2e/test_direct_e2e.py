@@ -75,6 +75,7 @@ def test_a_direct_job_s_shards_go_to_their_device_in_groups_and_equal_the_relaye
     monkeypatch.setattr(GrpcWorkers, "execute_group", recording)
     x = np.random.default_rng(9).standard_normal((32 * 128, 64)).astype(np.float32)
     relayed = client.run("mlp_classifier", {"x": x}, precision="fp32", max_devices=1)
+    sizes.clear()  # the direct job's groups alone
     grouped = client.run("mlp_classifier", {"x": x}, precision="fp32", max_devices=1, data_path="direct")
     assert grouped.job.state == job_pb.JOB_STATE_SUCCEEDED, grouped.job.error
     assert len(grouped.job.shards) == 32 and all(s.attempts == 1 for s in grouped.job.shards)

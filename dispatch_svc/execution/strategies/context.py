@@ -169,39 +169,40 @@ class JobContext:
         return self._done(program, attempt, call, out, finished - started, started, finished)
 
     def execute_group(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
-                      attempts: Sequence[Attempt], held: str | None = None) -> list[ShardOutput | BaseException]:
+                      attempts: Sequence[Attempt], held: str | None = None) -> Iterator[ShardOutput | BaseException]:
         """`execute` for attempts on one device, sent to its worker together (Workers.execute_group):
-        for each, its outputs or its ShardFailed, returned, not raised (DevicePool's `run_group`)."""
+        for each, in order as its answer comes, its outputs or its ShardFailed, given, not raised
+        (DevicePool's `run_group`)."""
         prepared = [self._call(program, builds, params, attempt, held, None) for attempt in attempts]
         spans = [self.tracer.start_span("dispatch.shard", attributes=attributes) for _, attributes in prepared]
         calls = [dataclasses.replace(call, span=span) for (call, _), span in zip(prepared, spans)]
         started = time.perf_counter()
         for _ in calls:
             self._started(started)
+        answered = 0
         try:
             outs = self.workers.execute_group(calls, self.live.scope)
-        except BaseException:
-            for span in spans:
+            for attempt, call, span, out in zip(attempts, calls, spans, outs):
+                answered += 1
+                finished = time.perf_counter()
+                try:
+                    if isinstance(out, BaseException):
+                        raise out
+                    check_shard_outputs(program, out.outputs, call.shard_index, call.device.id, call.rows)
+                    # The group's time so far, shared alike: a shard's own time, as the throughput fit
+                    # needs it (a worker answers a batch's small shards together).
+                    result = self._done(program, attempt, call, out, (finished - started) / answered, started, finished)
+                except ShardFailed as exc:
+                    self._ended(started, None)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, exc.cause))
+                    result = exc.with_traceback(None)
+                finally:
+                    span.end()
+                yield result
+        finally:
+            for span in spans[answered:]:  # the group's call failed, or its caller stopped reading
                 self._ended(started, None)
                 span.end()
-            raise
-        # The group's wall time, shared alike: a shard's own time, as the throughput fit needs it.
-        finished = time.perf_counter()
-        each = (finished - started) / len(calls)
-        results: list[ShardOutput | BaseException] = []
-        for attempt, call, span, out in zip(attempts, calls, spans, outs):
-            try:
-                if isinstance(out, BaseException):
-                    raise out
-                check_shard_outputs(program, out.outputs, call.shard_index, call.device.id, call.rows)
-                results.append(self._done(program, attempt, call, out, each, started, finished))
-            except ShardFailed as exc:
-                self._ended(started, None)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, exc.cause))
-                results.append(exc.with_traceback(None))
-            finally:
-                span.end()
-        return results
 
     def _call(self, program: Program, builds: Sequence[Build], params: list[tuple[str, np.ndarray]] | None,
               attempt: Attempt, held: str | None, span_attributes: dict | None) -> tuple[ShardCall, dict]:

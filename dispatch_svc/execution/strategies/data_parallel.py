@@ -141,7 +141,7 @@ def start(ctx: JobContext, proposal: Proposal, grant: Grant):
     # An inference job's parameters are the same for every shard: each worker gets them once.
     held = None if training_job else "params"
     if ctx.live.direct is not None:
-        # The shards queued for a device go to its worker in groups: descriptors, small either way.
+        # The shards queued for a device go to its worker in groups (their descriptors in one batch).
         pool = ctx.open_pool(proposal.devices, lambda attempt: ctx.execute(program, builds, params, attempt, held=held),
                              lambda attempts: ctx.execute_group(program, builds, params, attempts, held=held))
         return direct_inference.collect(ctx, program, pool, proposal.devices)

@@ -147,7 +147,7 @@ class GrpcWorkers:
         again alone."""
         index = 0
         while index < len(calls):
-            group: list[tuple[int, worker_pb.ShardHeader, dict[str, str], Transfer | None]] = []
+            group: list[tuple[ShardCall, worker_pb.ShardHeader, dict[str, str], Transfer | None]] = []
             cancelled = False
             while index < len(calls) and not cancelled:
                 call = calls[index]
@@ -156,16 +156,16 @@ class GrpcWorkers:
                                           scope.cancelled.is_set) if keys else None
                 cancelled = bool(keys) and transfer is None
                 if not cancelled:
-                    group.append((index, self._header(call), keys, transfer))
+                    group.append((call, self._header(call), keys, transfer))
                     index += 1
                     if transfer is not None and transfer.keep and transfer.full:
                         break
-            for (at, *_), outcome in zip(group, self._together(calls, group, scope)) if group else ():
+            for (call, *_), outcome in zip(group, self._together(group, scope)) if group else ():
                 if isinstance(outcome, (NotHeld, Unanswered)):
                     if isinstance(outcome, NotHeld):
-                        self.held.missed(calls[at].device.node_address, calls[at].job_id)
+                        self.held.missed(call.device.node_address, call.job_id)
                     try:  # alone, sent in full if need be (execute's own resends)
-                        outcome = self._execute_one(calls[at], scope)
+                        outcome = self._execute_one(call, scope)
                     except ShardFailed as exc:
                         outcome = exc.with_traceback(None)
                 yield outcome
@@ -222,7 +222,7 @@ class GrpcWorkers:
                       transfer: Transfer | None, scope: CancelScope) -> ShardOutput:
         """One shard on the job's stream to the worker (shard_streams.py); keyed inputs travel as
         `transfer` says, the others in full."""
-        (outcome,) = self._together([call], [(0, header, keys, transfer)], scope)  # run to its end: settled
+        (outcome,) = self._together([(call, header, keys, transfer)], scope)  # run to its end: settled
         if isinstance(outcome, Exception):
             try:
                 raise outcome
@@ -230,13 +230,13 @@ class GrpcWorkers:
                 del outcome  # no cycle through this frame's traceback
         return outcome
 
-    def _together(self, calls: Sequence[ShardCall], group: Sequence[tuple], scope: CancelScope) -> Iterator:
-        """The shards of `group` ((index in `calls`, header, keys, transfer) each) written to their
-        stream together; each one's ShardOutput, or its ShardFailed (NotHeld, Unanswered among
-        them), in order as its answer comes."""
-        first = calls[group[0][0]]
+    def _together(self, group: Sequence[tuple], scope: CancelScope) -> Iterator:
+        """The shards of `group` ((call, header, keys, transfer) each) written to their stream
+        together; each one's ShardOutput, or its ShardFailed (NotHeld, Unanswered among them), in
+        order as its answer comes."""
+        first = group[0][0]
         address = first.device.node_address
-        written = [self._written(header, calls[index], keys, transfer) for index, header, keys, transfer in group]
+        written = [self._written(header, call, keys, transfer) for call, header, keys, transfer in group]
         join = ((lambda messages: batched(messages, worker_pb.ExecuteManyRequest, self._chunk_bytes))
                 if address in self._batching else None)
         try:

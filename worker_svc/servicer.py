@@ -182,8 +182,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         reader = unbatched(request_iterator)
         held: list = []  # small answers waiting for the rest of their batch's shards
 
-        def sent(*parts) -> list:
-            return list(batched(itertools.chain(*parts), pb.ExecuteManyResponse, self._chunk_bytes))
+        def sent(parts: list) -> list:
+            return list(batched(parts, pb.ExecuteManyResponse, self._chunk_bytes))
         try:
             for accepts, answer, small in self._answers(reader, context):
                 if not accepts:
